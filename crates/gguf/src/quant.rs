@@ -1,0 +1,1 @@
+//! Quantized block formats: layouts, reference dequantization and reference quantization.

@@ -1,0 +1,134 @@
+use std::io::Write;
+use std::path::Path;
+
+use crate::{DEFAULT_ALIGNMENT, Error, GgmlType, MAGIC, Result, Value};
+
+/// Builds a GGUF file (v3): metadata in insertion order, then tensors, each aligned.
+pub struct GgufWriter {
+    metadata: Vec<(String, Value)>,
+    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+    alignment: u64,
+}
+
+impl Default for GgufWriter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GgufWriter {
+    pub fn new() -> Self {
+        GgufWriter { metadata: Vec::new(), tensors: Vec::new(), alignment: DEFAULT_ALIGNMENT }
+    }
+
+    /// Sets a metadata value; `general.alignment` also sets the alignment used for tensor data.
+    pub fn add(&mut self, key: impl Into<String>, value: Value) {
+        let key = key.into();
+        if key == "general.alignment" {
+            if let Some(a) = value.as_u64().filter(|a| a.is_power_of_two()) {
+                self.alignment = a;
+            }
+        }
+        self.metadata.retain(|(k, _)| *k != key);
+        self.metadata.push((key, value));
+    }
+
+    /// Adds a tensor. `dims` are in ggml order (`dims[0]` is the row length); `data` must be exactly its size.
+    pub fn add_tensor(&mut self, name: impl Into<String>, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> Result<()> {
+        let name = name.into();
+        let row = dims.first().copied().unwrap_or(0) as usize;
+        let rows: u64 = dims.iter().skip(1).product();
+        let expected = ty.row_bytes(row).map(|r| r as u64 * rows);
+        if expected != Some(data.len() as u64) {
+            return Err(Error::BadTensor {
+                name,
+                reason: format!("{} bytes given, {:?} expected for {ty} {dims:?}", data.len(), expected),
+            });
+        }
+        self.tensors.push((name, dims.to_vec(), ty, data));
+        Ok(())
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write_to(&mut out).expect("INVARIANT: writing to a Vec cannot fail");
+        out
+    }
+
+    /// Writes the file atomically (a temporary file renamed into place).
+    pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let err = |source| Error::Write { path: path.into(), source };
+        let tmp = path.with_extension("gguf.partial");
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(err)?);
+        self.write_to(&mut f).map_err(err)?;
+        f.into_inner().map_err(|e| err(e.into_error()))?.sync_all().map_err(err)?;
+        std::fs::rename(&tmp, path).map_err(err)
+    }
+
+    fn write_to(&self, w: &mut impl Write) -> std::io::Result<()> {
+        let mut head = Vec::new();
+        head.extend_from_slice(&MAGIC.to_le_bytes());
+        head.extend_from_slice(&3u32.to_le_bytes());
+        head.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        head.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
+        for (k, v) in &self.metadata {
+            put_string(&mut head, k);
+            head.extend_from_slice(&(v.value_type() as u32).to_le_bytes());
+            put_value(&mut head, v);
+        }
+        let align = |n: u64| n.div_ceil(self.alignment) * self.alignment;
+        let mut offset = 0u64;
+        for (name, dims, ty, data) in &self.tensors {
+            put_string(&mut head, name);
+            head.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            for d in dims {
+                head.extend_from_slice(&d.to_le_bytes());
+            }
+            head.extend_from_slice(&ty.to_u32().to_le_bytes());
+            head.extend_from_slice(&offset.to_le_bytes());
+            offset = align(offset + data.len() as u64);
+        }
+        let zeros = vec![0u8; self.alignment as usize];
+        let head_len = head.len() as u64;
+        w.write_all(&head)?;
+        w.write_all(&zeros[..(align(head_len) - head_len) as usize])?;
+        for (i, (_, _, _, data)) in self.tensors.iter().enumerate() {
+            w.write_all(data)?;
+            if i + 1 < self.tensors.len() {
+                let n = data.len() as u64;
+                w.write_all(&zeros[..(align(n) - n) as usize])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn put_string(buf: &mut Vec<u8>, s: &str) {
+    buf.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    buf.extend_from_slice(s.as_bytes());
+}
+
+fn put_value(buf: &mut Vec<u8>, v: &Value) {
+    match v {
+        Value::U8(x) => buf.push(*x),
+        Value::I8(x) => buf.push(*x as u8),
+        Value::U16(x) => buf.extend_from_slice(&x.to_le_bytes()),
+        Value::I16(x) => buf.extend_from_slice(&x.to_le_bytes()),
+        Value::U32(x) => buf.extend_from_slice(&x.to_le_bytes()),
+        Value::I32(x) => buf.extend_from_slice(&x.to_le_bytes()),
+        Value::F32(x) => buf.extend_from_slice(&x.to_le_bytes()),
+        Value::U64(x) => buf.extend_from_slice(&x.to_le_bytes()),
+        Value::I64(x) => buf.extend_from_slice(&x.to_le_bytes()),
+        Value::F64(x) => buf.extend_from_slice(&x.to_le_bytes()),
+        Value::Bool(x) => buf.push(*x as u8),
+        Value::String(s) => put_string(buf, s),
+        Value::Array(ty, items) => {
+            buf.extend_from_slice(&(*ty as u32).to_le_bytes());
+            buf.extend_from_slice(&(items.len() as u64).to_le_bytes());
+            for it in items {
+                put_value(buf, it);
+            }
+        }
+    }
+}
