@@ -1,0 +1,256 @@
+//! Quantized matrix kernels for the CPU: activation quantization and weight x activation dot products over GGUF's
+//! native block layouts, with runtime SIMD dispatch (AVX-512 VNNI, AVX2/FMA, scalar; NEON on aarch64).
+//!
+//! In: weight rows as raw GGUF blocks, activations as f32 rows. Out: f32 dot products. Threading is the caller's job:
+//! every function here works on the row range it is given.
+//!
+//! The integer math is ggml's `vec_dot_*` (the same per-block integer sums and scale products), so results agree
+//! with llama.cpp up to f32 rounding order. The SIMD levels regroup weight rows into 16-row (AVX-512) or 8-row
+//! (AVX2) panels inside a small per-thread buffer so that each unpacked weight vector meets several activation rows
+//! held in registers; see `NOTES.md` next to this file for the design and measured speeds.
+//!
+//! The level is chosen once per process (best available; `SPLASH_CPU_KERNELS=scalar|avx2|avx512` caps it). Tests
+//! and benchmarks can call any available level through [`quantize_act_row_at`] and [`matmul_rows_at`].
+
+mod blocks;
+mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+
+use gguf::GgmlType;
+use std::ops::Range;
+use std::sync::OnceLock;
+
+/// How activations are encoded before they meet a weight type.
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActFormat {
+    /// Plain f32 (float weight types).
+    F32,
+    /// ggml `block_q8_0`: f16 scale + 32 x i8.
+    Q8_0,
+    /// ggml `block_q8_1`: f16 scale, f16 scale*sum + 32 x i8.
+    Q8_1,
+    /// ggml `block_q8_K`: f32 scale, 256 x i8, 16 x i16 sums of 16.
+    Q8_K,
+}
+
+impl ActFormat {
+    /// Elements per block.
+    pub fn block_len(self) -> usize {
+        match self {
+            ActFormat::F32 => 1,
+            ActFormat::Q8_0 | ActFormat::Q8_1 => blocks::QK,
+            ActFormat::Q8_K => blocks::QK_K,
+        }
+    }
+
+    /// Bytes of the ggml blocks of a row of `k` elements (the part that is bit-identical to ggml's
+    /// `quantize_row_q8_*_ref`; [`act_row_bytes`] adds the kernels' trailer).
+    pub fn ggml_row_bytes(self, k: usize) -> usize {
+        match self {
+            ActFormat::F32 => 4 * k,
+            ActFormat::Q8_0 => k / blocks::QK * blocks::Q8_0_BYTES,
+            ActFormat::Q8_1 => k / blocks::QK * blocks::Q8_1_BYTES,
+            ActFormat::Q8_K => k / blocks::QK_K * blocks::Q8_K_BYTES,
+        }
+    }
+
+    /// The ggml type of the blocks (`F32`, `Q8_0`, `Q8_1`, `Q8_K`).
+    pub fn ggml_type(self) -> GgmlType {
+        match self {
+            ActFormat::F32 => GgmlType::F32,
+            ActFormat::Q8_0 => GgmlType::Q8_0,
+            ActFormat::Q8_1 => GgmlType::Q8_1,
+            ActFormat::Q8_K => GgmlType::Q8_K,
+        }
+    }
+}
+
+/// The activation format that weights of type `wty` are multiplied with, or `None` if unsupported.
+pub fn act_format(wty: GgmlType) -> Option<ActFormat> {
+    use GgmlType::*;
+    match wty {
+        F32 | F16 | BF16 => Some(ActFormat::F32),
+        Q4_0 | Q5_0 | Q8_0 => Some(ActFormat::Q8_0),
+        Q4_1 | Q5_1 => Some(ActFormat::Q8_1),
+        Q4_K | Q5_K | Q6_K => Some(ActFormat::Q8_K),
+        _ => None,
+    }
+}
+
+/// Bytes of one quantized activation row of length `k` (`k` a multiple of `fmt.block_len()`): the ggml blocks
+/// followed by the kernels' trailer of block sums (layout in `blocks.rs`).
+pub fn act_row_bytes(fmt: ActFormat, k: usize) -> usize {
+    let nb = k / fmt.block_len();
+    fmt.ggml_row_bytes(k)
+        + match fmt {
+            ActFormat::Q8_0 => nb * blocks::Q8_0_EXTRA,
+            ActFormat::Q8_1 => nb * blocks::Q8_1_EXTRA,
+            ActFormat::Q8_K => nb * blocks::Q8_K_EXTRA,
+            ActFormat::F32 => 0,
+        }
+}
+
+/// Quantizes one activation row `x` into `out` (`act_row_bytes(fmt, x.len())` bytes).
+///
+/// The first `fmt.ggml_row_bytes(k)` bytes are bit-identical to ggml's `quantize_row_q8_*_ref`.
+///
+/// # Panics
+/// If `x.len()` is not a multiple of the block length or `out` is shorter than `act_row_bytes`.
+pub fn quantize_act_row(fmt: ActFormat, x: &[f32], out: &mut [u8]) {
+    quantize_act_row_at(kernel_level(), fmt, x, out)
+}
+
+/// `out[t * ldo + r] = dot(weight row r, activation row t)` for `r` in `rows`, `t` in `0..m`.
+///
+/// `w` holds all weight rows of type `wty`, each `k` elements; `acts` holds `m` rows quantized with
+/// `act_format(wty)`, each `act_row_bytes` long.
+///
+/// # Panics
+/// If `wty` has no activation format, `k` is not a whole number of blocks, or `w` / `acts` are too short.
+///
+/// # Safety
+/// `out` must be valid for writes at every index above, and no other thread may write those indices.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_rows(
+    wty: GgmlType,
+    w: &[u8],
+    k: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    // SAFETY: forwarded contract.
+    unsafe { matmul_rows_at(kernel_level(), wty, w, k, rows, acts, m, out, ldo) }
+}
+
+/// An instruction-set level of the kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum KernelLevel {
+    Scalar,
+    /// aarch64 Advanced SIMD.
+    Neon,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL/DQ + VNNI.
+    Avx512,
+}
+
+impl KernelLevel {
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelLevel::Scalar => "scalar",
+            KernelLevel::Neon => "neon",
+            KernelLevel::Avx2 => "avx2",
+            KernelLevel::Avx512 => "avx512",
+        }
+    }
+}
+
+/// Every level this machine can run, lowest first.
+pub fn available_levels() -> Vec<KernelLevel> {
+    let mut v = vec![KernelLevel::Scalar];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2::supported() {
+            v.push(KernelLevel::Avx2);
+        }
+        if avx512::supported() {
+            v.push(KernelLevel::Avx512);
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if neon::supported() {
+            v.push(KernelLevel::Neon);
+        }
+    }
+    v
+}
+
+/// The level used by [`quantize_act_row`] and [`matmul_rows`]: the best available, capped by
+/// `SPLASH_CPU_KERNELS` (`scalar`, `avx2`, `avx512`; `neon` on aarch64). Chosen once per process.
+pub fn kernel_level() -> KernelLevel {
+    static LEVEL: OnceLock<KernelLevel> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let levels = available_levels();
+        let best = *levels.last().expect("INVARIANT: scalar is always available");
+        let cap = match std::env::var("SPLASH_CPU_KERNELS").as_deref() {
+            Ok("scalar") => KernelLevel::Scalar,
+            Ok("neon") => KernelLevel::Neon,
+            Ok("avx2") => KernelLevel::Avx2,
+            _ => best,
+        };
+        levels.into_iter().filter(|&l| l <= cap).max().unwrap_or(KernelLevel::Scalar)
+    })
+}
+
+/// [`quantize_act_row`] at a given level (which must be in [`available_levels`]).
+pub fn quantize_act_row_at(level: KernelLevel, fmt: ActFormat, x: &[f32], out: &mut [u8]) {
+    let k = x.len();
+    assert!(k % fmt.block_len() == 0, "quantize_act_row: {k} is not a multiple of the {fmt:?} block");
+    let out = &mut out[..act_row_bytes(fmt, k)];
+    assert!(available_levels().contains(&level), "kernel level {level:?} not available");
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        KernelLevel::Avx512 => {
+            // SAFETY: the level is available (checked above).
+            unsafe { avx512::quantize_act_row(fmt, x, out) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        KernelLevel::Avx2 => {
+            // SAFETY: the level is available (checked above).
+            unsafe { avx2::quantize_act_row(fmt, x, out) }
+        }
+        _ => scalar::quantize_act_row(fmt, x, out),
+    }
+}
+
+/// [`matmul_rows`] at a given level (which must be in [`available_levels`]).
+///
+/// # Safety
+/// As [`matmul_rows`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_rows_at(
+    level: KernelLevel,
+    wty: GgmlType,
+    w: &[u8],
+    k: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let fmt = act_format(wty).unwrap_or_else(|| panic!("matmul_rows: unsupported weight type {wty}"));
+    let rb = wty.row_bytes(k).unwrap_or_else(|| panic!("matmul_rows: {k} is not a whole number of {wty} blocks"));
+    assert!(k % fmt.block_len() == 0, "matmul_rows: {k} is not a whole number of {fmt:?} blocks");
+    assert!(w.len() >= rows.end * rb, "matmul_rows: weights too short for rows {rows:?}");
+    let act_rb = act_row_bytes(fmt, k);
+    assert!(acts.len() >= m * act_rb, "matmul_rows: activations too short for {m} rows");
+    if rows.is_empty() || m == 0 {
+        return;
+    }
+    // SAFETY (all arms): slice lengths checked above; `out` per the caller's contract; the level's CPU
+    // features were detected by `available_levels` (checked in debug builds: this runs for every call).
+    debug_assert!(available_levels().contains(&level));
+    unsafe {
+        match level {
+            #[cfg(target_arch = "x86_64")]
+            KernelLevel::Avx512 => avx512::matmul_rows(wty, w, k, rows, acts, act_rb, m, out, ldo),
+            #[cfg(target_arch = "x86_64")]
+            KernelLevel::Avx2 => avx2::matmul_rows(wty, w, k, rows, acts, act_rb, m, out, ldo),
+            #[cfg(target_arch = "aarch64")]
+            KernelLevel::Neon => neon::matmul_rows(wty, w, k, rows, acts, act_rb, m, out, ldo),
+            _ => scalar::matmul_rows(wty, w, k, rows, acts, act_rb, m, out, ldo),
+        }
+    }
+}
