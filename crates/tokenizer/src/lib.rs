@@ -1,14 +1,19 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! Tokenizers read from GGUF metadata: byte-level BPE (`tokenizer.ggml.model = "gpt2"`) with llama.cpp's
+//! pre-tokenizers, special-token handling and end-of-generation rules, so that token ids equal llama.cpp's.
+//!
+//! In: a [`gguf::GgufFile`]. Out: a [`Tokenizer`] (text ⇄ ids, special ids, EOG test) and, per generated sequence, a
+//! [`Detokenizer`] that streams text. The BPE merging itself is the `tokenizers` crate's model, built in memory from
+//! `tokenizer.ggml.tokens` / `merges`; pre-tokenization and special tokens follow llama.cpp (`llama-vocab.cpp`) and
+//! are checked against it by the fixtures in `fixtures/tokenizer/`.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+mod bytes;
+mod detokenizer;
+mod error;
+mod pretokenizer;
+mod tokenizer;
+mod vocab;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use detokenizer::Detokenizer;
+pub use error::{Error, Result};
+pub use tokenizer::Tokenizer;
+pub use vocab::SpecialIds;
