@@ -1,14 +1,15 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! Protocol-neutral conversations and their rendering into prompts with the model's chat template.
+//!
+//! In: a [`Conversation`] (messages with roles, text, tool calls and tool results; tools as JSON schemas) or the
+//! same as JSON values. Out: the prompt text, rendered by [`ChatTemplate`] exactly as Hugging Face transformers
+//! renders `tokenizer.chat_template` (checked byte for byte against Python Jinja2 by `fixtures/chat/`). Tokenizing
+//! the prompt is the `tokenizer` crate's job.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+mod conversation;
+mod error;
+pub mod python;
+mod template;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use conversation::{Content, ContentPart, Conversation, Message, Role, Tool, ToolCall};
+pub use error::{Error, Result};
+pub use template::{ChatTemplate, RenderInput};
