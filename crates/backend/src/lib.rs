@@ -1,14 +1,6 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! Compute backends. `cpu` is the reference implementation and the test oracle for every other backend.
+//!
+//! Backend operations are named after the math (`rms_norm`, `rope`, `matmul`, `attention`); they take numbers and
+//! buffers, never model names.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub mod cpu;

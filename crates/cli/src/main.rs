@@ -1,3 +1,38 @@
+//! The `splash` binary: wires the crates together behind one command line.
+
+mod bench;
+mod load;
+mod pull;
+mod run;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "splash", version, about = "A local LLM inference engine built around the model")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text once (or chat interactively when no prompt is given).
+    Run(run::Args),
+    /// Measure prefill and decode speed.
+    Bench(bench::Args),
+    /// Fetch models into the cache ($SPLASH_HOME, default ~/.cache/splash).
+    Pull(pull::Args),
+}
+
 fn main() {
-    println!("Hello, world!");
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run::main(a),
+        Command::Bench(a) => bench::main(a),
+        Command::Pull(a) => pull::main(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
 }

@@ -379,3 +379,9 @@ impl Cursor<'_> {
         })
     }
 }
+
+impl AsRef<[u8]> for GgufFile {
+    fn as_ref(&self) -> &[u8] {
+        &self.storage
+    }
+}

@@ -1,14 +1,17 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! Model architectures: configuration read from GGUF metadata, weight-name tables, and the model runner that executes
+//! a batch of token chunks on a backend.
+//!
+//! Model knowledge lives in `arch/<name>.rs` (which keys and tensors an architecture has, and how it differs from the
+//! shared transformer); the forward pass itself is shared and takes only numbers from [`ModelConfig`].
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub mod arch;
+mod config;
+pub mod cpu;
+mod error;
+mod runner;
+mod weights;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use config::{Arch, ModelConfig};
+pub use error::{Error, Result};
+pub use runner::{Batch, LogitsWanted, Runner, SeqChunk, SeqId};
+pub use weights::{LayerWeights, Weights};

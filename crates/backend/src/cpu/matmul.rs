@@ -1,0 +1,154 @@
+//! Quantized matrix products `y = x · Wᵀ` on the CPU, spread over the thread pool.
+//!
+//! Several matrices that share one input (Q, K and V; gate and up) run as one pool job, and the input is quantized
+//! once per activation format. Work is split into chunks of weight rows handed out dynamically; inside a chunk the
+//! kernel walks the input rows in blocks that stay in cache.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use gguf::GgmlType;
+
+use super::ThreadPool;
+use super::quant::{self, ActFormat};
+
+/// Bytes kept alive by their owner (a memory-mapped file, or a buffer of prepared weights).
+#[derive(Clone)]
+pub struct Bytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl Bytes {
+    /// A view of `range` inside `owner`; `None` if the range is out of bounds.
+    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> Option<Self> {
+        ((*owner).as_ref().get(range.clone()).is_some()).then_some(Bytes { owner, range })
+    }
+
+    pub fn from_vec(v: Vec<u8>) -> Self {
+        let len = v.len();
+        Bytes { owner: Arc::new(v), range: 0..len }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+}
+
+/// A weight matrix of `rows` rows of `cols` elements each, stored as GGUF blocks of type `ty`.
+#[derive(Clone)]
+pub struct QMatrix {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub bytes: Bytes,
+}
+
+impl std::fmt::Debug for QMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QMatrix({} {}x{})", self.ty, self.rows, self.cols)
+    }
+}
+
+impl QMatrix {
+    pub fn row_bytes(&self) -> usize {
+        self.ty.row_bytes(self.cols).expect("INVARIANT: validated at construction")
+    }
+
+    /// Dequantizes row `r` into `out` (embedding lookups).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let rb = self.row_bytes();
+        let bytes = &self.bytes.as_slice()[r * rb..(r + 1) * rb];
+        gguf::quant::dequantize(self.ty, bytes, &mut out[..self.cols]).expect("INVARIANT: supported type, exact length");
+    }
+}
+
+/// A raw output pointer shared by threads that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every thread writes a disjoint set of indices (its own weight rows), see `matmul`.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// Input rows per kernel call: keeps the quantized input block in L2 while a chunk of weight rows streams past it.
+const M_BLOCK: usize = 64;
+
+/// `outs[i][t * ws[i].rows + r] = x[t] · ws[i][r]` for every matrix `i`, input row `t < m` and weight row `r`.
+///
+/// `x` is `[m, cols]`; every matrix must have the same `cols`; `outs[i]` is `[m, ws[i].rows]`.
+pub fn matmul(pool: &ThreadPool, ws: &[&QMatrix], x: &[f32], m: usize, outs: &mut [&mut [f32]]) {
+    assert_eq!(ws.len(), outs.len());
+    let k = ws[0].cols;
+    assert!(ws.iter().all(|w| w.cols == k), "matmul: matrices disagree on the input size");
+    assert!(x.len() >= m * k);
+    for (w, o) in ws.iter().zip(outs.iter()) {
+        assert!(o.len() >= m * w.rows, "matmul: output too small for {w:?}");
+    }
+
+    // Quantize the input once per distinct activation format.
+    let mut formats: Vec<(ActFormat, usize, Vec<u8>)> = Vec::new();
+    for w in ws {
+        let fmt = quant::act_format(w.ty).expect("INVARIANT: weight types are checked at model load");
+        if formats.iter().all(|(f, ..)| *f != fmt) {
+            let rb = quant::act_row_bytes(fmt, k);
+            let mut buf = vec![0u8; rb * m];
+            let ptr = OutPtr(buf.as_mut_ptr() as *mut f32);
+            pool.for_each_chunk(m, 16, &|rows| {
+                let ptr = ptr;
+                for t in rows {
+                    // SAFETY: each input row is written by exactly one chunk.
+                    let dst = unsafe { std::slice::from_raw_parts_mut((ptr.0 as *mut u8).add(t * rb), rb) };
+                    quant::quantize_act_row(fmt, &x[t * k..(t + 1) * k], dst);
+                }
+            });
+            formats.push((fmt, rb, buf));
+        }
+    }
+    let acts: Vec<(&[u8], usize)> = ws
+        .iter()
+        .map(|w| {
+            let fmt = quant::act_format(w.ty).expect("INVARIANT: checked above");
+            let (_, rb, buf) = formats.iter().find(|(f, ..)| *f == fmt).expect("INVARIANT: quantized above");
+            (buf.as_slice(), *rb)
+        })
+        .collect();
+
+    // One virtual row space over all matrices, cut into chunks that never straddle two matrices.
+    let chunk_rows = if m == 1 { 32 } else { 16 };
+    let mut chunks: Vec<(usize, Range<usize>)> = Vec::new();
+    for (i, w) in ws.iter().enumerate() {
+        let mut r = 0;
+        while r < w.rows {
+            let end = (r + chunk_rows).min(w.rows);
+            chunks.push((i, r..end));
+            r = end;
+        }
+    }
+    let out_ptrs: Vec<OutPtr> = outs.iter_mut().map(|o| OutPtr(o.as_mut_ptr())).collect();
+    pool.for_each_chunk(chunks.len(), 1, &|range| {
+        for c in range {
+            let (i, ref rows) = chunks[c];
+            let w = ws[i];
+            let (act, act_rb) = acts[i];
+            let out = out_ptrs[i];
+            let mut t0 = 0;
+            while t0 < m {
+                let mb = M_BLOCK.min(m - t0);
+                // SAFETY: this chunk alone writes rows `rows` of matrix `i`, for input rows t0..t0+mb.
+                unsafe {
+                    quant::matmul_rows(
+                        w.ty,
+                        w.bytes.as_slice(),
+                        k,
+                        rows.clone(),
+                        &act[t0 * act_rb..(t0 + mb) * act_rb],
+                        mb,
+                        out.0.add(t0 * w.rows),
+                        w.rows,
+                    );
+                }
+                t0 += mb;
+            }
+        }
+    });
+}

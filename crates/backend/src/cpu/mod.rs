@@ -1,0 +1,12 @@
+//! The CPU backend: a persistent thread pool, quantized matrix kernels with runtime SIMD dispatch, and the small
+//! elementwise and attention operations a transformer forward pass needs.
+
+pub mod attention;
+pub mod matmul;
+pub mod ops;
+pub mod pool;
+pub mod quant;
+pub mod simd;
+
+pub use matmul::{QMatrix, matmul};
+pub use pool::ThreadPool;

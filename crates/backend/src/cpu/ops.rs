@@ -1,0 +1,143 @@
+//! Elementwise and per-row operations of a transformer layer. Rows are contiguous `[num_rows, dim]` buffers.
+
+/// `out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight`, for every row of length `weight.len()`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let dim = weight.len();
+    for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        let sum: f64 = xr.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        let scale = 1.0 / ((sum / dim as f64) as f32 + eps).sqrt();
+        for ((o, &v), &w) in or.iter_mut().zip(xr).zip(weight) {
+            *o = v * scale * w;
+        }
+    }
+}
+
+/// In place: `x[r] += bias` for every row of length `bias.len()`.
+pub fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
+}
+
+/// In place: `x += y`.
+pub fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// In place: `gate = silu(gate) * up` (SwiGLU).
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// How rotary embeddings pair up the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)` (GGUF llama files, whose Q/K weights were permuted at conversion).
+    Interleaved,
+    /// Halves `(i, i + d/2)` (GPT-NeoX, Qwen2).
+    Neox,
+}
+
+/// Precomputed inverse frequencies for rotary embeddings over the first `rope_dim` dims of each head.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    pub style: RopeStyle,
+    pub head_dim: usize,
+    inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    pub fn new(style: RopeStyle, head_dim: usize, rope_dim: usize, theta: f32) -> Self {
+        let half = rope_dim / 2;
+        // theta_i = base^(-2i/d), computed as ggml does: a running product of base^(-2/d).
+        let step = theta.powf(-2.0 / rope_dim as f32);
+        let mut inv_freq = Vec::with_capacity(half);
+        let mut f = 1.0f32;
+        for _ in 0..half {
+            inv_freq.push(f);
+            f *= step;
+        }
+        Rope { style, head_dim, inv_freq }
+    }
+
+    /// Rotates every head of `x` (`[num_heads, head_dim]`) for position `pos`.
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let half = self.inv_freq.len();
+        let cs: Vec<(f32, f32)> = self.inv_freq.iter().map(|&f| (pos as f32 * f).sin_cos()).map(|(s, c)| (c, s)).collect();
+        for head in x.chunks_exact_mut(self.head_dim) {
+            match self.style {
+                RopeStyle::Neox => {
+                    let rope_dim = 2 * half;
+                    for (i, &(c, s)) in cs.iter().enumerate() {
+                        let (a, b) = (head[i], head[i + rope_dim / 2]);
+                        head[i] = a * c - b * s;
+                        head[i + rope_dim / 2] = a * s + b * c;
+                    }
+                }
+                RopeStyle::Interleaved => {
+                    for (i, &(c, s)) in cs.iter().enumerate() {
+                        let (a, b) = (head[2 * i], head[2 * i + 1]);
+                        head[2 * i] = a * c - b * s;
+                        head[2 * i + 1] = a * s + b * c;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// In place softmax of `x`.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_rotates_pairs_and_keeps_norm() {
+        let rope = Rope::new(RopeStyle::Neox, 8, 8, 10000.0);
+        let mut x: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let norm0: f32 = x.iter().map(|v| v * v).sum();
+        rope.apply(&mut x, 7);
+        let norm1: f32 = x.iter().map(|v| v * v).sum();
+        assert!((norm0 - norm1).abs() < 1e-4);
+        // Position 0 is the identity.
+        let mut y: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        rope.apply(&mut y, 0);
+        assert_eq!(y, (0..16).map(|i| i as f32).collect::<Vec<_>>());
+        // Neox pairs dim 0 with dim 4: at pos p, freq 1, (1, 0) -> (cos p, sin p).
+        let mut z = vec![0f32; 8];
+        z[0] = 1.0;
+        rope.apply(&mut z, 3);
+        assert!((z[0] - 3f32.cos()).abs() < 1e-6 && (z[4] - 3f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rms_norm_matches_definition() {
+        let x = [1.0f32, -2.0, 3.0, -4.0];
+        let w = [1.0f32, 0.5, 2.0, 1.0];
+        let mut out = [0f32; 4];
+        rms_norm(&x, &w, 1e-6, &mut out);
+        let rms = ((1.0 + 4.0 + 9.0 + 16.0) / 4.0f32 + 1e-6).sqrt();
+        for i in 0..4 {
+            assert!((out[i] - x[i] / rms * w[i]).abs() < 1e-6);
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! `splash run`: one generation to stdout, or an interactive chat.
+
+use std::io::{BufRead, Write};
+
+use anyhow::{Context, Result, bail};
+use engine::{Engine, EngineConfig, GenerateRequest, SamplingParams};
+
+use crate::load::{Loaded, load};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: a catalog name (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, smollm2-135m) or a .gguf path.
+    #[arg(long, short, default_value = "qwen2.5-coder-1.5b")]
+    model: String,
+    /// The prompt. Without it, chat interactively.
+    #[arg(long, short)]
+    prompt: Option<String>,
+    /// A system message (chat mode only).
+    #[arg(long)]
+    system: Option<String>,
+    #[arg(long, default_value_t = 512)]
+    max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.7)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0.8)]
+    top_p: f32,
+    #[arg(long, default_value_t = 20)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Tokenize the prompt as is (special tokens like <|im_start|> parsed) instead of wrapping it in the chat template.
+    #[arg(long)]
+    raw: bool,
+    /// Stop before this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Threads (0 = all cores).
+    #[arg(long, short, default_value_t = 0)]
+    threads: usize,
+    /// Print one JSON line of statistics to stderr.
+    #[arg(long)]
+    stats: bool,
+}
+
+pub fn main(a: Args) -> Result<()> {
+    let Loaded { runner, tokenizer, template, load_s } = load(&a.model, a.threads)?;
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repeat_penalty,
+        seed: a.seed,
+        ..Default::default()
+    };
+    sampling.validate().map_err(anyhow::Error::msg)?;
+    let mut engine = Engine::new(runner, tokenizer.clone(), EngineConfig::default());
+    let encode = |text: &str| -> Result<Vec<u32>> {
+        let mut ids = tokenizer.encode(text, true)?;
+        if let Some(bos) = tokenizer.bos().filter(|_| tokenizer.add_bos()) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    };
+    let request = |prompt: Vec<u32>| {
+        let mut r = GenerateRequest::new(prompt, sampling.clone(), a.max_tokens);
+        r.stop_strings = a.stop.clone();
+        r
+    };
+    let mut stdout = std::io::stdout().lock();
+
+    let Some(prompt) = a.prompt.as_deref() else {
+        return chat_loop(&mut engine, template.as_ref(), a.system.as_deref(), &encode, &request);
+    };
+    let text = if a.raw {
+        prompt.to_string()
+    } else {
+        let template = template.as_ref().context("this model has no chat template; use --raw")?;
+        let mut conversation = chat::Conversation::default();
+        if let Some(s) = &a.system {
+            conversation.messages.push(chat::Message::system(s.as_str()));
+        }
+        conversation.messages.push(chat::Message::user(prompt));
+        template.render(&chat::RenderInput::from_conversation(&conversation, true))?
+    };
+    let ids = encode(&text)?;
+    let (_, _, usage) = engine.generate(request(ids), |t| {
+        let _ = stdout.write_all(t.as_bytes());
+        let _ = stdout.flush();
+    })?;
+    writeln!(stdout)?;
+    if a.stats {
+        let stats = serde_json::json!({
+            "load_s": load_s,
+            "prompt_tokens": usage.prompt_tokens,
+            "generated_tokens": usage.completion_tokens,
+            "prefill_tok_s": usage.prefill_tok_s(),
+            "decode_tok_s": usage.decode_tok_s(),
+        });
+        eprintln!("{stats}");
+    }
+    Ok(())
+}
+
+fn chat_loop<R: models::Runner>(
+    engine: &mut Engine<R>,
+    template: Option<&chat::ChatTemplate>,
+    system: Option<&str>,
+    encode: &dyn Fn(&str) -> Result<Vec<u32>>,
+    request: &dyn Fn(Vec<u32>) -> GenerateRequest,
+) -> Result<()> {
+    let Some(template) = template else { bail!("this model has no chat template; give --prompt with --raw") };
+    let mut conversation = chat::Conversation::default();
+    if let Some(s) = system {
+        conversation.messages.push(chat::Message::system(s));
+    }
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    eprintln!("Chat with the model. An empty line or Ctrl-D ends.");
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
+            return Ok(());
+        }
+        conversation.messages.push(chat::Message::user(line.trim_end()));
+        let ids = encode(&template.render(&chat::RenderInput::from_conversation(&conversation, true))?)?;
+        let mut reply = String::new();
+        engine.generate(request(ids), |t| {
+            reply.push_str(t);
+            let _ = stdout.write_all(t.as_bytes());
+            let _ = stdout.flush();
+        })?;
+        println!();
+        conversation.messages.push(chat::Message::assistant(reply));
+    }
+}

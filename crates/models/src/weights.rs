@@ -1,0 +1,110 @@
+//! The weights of a llama-family transformer, named as in GGUF files (`blk.N.attn_q.weight`, ...). Matrices stay in
+//! the memory-mapped file in their quantized form; the small vectors (norms, biases) are copied out as f32.
+
+use std::sync::Arc;
+
+use backend::cpu::QMatrix;
+use backend::cpu::matmul::Bytes;
+use gguf::GgufFile;
+
+use crate::{Error, ModelConfig, Result};
+
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    /// [q_dim, hidden]
+    pub wq: QMatrix,
+    /// [kv_dim, hidden]
+    pub wk: QMatrix,
+    /// [kv_dim, hidden]
+    pub wv: QMatrix,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    /// [head_dim] each (qwen3)
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    /// [hidden, q_dim]
+    pub wo: QMatrix,
+    pub ffn_norm: Vec<f32>,
+    /// [ffn, hidden]
+    pub w_gate: QMatrix,
+    /// [ffn, hidden]
+    pub w_up: QMatrix,
+    /// [hidden, ffn]
+    pub w_down: QMatrix,
+}
+
+pub struct Weights {
+    /// [vocab, hidden]
+    pub token_embd: QMatrix,
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>,
+    /// [vocab, hidden]; the token embedding when tied.
+    pub output: QMatrix,
+}
+
+impl Weights {
+    pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let token_embd = matrix(file, "token_embd.weight", cfg.vocab_size, h)?;
+        let output = if cfg.tied_embeddings { token_embd.clone() } else { matrix(file, "output.weight", cfg.vocab_size, h)? };
+        let layers = (0..cfg.num_layers)
+            .map(|i| {
+                let name = |s: &str| format!("blk.{i}.{s}");
+                let bias = |s: &str, n| if cfg.qkv_bias { vector(file, &name(s), n).map(Some) } else { Ok(None) };
+                let qk_norm = |s: &str| if cfg.qk_norm { vector(file, &name(s), cfg.head_dim).map(Some) } else { Ok(None) };
+                Ok(LayerWeights {
+                    attn_norm: vector(file, &name("attn_norm.weight"), h)?,
+                    wq: matrix(file, &name("attn_q.weight"), cfg.q_dim(), h)?,
+                    wk: matrix(file, &name("attn_k.weight"), cfg.kv_dim(), h)?,
+                    wv: matrix(file, &name("attn_v.weight"), cfg.kv_dim(), h)?,
+                    bq: bias("attn_q.bias", cfg.q_dim())?,
+                    bk: bias("attn_k.bias", cfg.kv_dim())?,
+                    bv: bias("attn_v.bias", cfg.kv_dim())?,
+                    q_norm: qk_norm("attn_q_norm.weight")?,
+                    k_norm: qk_norm("attn_k_norm.weight")?,
+                    wo: matrix(file, &name("attn_output.weight"), h, cfg.q_dim())?,
+                    ffn_norm: vector(file, &name("ffn_norm.weight"), h)?,
+                    w_gate: matrix(file, &name("ffn_gate.weight"), cfg.ffn_size, h)?,
+                    w_up: matrix(file, &name("ffn_up.weight"), cfg.ffn_size, h)?,
+                    w_down: matrix(file, &name("ffn_down.weight"), h, cfg.ffn_size)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Weights { token_embd, layers, output_norm: vector(file, "output_norm.weight", h)?, output })
+    }
+
+    /// Every matrix of the model, for size accounting.
+    pub fn matrices(&self) -> impl Iterator<Item = &QMatrix> {
+        let per_layer = self.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        [&self.token_embd, &self.output].into_iter().chain(per_layer)
+    }
+}
+
+fn tensor<'a>(file: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a gguf::TensorInfo> {
+    let t = file.tensor(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
+    if t.dims != dims {
+        return Err(Error::BadShape { name: name.into(), found: t.dims.clone(), expected: dims.to_vec() });
+    }
+    Ok(t)
+}
+
+/// A `[rows, cols]` matrix (ggml dims `[cols, rows]`) left in the file.
+fn matrix(file: &Arc<GgufFile>, name: &str, rows: usize, cols: usize) -> Result<QMatrix> {
+    let t = tensor(file, name, &[cols as u64, rows as u64])?;
+    if backend::cpu::quant::act_format(t.ty).is_none() {
+        return Err(Error::UnsupportedType { name: name.into(), ty: t.ty });
+    }
+    let start = (file.data_offset + t.offset) as usize;
+    let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = file.clone();
+    let bytes = Bytes::new(owner, start..start + t.size_bytes as usize).expect("INVARIANT: the reader checked tensor bounds");
+    Ok(QMatrix { ty: t.ty, rows, cols, bytes })
+}
+
+/// A vector of `n` values, converted to f32.
+fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
+    let t = tensor(file, name, &[n as u64])?;
+    let mut out = vec![0f32; n];
+    gguf::quant::dequantize(t.ty, file.tensor_data(t), &mut out).map_err(|_| Error::UnsupportedType { name: name.into(), ty: t.ty })?;
+    Ok(out)
+}
