@@ -19,6 +19,8 @@ mod scalar;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_rows;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 

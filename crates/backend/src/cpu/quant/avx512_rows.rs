@@ -1,0 +1,573 @@
+//! AVX-512 row-streaming kernels for few activation rows (decode, speculative verification).
+//!
+//! On the build machine (Zen 4) one core streams 21 GB/s from DRAM when it reads one contiguous run, but only 6-11
+//! GB/s when it interleaves 2-16 row streams, even with software prefetch or a sequential staging copy. So for small
+//! `m` each weight row is read front to back, one row at a time; its blocks are unpacked once into registers and
+//! meet up to 4 activation rows. The integer math is ggml's AVX2 `vec_dot` math widened to 512 bits:
+//! `maddubs` (u8 × i8 pairs) then `vpdpwssd` against the sub-block scales. Activation rows are first rearranged
+//! per call ("prepared") so that no shuffles are needed per weight row.
+
+#![allow(unsafe_op_in_unsafe_fn)]
+#![allow(clippy::too_many_arguments)]
+
+use super::blocks::*;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn ld(p: *const u8) -> __m512i {
+    _mm512_loadu_si512(p as *const _)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn rd_f32p(p: *const u8) -> f32 {
+    (p as *const f32).read_unaligned()
+}
+
+/// Both f16 at `p` (d, dmin) widened.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn f16x2(p: *const u8) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn f16x1(p: *const u8) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u16).read_unaligned() as i32)))
+}
+
+/// The 8 scales and 8 mins of a Q4_K / Q5_K block as 16 × i16 `[sc0..sc7, m0..m7]` (ggml's `utmp` unpacking).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn k4_scales(q: *const u8) -> __m256i {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let u0 = (q as *const u32).read_unaligned();
+    let u1 = (q.add(4) as *const u32).read_unaligned();
+    let u2 = (q.add(8) as *const u32).read_unaligned();
+    let m_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+    let m_lo = u1 & KMASK1;
+    let s_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+    let s_lo = u0 & KMASK1;
+    _mm256_cvtepu8_epi16(_mm_setr_epi32(s_lo as i32, s_hi as i32, m_lo as i32, m_hi as i32))
+}
+
+/// i16 index vector: lanes 0..16 = `a`, lanes 16..32 = `b`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn idx2(a: i16, b: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_set1_epi16(a), _mm256_set1_epi16(b))
+}
+
+/// i16 index vector: lanes 8i..8i+8 = `b + i`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn idx4(b: i16) -> __m512i {
+    _mm512_add_epi16(
+        _mm512_set1_epi16(b),
+        _mm512_set_epi64(
+            0x0003_0003_0003_0003,
+            0x0003_0003_0003_0003,
+            0x0002_0002_0002_0002,
+            0x0002_0002_0002_0002,
+            0x0001_0001_0001_0001,
+            0x0001_0001_0001_0001,
+            0,
+            0,
+        ),
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn hsum128(v: __m128) -> f32 {
+    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// K-quants against Q8_K.
+
+/// Prepared Q8_K block for Q4_K / Q5_K: the 256 quants in nibble order (32-byte pieces 0,2,1,3,4,6,5,7), d, and
+/// the 8 sums of 32 as i16.
+const PK4: usize = 320;
+const PK4_D: usize = 256;
+const PK4_BS: usize = 272;
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn prep_k4(a: *const u8, x: *const u8, nsb: usize, dst: *mut u8) {
+    const ORDER: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
+    for s in 0..nsb {
+        let ab = a.add(s * Q8_K_BYTES);
+        let d = dst.add(s * PK4);
+        for (i, &o) in ORDER.iter().enumerate() {
+            let v = _mm256_loadu_si256(ab.add(Q8K_QS + 32 * o) as *const __m256i);
+            _mm256_storeu_si256(d.add(32 * i) as *mut __m256i, v);
+        }
+        (d.add(PK4_D) as *mut f32).write_unaligned(rd_f32p(ab));
+        let bs = _mm_loadu_si128(x.add(s * Q8_K_EXTRA) as *const __m128i);
+        _mm_storeu_si128(d.add(PK4_BS) as *mut __m128i, bs);
+    }
+}
+
+/// One Q4_K (or, with `FIVE`, Q5_K) row against R prepared activation rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn row_k4<const R: usize, const FIVE: bool>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [f32; R] {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let idx = [idx2(0, 2), idx2(1, 3), idx2(4, 6), idx2(5, 7)];
+    let mut facc = [_mm512_setzero_ps(); R];
+    let mut fmin = [_mm_setzero_ps(); R];
+    let bb = if FIVE { Q5_K_BYTES } else { Q4_K_BYTES };
+    let qs_off = if FIVE { 48 } else { 16 };
+    for s in 0..nsb {
+        let b = w.add(s * bb);
+        let (dw, dmin) = f16x2(b);
+        let s16 = k4_scales(b.add(4));
+        let s512 = _mm512_castsi256_si512(s16);
+        let mins = _mm256_extracti128_si256::<1>(s16);
+        let q0 = ld(b.add(qs_off));
+        let q1 = ld(b.add(qs_off + 64));
+        let mut v = [
+            _mm512_and_si512(q0, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q0), m4),
+            _mm512_and_si512(q1, m4),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(q1), m4),
+        ];
+        if FIVE {
+            // qh[l] bit j is the fifth bit of sub-block j, position l. v[0] holds sub-blocks (0, 2), v[1] (1, 3),
+            // v[2] (4, 6), v[3] (5, 7): shift each half so that its bit lands on bit 4.
+            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
+            let m10 = _mm512_set1_epi8(0x10);
+            let shifts = [(4, 2), (3, 1), (0, -2), (-1, -3)];
+            for (j, &(lo, hi)) in shifts.iter().enumerate() {
+                // left shifts by (lo, hi) per 256-bit half; negative = right shift.
+                let l = _mm512_inserti64x4::<1>(_mm512_set1_epi16(lo.max(0)), _mm256_set1_epi16(hi.max(0)));
+                let r = _mm512_inserti64x4::<1>(_mm512_set1_epi16((-lo).max(0)), _mm256_set1_epi16((-hi).max(0)));
+                let hb = _mm512_srlv_epi16(_mm512_sllv_epi16(qh, l), r);
+                v[j] = _mm512_ternarylogic_epi32::<0xEC>(hb, v[j], m10);
+            }
+        }
+        let sv = [
+            _mm512_permutexvar_epi16(idx[0], s512),
+            _mm512_permutexvar_epi16(idx[1], s512),
+            _mm512_permutexvar_epi16(idx[2], s512),
+            _mm512_permutexvar_epi16(idx[3], s512),
+        ];
+        for r in 0..R {
+            let a = pa[r].add(s * PK4);
+            let mut isum = _mm512_setzero_si512();
+            for j in 0..4 {
+                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(v[j], ld(a.add(64 * j))), sv[j]);
+            }
+            let da = rd_f32p(a.add(PK4_D));
+            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dw * da), facc[r]);
+            let prod = _mm_madd_epi16(mins, _mm_loadu_si128(a.add(PK4_BS) as *const __m128i));
+            fmin[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(prod), _mm_set1_ps(dmin * da), fmin[r]);
+        }
+    }
+    let mut res = [0f32; R];
+    for r in 0..R {
+        res[r] = _mm512_reduce_add_ps(facc[r]) - hsum128(fmin[r]);
+    }
+    res
+}
+
+/// One Q6_K row against R Q8_K activation rows (used as they are).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn row_q6k<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [f32; R] {
+    let m0f = _mm512_set1_epi8(0x0f);
+    let m30 = _mm512_set1_epi8(0x30);
+    let sl42 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
+    let sr02 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2));
+    let idx = [idx4(0), idx4(4), idx4(8), idx4(12)];
+    let mut facc = [_mm512_setzero_ps(); R];
+    for s in 0..nsb {
+        let b = w.add(s * Q6_K_BYTES);
+        let ql0 = ld(b);
+        let ql1 = ld(b.add(64));
+        let qha = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(128) as *const __m256i));
+        let qhb = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(160) as *const __m256i));
+        // Values 0..64: ql0 low nibbles | qh[0..32] bits (0,1) for the first 32, bits (2,3) for the next 32, ...
+        let v = [
+            _mm512_ternarylogic_epi32::<0xEC>(ql0, _mm512_and_si512(_mm512_sllv_epi16(qha, sl42), m30), m0f),
+            _mm512_ternarylogic_epi32::<0xEC>(
+                _mm512_srli_epi16::<4>(ql0),
+                _mm512_and_si512(_mm512_srlv_epi16(qha, sr02), m30),
+                m0f,
+            ),
+            _mm512_ternarylogic_epi32::<0xEC>(ql1, _mm512_and_si512(_mm512_sllv_epi16(qhb, sl42), m30), m0f),
+            _mm512_ternarylogic_epi32::<0xEC>(
+                _mm512_srli_epi16::<4>(ql1),
+                _mm512_and_si512(_mm512_srlv_epi16(qhb, sr02), m30),
+                m0f,
+            ),
+        ];
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+        let s512 = _mm512_castsi256_si512(sc16);
+        let sv = [
+            _mm512_permutexvar_epi16(idx[0], s512),
+            _mm512_permutexvar_epi16(idx[1], s512),
+            _mm512_permutexvar_epi16(idx[2], s512),
+            _mm512_permutexvar_epi16(idx[3], s512),
+        ];
+        let dw = f16x1(b.add(208));
+        for r in 0..R {
+            let a = pa[r].add(s * Q8_K_BYTES);
+            // The -32 offset: -32 · Σ_j sc_j · bsum_j.
+            let corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256(a.add(Q8K_BSUMS) as *const __m256i));
+            let mut isum = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(_mm256_slli_epi32::<5>(corr)));
+            for j in 0..4 {
+                isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(v[j], ld(a.add(Q8K_QS + 64 * j))), sv[j]);
+            }
+            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dw * rd_f32p(a)), facc[r]);
+        }
+    }
+    let mut res = [0f32; R];
+    for r in 0..R {
+        res[r] = _mm512_reduce_add_ps(facc[r]);
+    }
+    res
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Legacy 32-blocks, two blocks per vector.
+
+/// Prepared activation pair of 32-blocks: 64 quants; the accumulator start `-zero·Σq` (i32) in lanes 0 and 8 (or,
+/// for the types with a min, `s` as f32 there); `d` (f32) in each block's 8 lanes.
+const PL: usize = 192;
+
+/// Prepares Q8_0 (`HAS_MIN` false) or Q8_1 rows for two-block kernels; an odd last block gets a zero partner.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn prep_legacy<const HAS_MIN: bool>(a: *const u8, x: *const u8, nb: usize, zshift: u32, dst: *mut u8) {
+    let (ab, qo) = if HAS_MIN { (Q8_1_BYTES, 4) } else { (Q8_0_BYTES, 2) };
+    for p in 0..nb.div_ceil(2) {
+        let d = dst.add(p * PL);
+        let mut init = [0i32; 16];
+        let mut da = [0f32; 16];
+        for h in 0..2 {
+            let i = 2 * p + h;
+            if i >= nb {
+                std::ptr::write_bytes(d.add(32 * h), 0, 32);
+                continue;
+            }
+            std::ptr::copy_nonoverlapping(a.add(i * ab + qo), d.add(32 * h), 32);
+            let e = x.add(8 * i);
+            if HAS_MIN {
+                da[8 * h..8 * h + 8].fill(rd_f32p(e));
+                init[8 * h] = rd_f32p(e.add(4)).to_bits() as i32;
+            } else {
+                init[8 * h] = (e as *const i32).read_unaligned() << zshift;
+                da[8 * h..8 * h + 8].fill(rd_f32p(e.add(4)));
+            }
+        }
+        std::ptr::copy_nonoverlapping(init.as_ptr() as *const u8, d.add(64), 64);
+        std::ptr::copy_nonoverlapping(da.as_ptr() as *const u8, d.add(128), 64);
+    }
+}
+
+/// Weight pair unpacking for the legacy types: 64 unsigned values (block 2p in the low half) and, for the types
+/// with a min, the two mins in lanes 0 and 8; and the two scales per lane.
+trait LegacyW {
+    const BYTES: usize;
+    const HAS_MIN: bool;
+    const ZSHIFT: u32;
+    /// `(values, d per lane, m in lanes 0/8)` of blocks `b` and `b+1` (`two` false: only `b`, the rest zero).
+    unsafe fn pair(b: *const u8, two: bool) -> (__m512i, __m512, __m512);
+}
+
+/// Nibbles of two 16-byte quant arrays as [lo0, hi0, lo1, hi1] (128-bit lanes).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn nibbles2(q0: *const u8, q1: *const u8, two: bool) -> __m512i {
+    let x0 = _mm512_broadcast_i32x4(_mm_loadu_si128(q0 as *const __m128i));
+    let x1 = if two { _mm512_broadcast_i32x4(_mm_loadu_si128(q1 as *const __m128i)) } else { _mm512_setzero_si512() };
+    let x = _mm512_mask_blend_epi64(0xF0, x0, x1);
+    let sh = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    _mm512_and_si512(_mm512_srlv_epi64(x, sh), _mm512_set1_epi8(0x0f))
+}
+
+/// Per-lane scale vector from the f16 at `b` and `b + stride` (8 lanes each).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn d_pair(b: *const u8, stride: usize, off: usize, two: bool) -> __m512 {
+    let d0 = f16x1(b.add(off));
+    let d1 = if two { f16x1(b.add(stride + off)) } else { 0.0 };
+    _mm512_insertf32x8::<1>(_mm512_set1_ps(d0), _mm256_set1_ps(d1))
+}
+
+/// 0x10 in every byte whose bit is set in the two 32-bit masks at `h0` and `h1`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn high_bits2(h0: *const u8, h1: *const u8, two: bool) -> __m512i {
+    let lo = (h0 as *const u32).read_unaligned() as u64;
+    let hi = if two { (h1 as *const u32).read_unaligned() as u64 } else { 0 };
+    _mm512_maskz_mov_epi8(lo | (hi << 32), _mm512_set1_epi8(0x10))
+}
+
+struct LQ40;
+struct LQ41;
+struct LQ50;
+struct LQ51;
+struct LQ80;
+
+impl LegacyW for LQ40 {
+    const BYTES: usize = Q4_0_BYTES;
+    const HAS_MIN: bool = false;
+    const ZSHIFT: u32 = 3;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn pair(b: *const u8, two: bool) -> (__m512i, __m512, __m512) {
+        (nibbles2(b.add(2), b.add(Self::BYTES + 2), two), d_pair(b, Self::BYTES, 0, two), _mm512_setzero_ps())
+    }
+}
+
+impl LegacyW for LQ41 {
+    const BYTES: usize = Q4_1_BYTES;
+    const HAS_MIN: bool = true;
+    const ZSHIFT: u32 = 0;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn pair(b: *const u8, two: bool) -> (__m512i, __m512, __m512) {
+        let (d0, m0) = f16x2(b);
+        let (d1, m1) = if two { f16x2(b.add(Self::BYTES)) } else { (0.0, 0.0) };
+        let d = _mm512_insertf32x8::<1>(_mm512_set1_ps(d0), _mm256_set1_ps(d1));
+        let m = _mm512_maskz_mov_ps(0x0101, _mm512_insertf32x8::<1>(_mm512_set1_ps(m0), _mm256_set1_ps(m1)));
+        (nibbles2(b.add(4), b.add(Self::BYTES + 4), two), d, m)
+    }
+}
+
+impl LegacyW for LQ50 {
+    const BYTES: usize = Q5_0_BYTES;
+    const HAS_MIN: bool = false;
+    const ZSHIFT: u32 = 4;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn pair(b: *const u8, two: bool) -> (__m512i, __m512, __m512) {
+        let n = nibbles2(b.add(6), b.add(Self::BYTES + 6), two);
+        let h = high_bits2(b.add(2), b.add(Self::BYTES + 2), two);
+        (_mm512_or_si512(n, h), d_pair(b, Self::BYTES, 0, two), _mm512_setzero_ps())
+    }
+}
+
+impl LegacyW for LQ51 {
+    const BYTES: usize = Q5_1_BYTES;
+    const HAS_MIN: bool = true;
+    const ZSHIFT: u32 = 0;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn pair(b: *const u8, two: bool) -> (__m512i, __m512, __m512) {
+        let (d0, m0) = f16x2(b);
+        let (d1, m1) = if two { f16x2(b.add(Self::BYTES)) } else { (0.0, 0.0) };
+        let d = _mm512_insertf32x8::<1>(_mm512_set1_ps(d0), _mm256_set1_ps(d1));
+        let m = _mm512_maskz_mov_ps(0x0101, _mm512_insertf32x8::<1>(_mm512_set1_ps(m0), _mm256_set1_ps(m1)));
+        let n = nibbles2(b.add(8), b.add(Self::BYTES + 8), two);
+        let h = high_bits2(b.add(4), b.add(Self::BYTES + 4), two);
+        (_mm512_or_si512(n, h), d, m)
+    }
+}
+
+impl LegacyW for LQ80 {
+    const BYTES: usize = Q8_0_BYTES;
+    const HAS_MIN: bool = false;
+    const ZSHIFT: u32 = 7;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn pair(b: *const u8, two: bool) -> (__m512i, __m512, __m512) {
+        let lo = _mm256_loadu_si256(b.add(2) as *const __m256i);
+        let hi = if two { _mm256_loadu_si256(b.add(Self::BYTES + 2) as *const __m256i) } else { _mm256_set1_epi8(-128) };
+        let q = _mm512_xor_si512(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi), _mm512_set1_epi8(-128));
+        (q, d_pair(b, Self::BYTES, 0, two), _mm512_setzero_ps())
+    }
+}
+
+/// One legacy row (nb blocks) against R prepared activation rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn row_legacy<T: LegacyW, const R: usize>(w: *const u8, nb: usize, pa: &[*const u8; R]) -> [f32; R] {
+    let mut facc = [_mm512_setzero_ps(); R];
+    for p in 0..nb.div_ceil(2) {
+        let two = 2 * p + 1 < nb;
+        let (q, dw, mw) = T::pair(w.add(2 * p * T::BYTES), two);
+        for r in 0..R {
+            let a = pa[r].add(p * PL);
+            let init = if T::HAS_MIN { _mm512_setzero_si512() } else { ld(a.add(64)) };
+            let acc = _mm512_dpbusd_epi32(init, q, ld(a));
+            let da = _mm512_loadu_ps(a.add(128) as *const f32);
+            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dw, da), facc[r]);
+            if T::HAS_MIN {
+                facc[r] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a.add(64) as *const f32), facc[r]);
+            }
+        }
+    }
+    let mut res = [0f32; R];
+    for r in 0..R {
+        res[r] = _mm512_reduce_add_ps(facc[r]);
+    }
+    res
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Driver.
+
+/// Rows per block: a block of weight rows is re-read from L1/L2 by each group of activation rows.
+const ROW_BLOCK: usize = 32;
+
+/// Most activation rows a row kernel takes at once.
+const RMAX: usize = 4;
+
+/// Runs `kern::<R>` over `rows` for every group of at most 4 prepared activation rows (`prep` bytes apart).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn run_rows(
+    w: *const u8,
+    rb: usize,
+    n_units: usize,
+    rows: Range<usize>,
+    prep: *const u8,
+    prep_rb: usize,
+    m: usize,
+    out: *mut f32,
+    ldo: usize,
+    kern: &Kernels,
+) {
+    let ng = m.div_ceil(RMAX);
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let r1 = (r0 + ROW_BLOCK).min(rows.end);
+        let mut t = 0;
+        for g in 0..ng {
+            let gs = (m - t).div_ceil(ng - g);
+            let base = prep.add(t * prep_rb);
+            for r in r0..r1 {
+                let wr = w.add(r * rb);
+                let o = out.add(t * ldo + r);
+                match gs {
+                    1 => {
+                        let v = (kern.r1)(wr, n_units, &[base]);
+                        *o = v[0];
+                    }
+                    2 => {
+                        let v = (kern.r2)(wr, n_units, &[base, base.add(prep_rb)]);
+                        *o = v[0];
+                        *o.add(ldo) = v[1];
+                    }
+                    3 => {
+                        let v = (kern.r3)(wr, n_units, &[base, base.add(prep_rb), base.add(2 * prep_rb)]);
+                        for (i, x) in v.iter().enumerate() {
+                            *o.add(i * ldo) = *x;
+                        }
+                    }
+                    _ => {
+                        let pa = [base, base.add(prep_rb), base.add(2 * prep_rb), base.add(3 * prep_rb)];
+                        let v = (kern.r4)(wr, n_units, &pa);
+                        for (i, x) in v.iter().enumerate() {
+                            *o.add(i * ldo) = *x;
+                        }
+                    }
+                }
+            }
+            t += gs;
+        }
+        r0 = r1;
+    }
+}
+
+type RowFn<const R: usize> = unsafe fn(*const u8, usize, &[*const u8; R]) -> [f32; R];
+
+struct Kernels {
+    r1: RowFn<1>,
+    r2: RowFn<2>,
+    r3: RowFn<3>,
+    r4: RowFn<4>,
+}
+
+macro_rules! kernels {
+    ($f:ident $(, $extra:tt)*) => {
+        Kernels { r1: $f::<1 $(, $extra)*>, r2: $f::<2 $(, $extra)*>, r3: $f::<3 $(, $extra)*>, r4: $f::<4 $(, $extra)*> }
+    };
+}
+
+macro_rules! legacy_kernels {
+    ($t:ty) => {
+        Kernels {
+            r1: row_legacy::<$t, 1>,
+            r2: row_legacy::<$t, 2>,
+            r3: row_legacy::<$t, 3>,
+            r4: row_legacy::<$t, 4>,
+        }
+    };
+}
+
+/// Most activation rows for which the row-streaming kernels are used.
+pub const MAX_M: usize = 8;
+
+/// Row-streaming `matmul_rows` for `m <= MAX_M`; returns false if `wty` has no row kernel here.
+///
+/// # Safety
+/// As `super::matmul_rows`, plus the CPU features of `super::avx512::supported`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn matmul_rows(
+    wty: gguf::GgmlType,
+    w: &[u8],
+    k: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    act_rb: usize,
+    m: usize,
+    out: *mut f32,
+    ldo: usize,
+) -> bool {
+    let scratch = super::avx512::scratch_bytes;
+    use gguf::GgmlType::*;
+    let rb = wty.row_bytes(k).expect("INVARIANT: checked by the caller");
+    match wty {
+        Q6_K => {
+            let kern = kernels!(row_q6k);
+            run_rows(w.as_ptr(), rb, k / QK_K, rows, acts.as_ptr(), act_rb, m, out, ldo, &kern);
+        }
+        Q4_K | Q5_K => {
+            let nsb = k / QK_K;
+            let prep_rb = nsb * PK4;
+            let prep = scratch(prep_rb * m);
+            for t in 0..m {
+                let a = acts.as_ptr().add(t * act_rb);
+                prep_k4(a, a.add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
+            }
+            let kern = if wty == Q4_K { kernels!(row_k4, false) } else { kernels!(row_k4, true) };
+            run_rows(w.as_ptr(), rb, nsb, rows, prep, prep_rb, m, out, ldo, &kern);
+        }
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => {
+            let nb = k / QK;
+            let prep_rb = nb.div_ceil(2) * PL;
+            let prep = scratch(prep_rb * m);
+            let (has_min, zshift, ab) = match wty {
+                Q4_0 => (false, LQ40::ZSHIFT, Q8_0_BYTES),
+                Q5_0 => (false, LQ50::ZSHIFT, Q8_0_BYTES),
+                Q8_0 => (false, LQ80::ZSHIFT, Q8_0_BYTES),
+                _ => (true, 0, Q8_1_BYTES),
+            };
+            for t in 0..m {
+                let a = acts.as_ptr().add(t * act_rb);
+                let x = a.add(nb * ab);
+                if has_min {
+                    prep_legacy::<true>(a, x, nb, zshift, prep.add(t * prep_rb));
+                } else {
+                    prep_legacy::<false>(a, x, nb, zshift, prep.add(t * prep_rb));
+                }
+            }
+            let kern = match wty {
+                Q4_0 => legacy_kernels!(LQ40),
+                Q4_1 => legacy_kernels!(LQ41),
+                Q5_0 => legacy_kernels!(LQ50),
+                Q5_1 => legacy_kernels!(LQ51),
+                _ => legacy_kernels!(LQ80),
+            };
+            run_rows(w.as_ptr(), rb, nb, rows, prep, prep_rb, m, out, ldo, &kern);
+        }
+        _ => return false,
+    }
+    true
+}
