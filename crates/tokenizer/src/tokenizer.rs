@@ -25,6 +25,8 @@ pub struct Tokenizer {
     /// `token_to_piece(special = true)` renders it.
     piece_bytes: Vec<u8>,
     piece_offsets: Vec<u32>,
+    /// Bytes whose byte-level character is not in the vocabulary (SmolLM2 has no token for 0x04, for one).
+    byte_missing: [bool; 256],
     add_bos: bool,
     add_eos: bool,
 }
@@ -67,12 +69,16 @@ impl Tokenizer {
         special_tokens.sort_by_key(|&id| std::cmp::Reverse(vocab.texts[id as usize].len()));
 
         let (piece_bytes, piece_offsets) = build_pieces(&vocab);
+        let mut byte_missing = [false; 256];
+        for (b, missing) in byte_missing.iter_mut().enumerate() {
+            *missing = bpe.token_to_id(bytes::ENCODE[b].encode_utf8(&mut [0; 4])).is_none();
+        }
         let add_bos = vocab.add_bos.unwrap_or(pre.add_bos_default);
         let add_eos = vocab.add_eos.unwrap_or(false);
         if add_bos && vocab.special.bos.is_none() {
             return Err(Error::BadVocab("add_bos_token is set but there is no BOS token".into()));
         }
-        Ok(Tokenizer { vocab, pre, bpe, special_tokens, piece_bytes, piece_offsets, add_bos, add_eos })
+        Ok(Tokenizer { vocab, pre, bpe, special_tokens, piece_bytes, piece_offsets, byte_missing, add_bos, add_eos })
     }
 
     /// Token ids of `text`, without BOS/EOS (see [`Tokenizer::add_bos`]). With `parse_special`, the texts of control
@@ -96,10 +102,17 @@ impl Tokenizer {
                     words.clear();
                     self.pre.split(piece, &mut words)?;
                     for range in &words {
-                        word.clear();
-                        word.extend(piece[range.clone()].bytes().map(|b| bytes::ENCODE[b as usize]));
-                        let tokens = self.bpe.tokenize(&word).map_err(|e| Error::Bpe(e.to_string()))?;
-                        ids.extend(tokens.iter().map(|t| t.id));
+                        // A byte without a token is dropped, and nothing merges across it (llama.cpp keeps it as a
+                        // symbol of its own until the end; `tokenizers` would drop it first and merge its neighbours).
+                        for part in piece.as_bytes()[range.clone()].split(|&b| self.byte_missing[b as usize]) {
+                            if part.is_empty() {
+                                continue;
+                            }
+                            word.clear();
+                            word.extend(part.iter().map(|&b| bytes::ENCODE[b as usize]));
+                            let tokens = self.bpe.tokenize(&word).map_err(|e| Error::Bpe(e.to_string()))?;
+                            ids.extend(tokens.iter().map(|t| t.id));
+                        }
                     }
                 }
             }
@@ -253,8 +266,8 @@ fn build_bpe(vocab: &Vocab, merges: &[&str], ignore_merges: bool) -> Result<BPE>
             return Err(Error::BadVocab(format!("token text {text:?} appears twice")));
         }
     }
-    // A byte with no token of its own (SmolLM2 has none for 0x04 or 0xF1..0xFF) is dropped from the input, by
-    // llama.cpp (`text_to_token` fails, the byte fallback finds nothing) and by the `tokenizers` model alike.
+    // A byte with no token of its own (SmolLM2 has none for 0x04 or 0xF1..0xFF) is dropped from the input, as
+    // llama.cpp does (`text_to_token` fails and the byte fallback finds nothing); see `encode_into`.
     let mut pairs = Vec::with_capacity(merges.len());
     let mut seen = ahash::AHashSet::with_capacity(merges.len());
     for (rank, merge) in merges.iter().enumerate() {

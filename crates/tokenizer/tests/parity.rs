@@ -72,6 +72,30 @@ fn fixture(name: &str) -> Result<Fixture> {
     Ok(serde_json::from_str(&text)?)
 }
 
+/// `random-<name>`: `[text, ids with special, ids without]` rows over random strings.
+fn check_random(name: &str, tok: &Tokenizer) -> Result<()> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tokenizer").join(format!("random-{name}"));
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    let rows: Vec<(String, Vec<u32>, Vec<u32>)> = serde_json::from_value(doc["rows"].clone())?;
+    assert!(rows.len() >= 100);
+    let mut failures = Vec::new();
+    for (text, ids_special, ids_plain) in &rows {
+        for (parse_special, want) in [(true, ids_special), (false, ids_plain)] {
+            let got = tok.encode(text, parse_special)?;
+            if &got != want {
+                failures.push(format!("{text:?} special={parse_special}:\n  got  {got:?}\n  want {want:?}"));
+            }
+        }
+        if tok.decode(ids_special) != String::from_utf8_lossy(&tok.decode_bytes(ids_special, true)) {
+            failures.push(format!("{text:?}: decode"));
+        }
+    }
+    if !failures.is_empty() {
+        bail!("{} random strings differ from llama.cpp:\n{}", failures.len(), failures.join("\n"));
+    }
+    Ok(())
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -168,7 +192,8 @@ fn qwen_05b_matches_llama_cpp() -> Result<()> {
     let fx = fixture("qwen2.5-coder.json")?;
     assert!(fx.cases.len() >= 25);
     let Some(tok) = load(&fx.model_file)? else { return Ok(()) };
-    check_against(&fx, &tok)
+    check_against(&fx, &tok)?;
+    check_random("qwen2.5-coder.json", &tok)
 }
 
 #[test]
@@ -183,7 +208,8 @@ fn smollm2_matches_llama_cpp() -> Result<()> {
     let fx = fixture("smollm2.json")?;
     assert!(fx.cases.len() >= 25);
     let Some(tok) = load(&fx.model_file)? else { return Ok(()) };
-    check_against(&fx, &tok)
+    check_against(&fx, &tok)?;
+    check_random("smollm2.json", &tok)
 }
 
 #[test]
