@@ -1,1 +1,0 @@
-//! Quantized block formats: layouts, reference dequantization and reference quantization.
