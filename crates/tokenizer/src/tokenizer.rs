@@ -260,14 +260,34 @@ impl Tokenizer {
 }
 
 fn build_bpe(vocab: &Vocab, merges: &[&str], ignore_merges: bool) -> Result<BPE> {
+    // The two inputs of the model are independent; build them side by side (most of the load time is allocation).
+    let (map, pairs) = std::thread::scope(|scope| {
+        let pairs = scope.spawn(|| merge_pairs(merges));
+        let map = vocab_map(vocab);
+        (map, pairs.join())
+    });
+    let pairs = pairs.map_err(|_| Error::Bpe("parsing the merges panicked".into()))??;
+    BPE::builder()
+        .vocab_and_merges(map?, pairs)
+        .ignore_merges(ignore_merges)
+        .build()
+        .map_err(|e| Error::Bpe(e.to_string()))
+}
+
+/// Token text to id. A byte with no token of its own (SmolLM2 has none for 0x04 or 0xF1..0xFF) is dropped from the
+/// input, as llama.cpp does (`text_to_token` fails and the byte fallback finds nothing); see `encode_into`.
+fn vocab_map(vocab: &Vocab) -> Result<AHashMap<String, u32>> {
     let mut map: AHashMap<String, u32> = AHashMap::with_capacity(vocab.num_tokens());
     for (id, text) in vocab.texts.iter().enumerate() {
         if map.insert(text.clone(), id as u32).is_some() {
             return Err(Error::BadVocab(format!("token text {text:?} appears twice")));
         }
     }
-    // A byte with no token of its own (SmolLM2 has none for 0x04 or 0xF1..0xFF) is dropped from the input, as
-    // llama.cpp does (`text_to_token` fails and the byte fallback finds nothing); see `encode_into`.
+    Ok(map)
+}
+
+/// `tokenizer.ggml.merges` lines (`"Ġ t"`) as pairs, in rank order.
+fn merge_pairs(merges: &[&str]) -> Result<Vec<(String, String)>> {
     let mut pairs = Vec::with_capacity(merges.len());
     let mut seen = ahash::AHashSet::with_capacity(merges.len());
     for (rank, merge) in merges.iter().enumerate() {
@@ -283,11 +303,7 @@ fn build_bpe(vocab: &Vocab, merges: &[&str], ignore_merges: bool) -> Result<BPE>
         }
         pairs.push((left.to_owned(), right.to_owned()));
     }
-    BPE::builder()
-        .vocab_and_merges(map, pairs)
-        .ignore_merges(ignore_merges)
-        .build()
-        .map_err(|e| Error::Bpe(e.to_string()))
+    Ok(pairs)
 }
 
 /// Every token's rendering with special tokens shown, as llama.cpp's `token_to_piece(special = true)`.
