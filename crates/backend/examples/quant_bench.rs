@@ -147,18 +147,24 @@ fn main() {
             tq / mmax as f64 * 1e6
         );
         if std::env::var("SPLASH_BENCH_MICRO").is_ok_and(|v| v == "1") {
-            // One thread, one cache-resident matrix, a tight loop: ns per block-row of the kernel itself.
+            // One thread, one cache-resident matrix (with SPLASH_BENCH_HOT=1): ns per block-row of the kernel
+            // itself.
             for &level in &levels {
-                for m in [1usize, 2, 4, 8, 16, 64] {
+                let ms: Vec<usize> = std::env::var("SPLASH_BENCH_MS")
+                    .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+                    .unwrap_or_else(|_| vec![1, 2, 4, 8, 16, 64]);
+                for m in ms {
                     let mut out = vec![0f32; m * n];
                     let w = &mats[0];
-                    let mut iters = 0usize;
+                    // The fastest of many timed calls: the machine is shared, and a preempted call only
+                    // makes that sample slower.
+                    let mut s = f64::INFINITY;
                     let t = Instant::now();
                     while t.elapsed() < Duration::from_millis(300) {
+                        let t1 = Instant::now();
                         unsafe { matmul_rows_at(level, ty, w, kk, 0..n, &acts, m, out.as_mut_ptr(), n) };
-                        iters += 1;
+                        s = s.min(t1.elapsed().as_secs_f64());
                     }
-                    let s = t.elapsed().as_secs_f64() / iters as f64;
                     let blocks = (n * kk / ty.block_len()) as f64;
                     println!(
                         "  {:<7} m={m:<3} {:7.2} ns/block-row  {:6.1} GB/s  {:6.1} GOP/s",
@@ -179,7 +185,10 @@ fn main() {
                 let s = time_product(level, ty, &mats, n, kk, &acts, 1, threads, budget);
                 line += &format!("  gemv {threads}T {:6.1} GB/s", mat_bytes as f64 / s / 1e9);
             }
-            for m in [4usize, 16, 64, 512] {
+            let ms: Vec<usize> = std::env::var("SPLASH_BENCH_MS")
+                .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+                .unwrap_or_else(|_| vec![4, 16, 64, 512]);
+            for m in ms {
                 if gemv_only || (level == KernelLevel::Scalar && m > 16) {
                     continue;
                 }

@@ -96,7 +96,7 @@ unsafe fn tr_lanes(a: __m512i, b: __m512i, c: __m512i, d: __m512i) -> [__m512i; 
 /// Transposes 16 rows of 64 bytes at `src[i] + off`: `out[t]` lane `i` = dword `t` of row `i`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn transpose16(src: &[*const u8; 16], off: usize) -> [__m512i; 16] {
+pub(super) unsafe fn transpose16(src: &[*const u8; 16], off: usize) -> [__m512i; 16] {
     let mut t = [_mm512_setzero_si512(); 16];
     for i in 0..8 {
         let a = ld(src[2 * i].add(off));
@@ -325,6 +325,11 @@ thread_local! {
 fn pf_hint() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *V.get_or_init(|| std::env::var("SPLASH_PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
+fn rows_max_m() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("SPLASH_ROWS_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(super::avx512_rows::MAX_M))
 }
 
 /// Activation rows per outer block: their panel sums stay in L1 and their blocks in L2.
@@ -1014,7 +1019,7 @@ pub unsafe fn matmul_rows(
     ldo: usize,
 ) {
     use GgmlType::*;
-    if m <= super::avx512_rows::MAX_M && super::avx512_rows::matmul_rows(wty, w, k, rows.clone(), acts, act_rb, m, out, ldo) {
+    if m <= rows_max_m() && super::avx512_rows::matmul_rows(wty, w, k, rows.clone(), acts, act_rb, m, out, ldo) {
         return;
     }
     match wty {

@@ -234,6 +234,294 @@ unsafe fn row_q6k<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R])
     res
 }
 
+/// Prepared Q8_K block for [`row_q6k_t`]: `a[d]` (lane 4p+L = quant dword d of sub-block 4p+L... see below), the
+/// accumulator start `-32·bsum` per lane, and `d`.
+const PQ6: usize = 384;
+const PQ6_INIT: usize = 256;
+const PQ6_D: usize = 320;
+
+/// Lane `i` of the transposed Q6_K vectors holds sub-block `4·(i % 4) + i / 4`.
+#[inline]
+fn q6_lane_sub_block(i: usize) -> usize {
+    4 * (i % 4) + i / 4
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn prep_q6k_t(a: *const u8, x: *const u8, nsb: usize, dst: *mut u8) {
+    let mut idx = [0i32; 16];
+    for (i, v) in idx.iter_mut().enumerate() {
+        *v = q6_lane_sub_block(i) as i32;
+    }
+    let perm = _mm512_loadu_si512(idx.as_ptr() as *const _);
+    for s in 0..nsb {
+        let ab = a.add(s * Q8_K_BYTES);
+        let d = dst.add(s * PQ6);
+        // Vector j lane 4s'+dw = dword dw of sub-block 4j+s'; the same in-lane 4x4 transpose as the weights.
+        let v: [__m512i; 4] = std::array::from_fn(|j| ld(ab.add(Q8K_QS + 64 * j)));
+        let t0 = _mm512_unpacklo_epi32(v[0], v[1]);
+        let t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+        let t2 = _mm512_unpacklo_epi32(v[2], v[3]);
+        let t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+        _mm512_storeu_si512(d as *mut _, _mm512_unpacklo_epi64(t0, t2));
+        _mm512_storeu_si512(d.add(64) as *mut _, _mm512_unpackhi_epi64(t0, t2));
+        _mm512_storeu_si512(d.add(128) as *mut _, _mm512_unpacklo_epi64(t1, t3));
+        _mm512_storeu_si512(d.add(192) as *mut _, _mm512_unpackhi_epi64(t1, t3));
+        let init = _mm512_permutexvar_epi32(perm, ld(x.add(s * Q8_K_EXTRA + 16)));
+        _mm512_storeu_si512(d.add(PQ6_INIT) as *mut _, init);
+        (d.add(PQ6_D) as *mut f32).write_unaligned(rd_f32p(ab));
+    }
+}
+
+/// One Q6_K row against R activation rows prepared by [`prep_q6k_t`]: the 4 unpacked value vectors (lane i =
+/// dword i%4 of sub-block 4q + i/4 in vector q) are transposed within 128-bit lanes, so that lane i of every vector
+/// belongs to sub-block `q6_lane_sub_block(i)` and one `vpmulld` applies all 16 scales.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn row_q6k_t<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [f32; R] {
+    let m0f = _mm512_set1_epi8(0x0f);
+    let m30 = _mm512_set1_epi8(0x30);
+    let sl42 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
+    let sr02 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2));
+    // Scale bytes in lane order: lane i <- sub-block 4(i%4) + i/4.
+    let sc_order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    let mut facc = [_mm512_setzero_ps(); R];
+    for s in 0..nsb {
+        let b = w.add(s * Q6_K_BYTES);
+        let ql0 = ld(b);
+        let ql1 = ld(b.add(64));
+        let qha = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(128) as *const __m256i));
+        let qhb = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(160) as *const __m256i));
+        let v0 = _mm512_ternarylogic_epi32::<0xEC>(ql0, _mm512_and_si512(_mm512_sllv_epi16(qha, sl42), m30), m0f);
+        let v1 = _mm512_ternarylogic_epi32::<0xEC>(
+            _mm512_srli_epi16::<4>(ql0),
+            _mm512_and_si512(_mm512_srlv_epi16(qha, sr02), m30),
+            m0f,
+        );
+        let v2 = _mm512_ternarylogic_epi32::<0xEC>(ql1, _mm512_and_si512(_mm512_sllv_epi16(qhb, sl42), m30), m0f);
+        let v3 = _mm512_ternarylogic_epi32::<0xEC>(
+            _mm512_srli_epi16::<4>(ql1),
+            _mm512_and_si512(_mm512_srlv_epi16(qhb, sr02), m30),
+            m0f,
+        );
+        let t0 = _mm512_unpacklo_epi32(v0, v1);
+        let t1 = _mm512_unpackhi_epi32(v0, v1);
+        let t2 = _mm512_unpacklo_epi32(v2, v3);
+        let t3 = _mm512_unpackhi_epi32(v2, v3);
+        let tv = [
+            _mm512_unpacklo_epi64(t0, t2),
+            _mm512_unpackhi_epi64(t0, t2),
+            _mm512_unpacklo_epi64(t1, t3),
+            _mm512_unpackhi_epi64(t1, t3),
+        ];
+        let sc = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(_mm_loadu_si128(b.add(192) as *const __m128i), sc_order));
+        let dw = _mm512_set1_ps(f16x1(b.add(208)));
+        for r in 0..R {
+            let a = pa[r].add(s * PQ6);
+            let mut acc = ld(a.add(PQ6_INIT));
+            for (d, v) in tv.iter().enumerate() {
+                acc = _mm512_dpbusd_epi32(acc, *v, ld(a.add(64 * d)));
+            }
+            let da = _mm512_set1_ps(rd_f32p(a.add(PQ6_D)));
+            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(acc, sc)), _mm512_mul_ps(dw, da), facc[r]);
+        }
+    }
+    let mut res = [0f32; R];
+    for r in 0..R {
+        res[r] = _mm512_reduce_add_ps(facc[r]);
+    }
+    res
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Q4_K in groups of 4 super-blocks: lane 4g+c of a vector holds chunk c (32 packed bytes = sub-blocks 2c, 2c+1)
+// of super-block g, so every lane meets a single scale per nibble half and the integer sums need one `vpmulld`
+// per group and activation row.
+
+/// Prepared Q8_K group (4 super-blocks) for [`row_q4k_g4`]: `lo[d]` / `hi[d]` (lane 4g+c = quant dword d of
+/// sub-block 2c / 2c+1 of super-block g), the 32-sums of sub-blocks (2c, 2c+1) as an i16 pair, and `d` per lane.
+const PG4: usize = 1152;
+const PG4_BS: usize = 1024;
+const PG4_D: usize = 1088;
+
+static ZERO_BLOCK: [u8; 512] = [0; 512];
+
+/// `total` virtual super-blocks are prepared, super-block `i` being the activation's `i % nsb` (`total = 2·nsb` when
+/// two weight rows are streamed as one run).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn prep_q4k_g4(a: *const u8, x: *const u8, nsb: usize, total: usize, dst: *mut u8) {
+    let zero = ZERO_BLOCK.as_ptr();
+    for grp in 0..total.div_ceil(4) {
+        let d = dst.add(grp * PG4);
+        let mut rows = [zero; 16];
+        let mut bs = _mm512_setzero_si512();
+        let mut da = [0f32; 16];
+        for g in 0..4 {
+            if 4 * grp + g >= total {
+                continue;
+            }
+            let s = (4 * grp + g) % nsb;
+            let ab = a.add(s * Q8_K_BYTES);
+            for c in 0..4 {
+                rows[4 * g + c] = ab.add(Q8K_QS + 64 * c);
+                da[4 * g + c] = rd_f32p(ab);
+            }
+            let b = _mm512_castsi128_si512(_mm_loadu_si128(x.add(s * Q8_K_EXTRA) as *const __m128i));
+            bs = _mm512_mask_shuffle_i32x4::<0>(bs, 0xF << (4 * g), b, b);
+        }
+        let z = super::avx512::transpose16(&rows, 0);
+        for (t, v) in z.iter().enumerate() {
+            _mm512_storeu_si512(d.add(64 * t) as *mut _, *v);
+        }
+        _mm512_storeu_si512(d.add(PG4_BS) as *mut _, bs);
+        std::ptr::copy_nonoverlapping(da.as_ptr() as *const u8, d.add(PG4_D), 64);
+    }
+}
+
+/// One Q4_K row against R activation rows prepared by [`prep_q4k_g4`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn row_q4k_g4<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [f32; R] {
+    q4k_g4::<R, false>(w, nsb, pa)[0]
+}
+
+/// Two consecutive Q4_K rows (one contiguous run of `2·nsb` super-blocks, `nsb % 4 == 2`) against R activation
+/// rows prepared for `2·nsb` virtual super-blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn row2_q4k_g4<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [[f32; R]; 2] {
+    q4k_g4::<R, true>(w, nsb, pa)
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [[f32; R]; 2] {
+    let total = if PAIR { 2 * nsb } else { nsb };
+    let m4 = _mm512_set1_epi8(0x0f);
+    // Stage-1 / stage-2 permutations of the 16x8 dword transpose (see the comments below).
+    let mut i1 = [[0i32; 16]; 2];
+    let mut i2 = [[0i32; 16]; 2];
+    for t in 0..2 {
+        for cc in 0..4 {
+            for rr in 0..4 {
+                i1[t][4 * cc + rr] = ((rr / 2) * 16 + 8 * (rr % 2) + 4 * t + cc) as i32;
+            }
+        }
+    }
+    for u in 0..2 {
+        for e in 0..2 {
+            for rr in 0..8 {
+                i2[u][8 * e + rr] = ((rr / 4) * 16 + 4 * (2 * u + e) + rr % 4) as i32;
+            }
+        }
+    }
+    let idx1 = [ld(i1[0].as_ptr() as *const u8), ld(i1[1].as_ptr() as *const u8)];
+    let idx2 = [ld(i2[0].as_ptr() as *const u8), ld(i2[1].as_ptr() as *const u8)];
+    let sh_s = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+    let z = -128i8;
+    let sh_m = _mm512_broadcast_i32x4(_mm_setr_epi8(8, z, 9, z, 10, z, 11, z, 12, z, 13, z, 14, z, 15, z));
+    let ff = _mm512_set1_epi32(0xff);
+    let mut facc = [_mm512_setzero_ps(); R];
+    let mut facc2 = [_mm512_setzero_ps(); R];
+    let zero = ZERO_BLOCK.as_ptr();
+    for grp in 0..total.div_ceil(4) {
+        let mut blk = [zero; 4];
+        for (g, b) in blk.iter_mut().enumerate() {
+            if 4 * grp + g < total {
+                *b = w.add((4 * grp + g) * Q4_K_BYTES);
+            }
+        }
+        // Headers: lane g = [d|dmin, scales 0..12] of super-block g.
+        let mut h = _mm512_castsi128_si512(_mm_loadu_si128(blk[0] as *const __m128i));
+        h = _mm512_inserti32x4::<1>(h, _mm_loadu_si128(blk[1] as *const __m128i));
+        h = _mm512_inserti32x4::<2>(h, _mm_loadu_si128(blk[2] as *const __m128i));
+        h = _mm512_inserti32x4::<3>(h, _mm_loadu_si128(blk[3] as *const __m128i));
+        let u0 = _mm512_bsrli_epi128::<4>(h);
+        let u1 = _mm512_bsrli_epi128::<8>(h);
+        let u2 = _mm512_bsrli_epi128::<12>(h);
+        let c3f = _mm512_set1_epi8(0x3f);
+        let c0f = _mm512_set1_epi8(0x0f);
+        let c30 = _mm512_set1_epi8(0x30);
+        let s_lo = _mm512_and_si512(u0, c3f);
+        let s_hi = _mm512_ternarylogic_epi32::<0xEA>(_mm512_srli_epi32::<2>(u0), c30, _mm512_and_si512(u2, c0f));
+        let m_lo = _mm512_and_si512(u1, c3f);
+        let m_hi = _mm512_ternarylogic_epi32::<0xEA>(
+            _mm512_srli_epi32::<2>(u1),
+            c30,
+            _mm512_and_si512(_mm512_srli_epi32::<4>(u2), c0f),
+        );
+        // Per lane: bytes [sc0..sc7, m0..m7]; then per chunk c: [sc2c, sc2c+1, m2c, m2c+1].
+        let sm = _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(s_lo, s_hi), _mm512_unpacklo_epi32(m_lo, m_hi));
+        let sc = _mm512_shuffle_epi8(sm, sh_s);
+        let sc_even = _mm512_and_si512(sc, ff);
+        let sc_odd = _mm512_and_si512(_mm512_srli_epi32::<8>(sc), ff);
+        let mins = _mm512_shuffle_epi8(sm, sh_m);
+        let dd = _mm512_shuffle_epi32::<0>(h);
+        let dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+        let dmv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
+        // Quants: y[2g+h] = bytes 64h..64h+64 of super-block g's qs (chunks 2h, 2h+1; zeros past the row end),
+        // transposed so that r[d] lane 4g+c = dword d of chunk c of super-block g.
+        let mut y = [_mm512_setzero_si512(); 8];
+        for g in 0..4 {
+            y[2 * g] = ld(blk[g].add(16));
+            y[2 * g + 1] = ld(blk[g].add(80));
+        }
+        // Stage 1: zq[p][t] lane 4c'+r' = row 4p+r', column 4t+c'.
+        let mut zq = [[_mm512_setzero_si512(); 2]; 4];
+        for p in 0..4 {
+            for t in 0..2 {
+                zq[p][t] = _mm512_permutex2var_epi32(y[2 * p], idx1[t], y[2 * p + 1]);
+            }
+        }
+        // Stage 2: wq[q][j] lane 8e+r'' = row 8q+r'', column 2j+e.
+        let mut wq = [[_mm512_setzero_si512(); 4]; 2];
+        for q in 0..2 {
+            for t in 0..2 {
+                for u in 0..2 {
+                    wq[q][2 * t + u] = _mm512_permutex2var_epi32(zq[2 * q][t], idx2[u], zq[2 * q + 1][t]);
+                }
+            }
+        }
+        // Stage 3: r[2j+e] = rows 0..16 of column 2j+e.
+        let mut lo = [_mm512_setzero_si512(); 8];
+        let mut hi = [_mm512_setzero_si512(); 8];
+        for j in 0..4 {
+            let r0 = _mm512_shuffle_i64x2::<0b01_00_01_00>(wq[0][j], wq[1][j]);
+            let r1 = _mm512_shuffle_i64x2::<0b11_10_11_10>(wq[0][j], wq[1][j]);
+            lo[2 * j] = _mm512_and_si512(r0, m4);
+            hi[2 * j] = _mm512_and_si512(_mm512_srli_epi16::<4>(r0), m4);
+            lo[2 * j + 1] = _mm512_and_si512(r1, m4);
+            hi[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(r1), m4);
+        }
+        for r in 0..R {
+            let a = pa[r].add(grp * PG4);
+            let mut al = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], ld(a));
+            let mut ah = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], ld(a.add(512)));
+            for d in 1..8 {
+                al = _mm512_dpbusd_epi32(al, lo[d], ld(a.add(64 * d)));
+                ah = _mm512_dpbusd_epi32(ah, hi[d], ld(a.add(512 + 64 * d)));
+            }
+            let isum = _mm512_add_epi32(_mm512_mullo_epi32(al, sc_even), _mm512_mullo_epi32(ah, sc_odd));
+            let imin = _mm512_madd_epi16(mins, ld(a.add(PG4_BS)));
+            let da = _mm512_loadu_ps(a.add(PG4_D) as *const f32);
+            let v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv, da), _mm512_mul_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dmv, da)));
+            if !PAIR || 4 * grp + 4 <= nsb {
+                facc[r] = _mm512_add_ps(facc[r], v);
+            } else if 4 * grp >= nsb {
+                facc2[r] = _mm512_add_ps(facc2[r], v);
+            } else {
+                // The group where the first row ends (nsb % 4 == 2): lanes 0..8 are its last two super-blocks.
+                facc[r] = _mm512_mask_add_ps(facc[r], 0x00FF, facc[r], v);
+                facc2[r] = _mm512_mask_add_ps(facc2[r], 0xFF00, facc2[r], v);
+            }
+        }
+    }
+    let mut res = [[0f32; R]; 2];
+    for r in 0..R {
+        res[0][r] = _mm512_reduce_add_ps(facc[r]);
+        if PAIR {
+            res[1][r] = _mm512_reduce_add_ps(facc2[r]);
+        }
+    }
+    res
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Legacy 32-blocks, two blocks per vector.
 
@@ -476,6 +764,77 @@ unsafe fn run_rows(
 }
 
 type RowFn<const R: usize> = unsafe fn(*const u8, usize, &[*const u8; R]) -> [f32; R];
+type Row2Fn<const R: usize> = unsafe fn(*const u8, usize, &[*const u8; R]) -> [[f32; R]; 2];
+
+struct Kernels2 {
+    r1: Row2Fn<1>,
+    r2: Row2Fn<2>,
+    r3: Row2Fn<3>,
+    r4: Row2Fn<4>,
+}
+
+/// As [`run_rows`], two weight rows per kernel call (`kern2`); an odd last row goes through `kern`, whose
+/// prepared activations are a prefix of the pair layout.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn run_row_pairs(
+    w: *const u8,
+    rb: usize,
+    n_units: usize,
+    rows: Range<usize>,
+    prep: *const u8,
+    prep_rb: usize,
+    m: usize,
+    out: *mut f32,
+    ldo: usize,
+    kern: &Kernels,
+    kern2: &Kernels2,
+) {
+    let ng = m.div_ceil(RMAX);
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let r1 = (r0 + ROW_BLOCK).min(rows.end);
+        let mut t = 0;
+        for g in 0..ng {
+            let gs = (m - t).div_ceil(ng - g);
+            let base = prep.add(t * prep_rb);
+            let pa4 = [base, base.add(prep_rb), base.add(2 * prep_rb), base.add(3 * prep_rb)];
+            let mut r = r0;
+            while r + 2 <= r1 {
+                let wr = w.add(r * rb);
+                let o = out.add(t * ldo + r);
+                let mut res = [[0f32; 4]; 2];
+                match gs {
+                    1 => {
+                        let v = (kern2.r1)(wr, n_units, &[pa4[0]]);
+                        res[0][..1].copy_from_slice(&v[0]);
+                        res[1][..1].copy_from_slice(&v[1]);
+                    }
+                    2 => {
+                        let v = (kern2.r2)(wr, n_units, &[pa4[0], pa4[1]]);
+                        res[0][..2].copy_from_slice(&v[0]);
+                        res[1][..2].copy_from_slice(&v[1]);
+                    }
+                    3 => {
+                        let v = (kern2.r3)(wr, n_units, &[pa4[0], pa4[1], pa4[2]]);
+                        res[0][..3].copy_from_slice(&v[0]);
+                        res[1][..3].copy_from_slice(&v[1]);
+                    }
+                    _ => res = (kern2.r4)(wr, n_units, &pa4),
+                }
+                for i in 0..gs {
+                    *o.add(i * ldo) = res[0][i];
+                    *o.add(i * ldo + 1) = res[1][i];
+                }
+                r += 2;
+            }
+            if r < r1 {
+                run_rows(w, rb, n_units, r..r1, base, prep_rb, gs, out.add(t * ldo), ldo, kern);
+            }
+            t += gs;
+        }
+        r0 = r1;
+    }
+}
 
 struct Kernels {
     r1: RowFn<1>,
@@ -501,8 +860,10 @@ macro_rules! legacy_kernels {
     };
 }
 
-/// Most activation rows for which the row-streaming kernels are used.
-pub const MAX_M: usize = 8;
+/// Most activation rows for which the row-streaming kernels are used. Past 4 rows a second pass over each weight
+/// row costs more than the 16-row panels' slower DRAM streaming (measured on the build machine: the panels win
+/// from m = 6 even when cache-resident).
+pub const MAX_M: usize = 4;
 
 /// Row-streaming `matmul_rows` for `m <= MAX_M`; returns false if `wty` has no row kernel here.
 ///
@@ -524,11 +885,44 @@ pub unsafe fn matmul_rows(
     use gguf::GgmlType::*;
     let rb = wty.row_bytes(k).expect("INVARIANT: checked by the caller");
     match wty {
-        Q6_K => {
+        // The transposed kernel wins while the prepared activations stay in L1; past that its slightly larger
+        // activation stream loses to the plain one (measured: k = 8960, m = 4).
+        Q6_K if m * (k / QK_K) * PQ6 > 24 << 10 => {
             let kern = kernels!(row_q6k);
             run_rows(w.as_ptr(), rb, k / QK_K, rows, acts.as_ptr(), act_rb, m, out, ldo, &kern);
         }
-        Q4_K | Q5_K => {
+        Q6_K => {
+            let nsb = k / QK_K;
+            let prep_rb = nsb * PQ6;
+            let prep = scratch(prep_rb * m);
+            for t in 0..m {
+                let a = acts.as_ptr().add(t * act_rb);
+                prep_q6k_t(a, a.add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
+            }
+            let kern = kernels!(row_q6k_t);
+            run_rows(w.as_ptr(), rb, nsb, rows, prep, prep_rb, m, out, ldo, &kern);
+        }
+        Q4_K => {
+            let nsb = k / QK_K;
+            // With nsb % 4 == 2, rows go in pairs so that no group of 4 super-blocks is half empty.
+            let pair = nsb % 4 == 2 && rows.len() >= 2;
+            let total = if pair { 2 * nsb } else { nsb };
+            let prep_rb = total.div_ceil(4) * PG4;
+            let prep = scratch(prep_rb * m);
+            for t in 0..m {
+                let a = acts.as_ptr().add(t * act_rb);
+                prep_q4k_g4(a, a.add(nsb * Q8_K_BYTES), nsb, total, prep.add(t * prep_rb));
+            }
+            if pair {
+                let kern = kernels!(row_q4k_g4);
+                let kern2 = Kernels2 { r1: row2_q4k_g4::<1>, r2: row2_q4k_g4::<2>, r3: row2_q4k_g4::<3>, r4: row2_q4k_g4::<4> };
+                run_row_pairs(w.as_ptr(), rb, nsb, rows, prep, prep_rb, m, out, ldo, &kern, &kern2);
+            } else {
+                let kern = kernels!(row_q4k_g4);
+                run_rows(w.as_ptr(), rb, nsb, rows, prep, prep_rb, m, out, ldo, &kern);
+            }
+        }
+        Q5_K => {
             let nsb = k / QK_K;
             let prep_rb = nsb * PK4;
             let prep = scratch(prep_rb * m);
@@ -536,7 +930,7 @@ pub unsafe fn matmul_rows(
                 let a = acts.as_ptr().add(t * act_rb);
                 prep_k4(a, a.add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
             }
-            let kern = if wty == Q4_K { kernels!(row_k4, false) } else { kernels!(row_k4, true) };
+            let kern = kernels!(row_k4, true);
             run_rows(w.as_ptr(), rb, nsb, rows, prep, prep_rb, m, out, ldo, &kern);
         }
         Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => {
