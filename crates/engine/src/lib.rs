@@ -7,6 +7,7 @@
 
 mod request;
 pub mod sampler;
+pub mod service;
 mod stop;
 
 use std::sync::Arc;

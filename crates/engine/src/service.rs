@@ -1,0 +1,745 @@
+//! The engine as a service: one thread owns the [`Engine`] and runs its step loop; any number of async callers submit
+//! requests through a cloneable [`EngineHandle`] and read each request's events from its own [`RequestStream`].
+//!
+//! In: [`GenerateRequest`]s from any thread or task. Out: per request, the engine's [`Event`]s in order over a tokio
+//! channel, ending with `Event::Finished` (or one `Err` if the request could not run to the end). Requests beyond
+//! [`ServiceConfig::max_running`] wait in a bounded queue; past [`ServiceConfig::max_waiting`] a submit fails at once
+//! with [`ServiceError::QueueFull`] (an HTTP adapter answers 429 with `Retry-After`). Dropping a stream (the client
+//! went away) aborts its request before the next step, freeing its sequence. The thread blocks while there is no work
+//! and wakes on the next submit; it exits when every handle is gone.
+//!
+//! Knows nothing about HTTP or chat protocols: those adapters live in the `api` crate.
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::task::{Context, Poll};
+
+use models::Runner;
+use tokio::sync::mpsc as tokio_mpsc;
+
+use crate::{Engine, Event, FinishReason, GenerateRequest, RequestId};
+
+/// Limits of the service.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Most requests admitted into the engine at once (one sequence each).
+    pub max_running: usize,
+    /// Most requests waiting for a free slot; one more is refused with [`ServiceError::QueueFull`].
+    pub max_waiting: usize,
+    /// Most tokens of prompt and output together; `None` = the model's context. Never more than the model's.
+    pub max_context: Option<usize>,
+}
+
+impl Default for ServiceConfig {
+    fn default() -> Self {
+        ServiceConfig { max_running: 8, max_waiting: 64, max_context: None }
+    }
+}
+
+/// Why a request was refused or stopped. Request-scoped variants first; `ShutDown` and `Engine` concern the service.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ServiceError {
+    /// The request is malformed (empty prompt, token outside the vocabulary, bad sampling parameter).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The prompt leaves no room for output in the context.
+    #[error("the prompt has {num_tokens} tokens; the context holds {max_context} tokens of prompt and output")]
+    PromptTooLong { num_tokens: usize, max_context: usize },
+    /// Too many requests are waiting; try again after `retry_after_s` seconds.
+    #[error("the server is busy: {num_waiting} requests are already waiting")]
+    QueueFull { num_waiting: usize, retry_after_s: u64 },
+    /// The engine thread is gone (it panicked or the service was dropped).
+    #[error("the engine is not running")]
+    ShutDown,
+    /// A step of the model failed; every request in that step is ended with this.
+    #[error("the model failed: {0}")]
+    Engine(String),
+}
+
+/// One item of a [`RequestStream`].
+pub type StreamItem = Result<Event, ServiceError>;
+
+/// Counters shared by the handles and the engine thread (read by `/status` and `/metrics`).
+#[derive(Debug, Default)]
+struct Shared {
+    num_waiting: AtomicUsize,
+    num_running: AtomicUsize,
+    num_submitted: AtomicU64,
+    num_finished: AtomicU64,
+    num_aborted: AtomicU64,
+    num_failed: AtomicU64,
+    num_steps: AtomicU64,
+    num_generated_tokens: AtomicU64,
+    alive: AtomicBool,
+}
+
+/// A snapshot of the service's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceStats {
+    pub num_waiting: usize,
+    pub num_running: usize,
+    pub num_submitted: u64,
+    /// Ended with `Finished` (stop or length).
+    pub num_finished: u64,
+    /// Ended because the caller dropped the stream.
+    pub num_aborted: u64,
+    /// Ended with an error.
+    pub num_failed: u64,
+    pub num_steps: u64,
+    pub num_generated_tokens: u64,
+    pub alive: bool,
+}
+
+/// What the engine thread receives.
+enum Command {
+    Submit(Pending),
+}
+
+/// A request that has not entered the engine yet.
+struct Pending {
+    request: GenerateRequest,
+    events: tokio_mpsc::UnboundedSender<StreamItem>,
+}
+
+/// The model limits callers need before submitting (to count, clamp and report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelLimits {
+    /// Most tokens of prompt and output together that this service accepts.
+    pub max_context: usize,
+    pub vocab_size: usize,
+}
+
+/// A cloneable, thread-safe handle on the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    commands: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+    limits: ModelLimits,
+    max_waiting: usize,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle").field("limits", &self.limits).field("stats", &self.stats()).finish()
+    }
+}
+
+impl EngineHandle {
+    /// Moves `engine` onto a new thread that runs its step loop, and returns the first handle.
+    pub fn spawn<R: Runner + 'static>(engine: Engine<R>, config: ServiceConfig) -> std::io::Result<EngineHandle> {
+        let model_context = engine.runner().config().max_context;
+        let limits = ModelLimits {
+            max_context: config.max_context.map_or(model_context, |n| n.min(model_context)),
+            vocab_size: engine.runner().config().vocab_size,
+        };
+        let shared = Arc::new(Shared { alive: AtomicBool::new(true), ..Default::default() });
+        let (commands, receiver) = mpsc::channel();
+        let worker = Worker {
+            engine,
+            commands: receiver,
+            shared: shared.clone(),
+            max_running: config.max_running.max(1),
+            waiting: VecDeque::new(),
+            running: HashMap::new(),
+        };
+        std::thread::Builder::new().name("splash-engine".into()).spawn(move || worker.run())?;
+        Ok(EngineHandle { commands, shared, limits, max_waiting: config.max_waiting })
+    }
+
+    pub fn limits(&self) -> ModelLimits {
+        self.limits
+    }
+
+    /// Queues `request` and returns the stream of its events. Fails at once if the request is invalid, its prompt
+    /// does not fit, the queue is full or the engine is gone. `max_tokens` is lowered to what fits the context.
+    pub fn submit(&self, mut request: GenerateRequest) -> Result<RequestStream, ServiceError> {
+        self.check(&request)?;
+        request.max_tokens = request.max_tokens.min(self.limits.max_context - request.prompt.len());
+        if !self.shared.alive.load(Ordering::Acquire) {
+            return Err(ServiceError::ShutDown);
+        }
+        let max_waiting = self.max_waiting;
+        self.shared
+            .num_waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max_waiting).then_some(n + 1))
+            .map_err(|n| ServiceError::QueueFull { num_waiting: n, retry_after_s: 1 })?;
+        let num_prompt_tokens = request.prompt.len();
+        let max_tokens = request.max_tokens;
+        let (events, receiver) = tokio_mpsc::unbounded_channel();
+        if self.commands.send(Command::Submit(Pending { request, events })).is_err() {
+            self.shared.num_waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(ServiceError::ShutDown);
+        }
+        self.shared.num_submitted.fetch_add(1, Ordering::Relaxed);
+        Ok(RequestStream { events: receiver, num_prompt_tokens, max_tokens })
+    }
+
+    /// The checks the engine would make on admission, made here so that a bad request fails before it queues.
+    fn check(&self, request: &GenerateRequest) -> Result<(), ServiceError> {
+        if request.prompt.is_empty() {
+            return Err(ServiceError::InvalidRequest("the prompt is empty".into()));
+        }
+        if let Some(t) = request.prompt.iter().find(|&&t| t as usize >= self.limits.vocab_size) {
+            return Err(ServiceError::InvalidRequest(format!(
+                "token id {t} is outside the vocabulary of {}",
+                self.limits.vocab_size
+            )));
+        }
+        if request.prompt.len() >= self.limits.max_context {
+            return Err(ServiceError::PromptTooLong {
+                num_tokens: request.prompt.len(),
+                max_context: self.limits.max_context,
+            });
+        }
+        if request.max_tokens == 0 {
+            return Err(ServiceError::InvalidRequest("max_tokens must be at least 1".into()));
+        }
+        request.sampling.validate().map_err(ServiceError::InvalidRequest)
+    }
+
+    pub fn stats(&self) -> ServiceStats {
+        let s = &self.shared;
+        ServiceStats {
+            num_waiting: s.num_waiting.load(Ordering::Relaxed),
+            num_running: s.num_running.load(Ordering::Relaxed),
+            num_submitted: s.num_submitted.load(Ordering::Relaxed),
+            num_finished: s.num_finished.load(Ordering::Relaxed),
+            num_aborted: s.num_aborted.load(Ordering::Relaxed),
+            num_failed: s.num_failed.load(Ordering::Relaxed),
+            num_steps: s.num_steps.load(Ordering::Relaxed),
+            num_generated_tokens: s.num_generated_tokens.load(Ordering::Relaxed),
+            alive: s.alive.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The events of one request. Dropping it aborts the request.
+#[derive(Debug)]
+pub struct RequestStream {
+    events: tokio_mpsc::UnboundedReceiver<StreamItem>,
+    num_prompt_tokens: usize,
+    max_tokens: usize,
+}
+
+impl RequestStream {
+    /// The next event; `None` after `Finished` or an error.
+    pub async fn next(&mut self) -> Option<StreamItem> {
+        self.events.recv().await
+    }
+
+    /// The next event if one is ready (for synchronous callers and tests).
+    pub fn try_next(&mut self) -> Option<StreamItem> {
+        self.events.try_recv().ok()
+    }
+
+    /// The next event, blocking the thread (never call this inside an async runtime).
+    pub fn blocking_next(&mut self) -> Option<StreamItem> {
+        self.events.blocking_recv()
+    }
+
+    pub fn num_prompt_tokens(&self) -> usize {
+        self.num_prompt_tokens
+    }
+
+    /// `max_tokens` after clamping to the context.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+}
+
+impl futures_core::Stream for RequestStream {
+    type Item = StreamItem;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<StreamItem>> {
+        self.events.poll_recv(cx)
+    }
+}
+
+/// The engine thread's state.
+struct Worker<R: Runner> {
+    engine: Engine<R>,
+    commands: mpsc::Receiver<Command>,
+    shared: Arc<Shared>,
+    max_running: usize,
+    waiting: VecDeque<Pending>,
+    running: HashMap<RequestId, tokio_mpsc::UnboundedSender<StreamItem>>,
+}
+
+impl<R: Runner> Worker<R> {
+    fn run(mut self) {
+        loop {
+            if !self.receive() {
+                return;
+            }
+            self.drop_cancelled();
+            self.admit();
+            if !self.engine.has_work() {
+                continue;
+            }
+            self.shared.num_steps.fetch_add(1, Ordering::Relaxed);
+            match std::panic::catch_unwind(AssertUnwindSafe(|| self.engine.step())) {
+                Ok(Ok(events)) => self.dispatch(events),
+                Ok(Err(e)) => self.fail_running(ServiceError::Engine(e.to_string())),
+                Err(panic) => {
+                    let message = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "panic".into());
+                    self.shared.alive.store(false, Ordering::Release);
+                    // The engine may be in any state now: do not touch it, only tell everyone.
+                    let error = ServiceError::Engine(format!("the engine stopped: {message}"));
+                    for (_, tx) in self.running.drain() {
+                        let _ = tx.send(Err(error.clone()));
+                        self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
+                        self.shared.num_failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.fail_waiting(error);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Takes new commands: blocks while there is nothing else to do. Returns false when the service is over.
+    fn receive(&mut self) -> bool {
+        if self.running.is_empty() && self.waiting.is_empty() {
+            match self.commands.recv() {
+                Ok(command) => self.handle(command),
+                Err(_) => return false,
+            }
+        }
+        loop {
+            match self.commands.try_recv() {
+                Ok(command) => self.handle(command),
+                Err(mpsc::TryRecvError::Empty) => return true,
+                // Every handle is gone; finish what is queued (its streams may still be read).
+                Err(mpsc::TryRecvError::Disconnected) => return !(self.running.is_empty() && self.waiting.is_empty()),
+            }
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit(pending) => self.waiting.push_back(pending),
+        }
+    }
+
+    /// Forgets waiting requests and aborts running ones whose stream was dropped.
+    fn drop_cancelled(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|p| !p.events.is_closed());
+        let num_dropped = before - self.waiting.len();
+        if num_dropped > 0 {
+            self.shared.num_waiting.fetch_sub(num_dropped, Ordering::AcqRel);
+            self.shared.num_aborted.fetch_add(num_dropped as u64, Ordering::Relaxed);
+        }
+        let closed: Vec<RequestId> = self.running.iter().filter(|(_, tx)| tx.is_closed()).map(|(id, _)| *id).collect();
+        for id in closed {
+            self.engine.abort(id);
+            self.running.remove(&id);
+            self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
+            self.shared.num_aborted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Moves waiting requests into the engine while there is room.
+    fn admit(&mut self) {
+        while self.running.len() < self.max_running {
+            let Some(Pending { request, events }) = self.waiting.pop_front() else { break };
+            self.shared.num_waiting.fetch_sub(1, Ordering::AcqRel);
+            match self.engine.add_request(request) {
+                Ok(id) => {
+                    self.running.insert(id, events);
+                    self.shared.num_running.fetch_add(1, Ordering::AcqRel);
+                }
+                Err(e) => {
+                    let error = match e {
+                        crate::Error::InvalidRequest(m) => ServiceError::InvalidRequest(m),
+                        crate::Error::Model(m) => ServiceError::Engine(m.to_string()),
+                    };
+                    let _ = events.send(Err(error));
+                    self.shared.num_failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Sends a step's events to their streams; a stream found closed is aborted.
+    fn dispatch(&mut self, events: Vec<(RequestId, Event)>) {
+        for (id, event) in events {
+            let finished = matches!(event, Event::Finished { .. });
+            if let Event::Finished { reason, .. } = &event {
+                let counter =
+                    if *reason == FinishReason::Aborted { &self.shared.num_aborted } else { &self.shared.num_finished };
+                counter.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.shared.num_generated_tokens.fetch_add(1, Ordering::Relaxed);
+            }
+            let Some(tx) = self.running.get(&id) else { continue };
+            let delivered = tx.send(Ok(event)).is_ok();
+            if finished {
+                self.running.remove(&id);
+                self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
+            } else if !delivered {
+                self.engine.abort(id);
+                self.running.remove(&id);
+                self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
+                self.shared.num_aborted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Ends every running request with `error` (the step failed; the engine's state for them is unchanged).
+    fn fail_running(&mut self, error: ServiceError) {
+        for (id, tx) in self.running.drain() {
+            self.engine.abort(id);
+            let _ = tx.send(Err(error.clone()));
+            self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
+            self.shared.num_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn fail_waiting(&mut self, error: ServiceError) {
+        for pending in self.waiting.drain(..) {
+            let _ = pending.events.send(Err(error.clone()));
+            self.shared.num_waiting.fetch_sub(1, Ordering::AcqRel);
+            self.shared.num_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EngineConfig, SamplingParams};
+    use gguf::{GgufFile, GgufWriter, Value, ValueType};
+    use models::{Batch, LogitsWanted, ModelConfig, SeqId};
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+    use tokenizer::Tokenizer;
+
+    const EOS: u32 = 256;
+    const VOCAB: usize = 257;
+
+    /// A byte-level tokenizer: ids 0..=255 are bytes (GPT-2 alphabet), 256 is `<|im_end|>` (EOS).
+    fn byte_tokenizer() -> Arc<Tokenizer> {
+        let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let byte_char = |b: u8| {
+            if printable(b) {
+                return b as char;
+            }
+            let rank = (0..b).filter(|&x| !printable(x)).count() as u32;
+            char::from_u32(256 + rank).expect("INVARIANT: GPT-2 byte alphabet")
+        };
+        let mut tokens: Vec<Value> = (0..=255u8).map(|b| Value::String(byte_char(b).to_string())).collect();
+        tokens.push(Value::String("<|im_end|>".into()));
+        let mut types = vec![Value::I32(1); 256];
+        types.push(Value::I32(3));
+        let mut w = GgufWriter::new();
+        w.add("general.architecture", Value::String("llama".into()));
+        w.add("tokenizer.ggml.model", Value::String("gpt2".into()));
+        w.add("tokenizer.ggml.pre", Value::String("qwen2".into()));
+        w.add("tokenizer.ggml.tokens", Value::Array(ValueType::String, tokens));
+        w.add("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types));
+        w.add("tokenizer.ggml.merges", Value::Array(ValueType::String, Vec::new()));
+        w.add("tokenizer.ggml.eos_token_id", Value::U32(EOS));
+        let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
+        Arc::new(Tokenizer::from_gguf(&file).unwrap())
+    }
+
+    /// Tokens held, and the prompt length (known once logits are first wanted).
+    type SeqState = (usize, Option<usize>);
+
+    /// A model that writes the bytes of "abcdefghij" cyclically after any prompt, then EOS after `reply_len`
+    /// tokens; each forward sleeps `delay`. `live` lists the sequences it holds, so tests can see releases.
+    struct FakeRunner {
+        cfg: ModelConfig,
+        reply_len: usize,
+        delay: Duration,
+        live: Arc<Mutex<HashMap<SeqId, SeqState>>>,
+        logits: Vec<f32>,
+        fail_at_step: Option<u64>,
+        panic_at_step: Option<u64>,
+        num_forwards: u64,
+    }
+
+    impl FakeRunner {
+        fn new(reply_len: usize, delay: Duration) -> Self {
+            FakeRunner {
+                cfg: ModelConfig {
+                    arch: models::Arch::Llama,
+                    num_layers: 1,
+                    hidden_size: 8,
+                    ffn_size: 8,
+                    num_heads: 1,
+                    num_kv_heads: 1,
+                    head_dim: 8,
+                    vocab_size: VOCAB,
+                    rms_eps: 1e-5,
+                    rope_theta: 10000.0,
+                    rope_dim: 8,
+                    rope_style: backend::cpu::ops::RopeStyle::Neox,
+                    max_context: 64,
+                    qkv_bias: false,
+                    qk_norm: false,
+                    tied_embeddings: true,
+                },
+                reply_len,
+                delay,
+                live: Arc::default(),
+                logits: Vec::new(),
+                fail_at_step: None,
+                panic_at_step: None,
+                num_forwards: 0,
+            }
+        }
+    }
+
+    impl Runner for FakeRunner {
+        fn config(&self) -> &ModelConfig {
+            &self.cfg
+        }
+
+        fn forward(&mut self, batch: &Batch<'_>) -> models::Result<&[f32]> {
+            self.num_forwards += 1;
+            std::thread::sleep(self.delay);
+            if self.fail_at_step == Some(self.num_forwards) {
+                return Err(models::Error::ContextOverflow(0, 0));
+            }
+            if self.panic_at_step == Some(self.num_forwards) {
+                panic!("fake runner panics");
+            }
+            self.logits.clear();
+            let mut live = self.live.lock().unwrap();
+            for chunk in &batch.chunks {
+                let entry = live.entry(chunk.seq).or_insert((0, None));
+                assert_eq!(entry.0, chunk.start_pos);
+                entry.0 += chunk.tokens.len();
+                if chunk.logits == LogitsWanted::None {
+                    continue;
+                }
+                let prompt_len = *entry.1.get_or_insert(entry.0);
+                let i = entry.0 - prompt_len;
+                let next = if i >= self.reply_len { EOS } else { u32::from(b'a') + (i % 10) as u32 };
+                let mut row = vec![0.0f32; VOCAB];
+                row[next as usize] = 10.0;
+                self.logits.extend_from_slice(&row);
+            }
+            Ok(&self.logits)
+        }
+
+        fn seq_len(&self, seq: SeqId) -> usize {
+            self.live.lock().unwrap().get(&seq).map_or(0, |e| e.0)
+        }
+
+        fn truncate(&mut self, seq: SeqId, len: usize) {
+            if let Some(e) = self.live.lock().unwrap().get_mut(&seq) {
+                e.0 = e.0.min(len);
+            }
+        }
+
+        fn release(&mut self, seq: SeqId) {
+            self.live.lock().unwrap().remove(&seq);
+        }
+    }
+
+    fn spawn(runner: FakeRunner, config: ServiceConfig) -> EngineHandle {
+        let engine = Engine::new(runner, byte_tokenizer(), EngineConfig { max_batch_tokens: 16 });
+        EngineHandle::spawn(engine, config).unwrap()
+    }
+
+    fn request(prompt: &str, max_tokens: usize) -> GenerateRequest {
+        GenerateRequest::new(prompt.bytes().map(u32::from).collect(), SamplingParams::greedy(), max_tokens)
+    }
+
+    /// Reads a stream to its end: (text, finish reason or error).
+    fn collect(stream: &mut RequestStream) -> (String, Result<FinishReason, ServiceError>) {
+        let mut text = String::new();
+        while let Some(item) = stream.blocking_next() {
+            match item {
+                Ok(Event::Token { text: t, .. }) => text.push_str(&t),
+                Ok(Event::Finished { reason, text: t, .. }) => {
+                    text.push_str(&t);
+                    return (text, Ok(reason));
+                }
+                Err(e) => return (text, Err(e)),
+            }
+        }
+        panic!("the stream ended without Finished or an error");
+    }
+
+    fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+        let t0 = Instant::now();
+        while !cond() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn streams_tokens_then_finished() {
+        let handle = spawn(FakeRunner::new(5, Duration::ZERO), ServiceConfig::default());
+        let mut stream = handle.submit(request("hello", 100)).unwrap();
+        assert_eq!(stream.num_prompt_tokens(), 5);
+        assert_eq!(collect(&mut stream), ("abcde".to_string(), Ok(FinishReason::Stop)));
+        assert!(stream.blocking_next().is_none());
+        let mut stream = handle.submit(request("hi", 3)).unwrap();
+        assert_eq!(collect(&mut stream), ("abc".to_string(), Ok(FinishReason::Length)));
+        wait_until("counters", || handle.stats().num_running == 0);
+        let stats = handle.stats();
+        assert_eq!((stats.num_submitted, stats.num_finished, stats.num_waiting), (2, 2, 0));
+    }
+
+    #[test]
+    fn concurrent_requests_each_get_their_own_events() {
+        let config = ServiceConfig { max_running: 3, ..Default::default() };
+        let handle = spawn(FakeRunner::new(12, Duration::from_millis(1)), config);
+        let threads: Vec<_> = (0..6)
+            .map(|i| {
+                let handle = handle.clone();
+                std::thread::spawn(move || {
+                    let mut stream = handle.submit(request(&"x".repeat(i + 1), 7 + 2 * i)).unwrap();
+                    collect(&mut stream)
+                })
+            })
+            .collect();
+        for (i, t) in threads.into_iter().enumerate() {
+            let expected: String = "abcdefghijab".chars().take(7 + 2 * i).collect();
+            let reason = if 7 + 2 * i > 12 { FinishReason::Stop } else { FinishReason::Length };
+            assert_eq!(t.join().unwrap(), (expected, Ok(reason)));
+        }
+    }
+
+    #[test]
+    fn max_tokens_is_clamped_to_the_context() {
+        let config = ServiceConfig { max_context: Some(20), ..Default::default() };
+        let handle = spawn(FakeRunner::new(1000, Duration::ZERO), config);
+        assert_eq!(handle.limits().max_context, 20);
+        let mut stream = handle.submit(request("0123456789", 1000)).unwrap();
+        assert_eq!(stream.max_tokens(), 10);
+        let (text, reason) = collect(&mut stream);
+        assert_eq!((text.len(), reason), (10, Ok(FinishReason::Length)));
+    }
+
+    #[test]
+    fn bad_requests_fail_at_submit() {
+        let handle = spawn(FakeRunner::new(5, Duration::ZERO), ServiceConfig::default());
+        assert!(matches!(handle.submit(request("", 5)), Err(ServiceError::InvalidRequest(_))));
+        assert_eq!(
+            handle.submit(request(&"x".repeat(64), 5)).unwrap_err(),
+            ServiceError::PromptTooLong { num_tokens: 64, max_context: 64 }
+        );
+        let mut r = request("hi", 5);
+        r.prompt.push(VOCAB as u32);
+        assert!(matches!(handle.submit(r), Err(ServiceError::InvalidRequest(m)) if m.contains("vocabulary")));
+        let mut r = request("hi", 5);
+        r.sampling.top_p = 0.0;
+        assert!(matches!(handle.submit(r), Err(ServiceError::InvalidRequest(m)) if m.contains("top_p")));
+        assert!(matches!(handle.submit(request("hi", 0)), Err(ServiceError::InvalidRequest(_))));
+        // The service still works.
+        assert_eq!(collect(&mut handle.submit(request("ok", 2)).unwrap()).0, "ab");
+    }
+
+    #[test]
+    fn dropping_the_stream_aborts_and_frees_the_sequence() {
+        let runner = FakeRunner::new(10_000, Duration::from_millis(2));
+        let live = runner.live.clone();
+        let handle = spawn(runner, ServiceConfig { max_context: None, ..Default::default() });
+        let mut stream = handle.submit(request("long", 50)).unwrap();
+        // Wait for the first tokens, then hang up.
+        assert!(matches!(stream.blocking_next(), Some(Ok(Event::Token { .. }))));
+        drop(stream);
+        wait_until("the abort", || handle.stats().num_aborted == 1 && live.lock().unwrap().is_empty());
+        assert_eq!(handle.stats().num_running, 0);
+        // The loop goes on serving.
+        assert_eq!(collect(&mut handle.submit(request("next", 3)).unwrap()).0, "abc");
+    }
+
+    #[test]
+    fn full_queue_is_refused_and_drains() {
+        let config = ServiceConfig { max_running: 1, max_waiting: 2, max_context: None };
+        let handle = spawn(FakeRunner::new(1000, Duration::from_millis(5)), config);
+        let mut first = handle.submit(request("a", 40)).unwrap();
+        // Once the first runs, two can wait and a third is refused.
+        assert!(matches!(first.blocking_next(), Some(Ok(_))));
+        let mut second = handle.submit(request("b", 2)).unwrap();
+        let mut third = handle.submit(request("c", 2)).unwrap();
+        assert_eq!(handle.stats().num_waiting, 2);
+        match handle.submit(request("d", 2)) {
+            Err(ServiceError::QueueFull { num_waiting: 2, retry_after_s }) => assert!(retry_after_s >= 1),
+            other => panic!("expected QueueFull, got {other:?}"),
+        }
+        assert_eq!(collect(&mut first).1, Ok(FinishReason::Length));
+        assert_eq!(collect(&mut second).0, "ab");
+        assert_eq!(collect(&mut third).0, "ab");
+        wait_until("an empty queue", || handle.stats().num_waiting == 0);
+        assert!(handle.submit(request("e", 1)).is_ok());
+    }
+
+    #[test]
+    fn a_dropped_waiting_request_never_runs() {
+        let config = ServiceConfig { max_running: 1, max_waiting: 4, max_context: None };
+        let handle = spawn(FakeRunner::new(1000, Duration::from_millis(5)), config);
+        let mut first = handle.submit(request("a", 20)).unwrap();
+        assert!(matches!(first.blocking_next(), Some(Ok(_))));
+        drop(handle.submit(request("b", 20)).unwrap());
+        assert_eq!(collect(&mut first).1, Ok(FinishReason::Length));
+        wait_until("the waiting request to be forgotten", || handle.stats().num_waiting == 0);
+        let stats = handle.stats();
+        assert_eq!((stats.num_aborted, stats.num_finished), (1, 1));
+    }
+
+    #[test]
+    fn idle_loop_sleeps_and_wakes_on_submit() {
+        let handle = spawn(FakeRunner::new(3, Duration::ZERO), ServiceConfig::default());
+        assert_eq!(collect(&mut handle.submit(request("a", 5)).unwrap()).0, "abc");
+        let steps = handle.stats().num_steps;
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(handle.stats().num_steps, steps, "the loop stepped while idle");
+        assert_eq!(collect(&mut handle.submit(request("b", 5)).unwrap()).0, "abc");
+    }
+
+    #[test]
+    fn a_failed_step_ends_its_requests_with_an_error_and_the_service_goes_on() {
+        let mut runner = FakeRunner::new(100, Duration::ZERO);
+        runner.fail_at_step = Some(3);
+        let live = runner.live.clone();
+        let handle = spawn(runner, ServiceConfig::default());
+        let (_, end) = collect(&mut handle.submit(request("a", 50)).unwrap());
+        assert!(matches!(end, Err(ServiceError::Engine(_))), "{end:?}");
+        assert!(live.lock().unwrap().is_empty());
+        assert_eq!(collect(&mut handle.submit(request("b", 2)).unwrap()).0, "ab");
+    }
+
+    #[test]
+    fn a_panicking_model_stops_the_service_cleanly() {
+        let mut runner = FakeRunner::new(100, Duration::ZERO);
+        runner.panic_at_step = Some(2);
+        let handle = spawn(runner, ServiceConfig::default());
+        let (_, end) = collect(&mut handle.submit(request("a", 50)).unwrap());
+        assert!(matches!(end, Err(ServiceError::Engine(m)) if m.contains("fake runner panics")));
+        wait_until("the thread to exit", || !handle.stats().alive);
+        assert_eq!(handle.submit(request("b", 2)).unwrap_err(), ServiceError::ShutDown);
+    }
+
+    #[test]
+    fn stream_works_from_async_code() {
+        let handle = spawn(FakeRunner::new(4, Duration::ZERO), ServiceConfig::default());
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let text = runtime.block_on(async {
+            let mut stream = handle.submit(request("q", 10)).unwrap();
+            let mut text = String::new();
+            while let Some(item) = stream.next().await {
+                match item.unwrap() {
+                    Event::Token { text: t, .. } | Event::Finished { text: t, .. } => text.push_str(&t),
+                }
+            }
+            text
+        });
+        assert_eq!(text, "abcd");
+    }
+}
