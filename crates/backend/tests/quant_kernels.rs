@@ -567,3 +567,51 @@ fn act_row_bytes_layout() {
     assert_eq!(act_format(GgmlType::BF16), Some(ActFormat::F32));
     assert_eq!(act_format(GgmlType::Q2_K), None);
 }
+
+#[test]
+fn act_quantization_matches_gguf_quantize() {
+    // The independent reference quantizers of the gguf crate (ggml's quantize_row_q8_*_ref).
+    let mut rng = StdRng::seed_from_u64(12);
+    for fmt in [ActFormat::Q8_K, ActFormat::Q8_0, ActFormat::Q8_1] {
+        for k in [256usize, 1536, 2816] {
+            for trial in 0..4 {
+                let x = if trial == 0 { tricky_acts(k, &mut rng) } else { random_acts(k, 1, &mut rng) };
+                let want = gguf::quant::quantize(fmt.ggml_type(), &x).unwrap();
+                for &level in &available_levels() {
+                    let mut got = vec![0u8; act_row_bytes(fmt, k)];
+                    quantize_act_row_at(level, fmt, &x, &mut got);
+                    assert!(got[..want.len()] == want[..], "{fmt:?} {level:?} k={k} trial={trial}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn test_dequantizer_matches_gguf() {
+    // The f64 dequantizer used as this file's reference agrees with the gguf crate's.
+    let mut rng = StdRng::seed_from_u64(13);
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::F32,
+    ] {
+        let k = 512;
+        let row = random_row(ty, k, &mut rng);
+        let mine = dequant(ty, &row, k);
+        let mut theirs = vec![0f32; k];
+        gguf::quant::dequantize(ty, &row, &mut theirs).unwrap();
+        for i in 0..k {
+            let (a, b) = (mine[i], theirs[i] as f64);
+            assert!((a - b).abs() <= 1e-6 * a.abs().max(1e-3), "{ty} element {i}: {a} vs {b}");
+        }
+    }
+}
