@@ -9,7 +9,9 @@ mod conversation;
 mod error;
 pub mod python;
 mod template;
+pub mod tool_parser;
 
 pub use conversation::{Content, ContentPart, Conversation, Message, Role, Tool, ToolCall};
 pub use error::{Error, Result};
 pub use template::{ChatTemplate, RenderInput};
+pub use tool_parser::{ParseEvent, ToolCallParser};

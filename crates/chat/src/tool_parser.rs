@@ -1,0 +1,692 @@
+//! Finding tool calls in a model's output while it streams.
+//!
+//! In: the generated text, delta by delta, and the names of the tools on offer. Out: [`ParseEvent`]s: text that is
+//! safe to show and complete [`ToolCall`]s (arguments as a JSON value, `id` left for the API adapter to assign).
+//!
+//! Recognised forms:
+//! * Hermes / Qwen2.5 tags: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (several JSON objects in one
+//!   tag, a missing closing tag at the end of the output and the doubled braces of the Qwen2.5-Coder-1.5B template
+//!   example are accepted);
+//! * Qwen3-Coder XML inside the same tags: `<function=NAME><parameter=KEY>value</parameter></function>`;
+//! * what the Qwen2.5-Coder models write instead of tags (see `models.md` §11): a fenced code block
+//!   (```` ```json ````, ```` ``` ````, ```` ```tool_call ````) holding one call or an array of calls, or a bare JSON
+//!   object `{"name": ..., "arguments": ...}` (or array of them) starting a line. These count only when every call
+//!   names a declared tool; otherwise the text is released unchanged.
+//!
+//! Text that may still turn into a call (a partial `<tool_call>` tag, an opening fence, a `{` starting a line) is held
+//! back until it is decided, so no partial tag or JSON leaks into the text. Once a call has been found, later text
+//! that is not another call is dropped and [`ToolCallParser::is_done`] turns true: the caller can stop generating
+//! (the small models tend to invent a tool result after their call).
+
+use serde_json::{Map, Value};
+
+use crate::conversation::ToolCall;
+
+const TAG_OPEN: &str = "<tool_call>";
+const TAG_CLOSE: &str = "</tool_call>";
+const FENCE: &str = "```";
+/// Info strings of a fenced block that may hold a call.
+const FENCE_LANGS: [&str; 6] = ["", "json", "json5", "tool_call", "tool_code", "tool"];
+/// Longest info string considered while waiting for the end of the fence's first line.
+const MAX_FENCE_INFO_BYTES: usize = 32;
+/// First keys of a JSON object that may be a call.
+const CALL_KEYS: [&str; 4] = ["\"name\"", "\"function\"", "\"tool_name\"", "\"tool\""];
+
+/// What the parser found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ParseEvent {
+    Text(String),
+    ToolCall(ToolCall),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Plain text, watching for the start of a call.
+    Text,
+    /// Inside `<tool_call>`; `held` is what follows the opening tag.
+    Tag,
+    /// A fenced block whose content starts with `{` or `[`; `held` starts at the fence's line.
+    Fence,
+    /// A bare JSON object or array that starts like a call; `held` starts at its line.
+    Bare,
+}
+
+/// Streaming tool-call extraction for one reply.
+#[derive(Debug, Clone)]
+pub struct ToolCallParser {
+    tools: Vec<String>,
+    mode: Mode,
+    /// Text received and not yet decided.
+    held: String,
+    /// Whether `held` begins at the start of a line.
+    line_start: bool,
+    num_calls: usize,
+    /// Non-blank text came after a call.
+    done: bool,
+}
+
+/// What a line starting with `{`, `[` or a backtick turned out to be.
+#[derive(Debug, PartialEq, Eq)]
+enum Line {
+    Call(Mode),
+    NotCall,
+    Undecided,
+}
+
+/// Is `candidate` still possibly a call (`Maybe`), surely one (`Yes`) or surely not (`No`)?
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Yes,
+    No,
+    Maybe,
+}
+
+impl ToolCallParser {
+    /// A parser accepting calls to `tool_names` only.
+    pub fn new<S: Into<String>>(tool_names: impl IntoIterator<Item = S>) -> Self {
+        ToolCallParser {
+            tools: tool_names.into_iter().map(Into::into).collect(),
+            mode: Mode::Text,
+            held: String::new(),
+            line_start: true,
+            num_calls: 0,
+            done: false,
+        }
+    }
+
+    /// Adds generated text; returns what is decided now.
+    pub fn push(&mut self, delta: &str) -> Vec<ParseEvent> {
+        self.held.push_str(delta);
+        let mut out = Vec::new();
+        self.drain(&mut out, false);
+        out
+    }
+
+    /// The output has ended: decides everything still held.
+    pub fn finish(&mut self) -> Vec<ParseEvent> {
+        let mut out = Vec::new();
+        self.drain(&mut out, true);
+        if !self.held.is_empty() {
+            let rest = std::mem::take(&mut self.held);
+            self.emit_text(rest, &mut out);
+        }
+        self.mode = Mode::Text;
+        out
+    }
+
+    pub fn num_calls(&self) -> usize {
+        self.num_calls
+    }
+
+    /// A call was found and the model has gone on to write something else: nothing more will be reported.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    fn emit_text(&mut self, text: String, out: &mut Vec<ParseEvent>) {
+        if text.is_empty() {
+            return;
+        }
+        if self.num_calls > 0 {
+            if !text.trim().is_empty() {
+                self.done = true;
+            }
+            return;
+        }
+        match out.last_mut() {
+            Some(ParseEvent::Text(t)) => t.push_str(&text),
+            _ => out.push(ParseEvent::Text(text)),
+        }
+    }
+
+    /// Emits `self.held[..n]` as text and keeps the rest.
+    fn release(&mut self, n: usize, out: &mut Vec<ParseEvent>) {
+        if n == 0 {
+            return;
+        }
+        let text: String = self.held.drain(..n).collect();
+        self.line_start = text.ends_with('\n');
+        self.emit_text(text, out);
+    }
+
+    fn emit_calls(&mut self, calls: Vec<ToolCall>, out: &mut Vec<ParseEvent>) {
+        if self.done {
+            return;
+        }
+        self.num_calls += calls.len();
+        out.extend(calls.into_iter().map(ParseEvent::ToolCall));
+    }
+
+    fn drain(&mut self, out: &mut Vec<ParseEvent>, at_end: bool) {
+        loop {
+            let progressed = match self.mode {
+                Mode::Text => self.scan_text(out, at_end),
+                Mode::Tag => self.scan_tag(out, at_end),
+                Mode::Fence => self.scan_fence(out, at_end),
+                Mode::Bare => self.scan_bare(out, at_end),
+            };
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    /// Text mode: releases what cannot start a call and switches mode at the first candidate. Returns whether it
+    /// changed mode (so scanning should go on).
+    fn scan_text(&mut self, out: &mut Vec<ParseEvent>, at_end: bool) -> bool {
+        let tag = self.held.find(TAG_OPEN);
+        let line = self.first_line_candidate(tag.unwrap_or(self.held.len()));
+        match (tag, line) {
+            (_, Some(p)) => {
+                self.release(p, out);
+                self.line_start = true;
+                let indent = self.held.len() - self.held.trim_start_matches([' ', '\t']).len();
+                match self.classify_line(indent, at_end) {
+                    Line::Call(mode) => {
+                        self.mode = mode;
+                        true
+                    }
+                    Line::NotCall => {
+                        // Release through the candidate's first character and go on scanning.
+                        let first = self.held[indent..].chars().next().map_or(0, char::len_utf8);
+                        self.release(indent + first, out);
+                        true
+                    }
+                    Line::Undecided => false,
+                }
+            }
+            (Some(t), None) => {
+                self.release(t, out);
+                self.held.drain(..TAG_OPEN.len());
+                self.mode = Mode::Tag;
+                true
+            }
+            (None, None) => {
+                let keep = if at_end { 0 } else { self.undecided_tail() };
+                self.release(self.held.len() - keep, out);
+                false
+            }
+        }
+    }
+
+    /// The first position before `limit` where a line starts (after optional blanks) with `{`, `[` or a backtick.
+    fn first_line_candidate(&self, limit: usize) -> Option<usize> {
+        let bytes = self.held.as_bytes();
+        let mut starts: Vec<usize> = Vec::new();
+        if self.line_start {
+            starts.push(0);
+        }
+        starts.extend(self.held.match_indices('\n').map(|(i, _)| i + 1));
+        starts.into_iter().filter(|&s| s < limit).find(|&s| {
+            let mut i = s;
+            while i < bytes.len() && (bytes[i] == b' ' || bytes[i] == b'\t') {
+                i += 1;
+            }
+            i < bytes.len() && matches!(bytes[i], b'{' | b'[' | b'`')
+        })
+    }
+
+    /// How many bytes at the end of `held` must wait: a proper prefix of `<tool_call>`, or blanks after a newline
+    /// (a call may start the line).
+    fn undecided_tail(&self) -> usize {
+        let tag_prefix = (1..TAG_OPEN.len()).rev().find(|&n| self.held.ends_with(&TAG_OPEN[..n])).unwrap_or(0);
+        let last_line = self.held.rfind('\n').map(|i| i + 1).or(self.line_start.then_some(0));
+        let blank_line_tail = match last_line {
+            Some(l) if self.held[l..].bytes().all(|b| b == b' ' || b == b'\t') => self.held.len() - l,
+            _ => 0,
+        };
+        tag_prefix.max(blank_line_tail)
+    }
+
+    /// `held` starts a line whose first non-blank byte (at `indent`) is `{`, `[` or a backtick: does a call start
+    /// here? `at_end`: nothing more will come, so what is undecided is not a call.
+    fn classify_line(&self, indent: usize, at_end: bool) -> Line {
+        let undecided = if at_end { Line::NotCall } else { Line::Undecided };
+        let body = &self.held[indent..];
+        if body.starts_with('`') {
+            if !body.starts_with(FENCE) {
+                return if FENCE.starts_with(body) { undecided } else { Line::NotCall };
+            }
+            let after_fence = &body[FENCE.len()..];
+            let Some(nl) = after_fence.find('\n') else {
+                return if after_fence.len() > MAX_FENCE_INFO_BYTES { Line::NotCall } else { undecided };
+            };
+            let lang = after_fence[..nl].trim().to_ascii_lowercase();
+            if !FENCE_LANGS.contains(&lang.as_str()) {
+                return Line::NotCall;
+            }
+            return match after_fence[nl + 1..].trim_start().as_bytes().first() {
+                Some(b'{' | b'[') => Line::Call(Mode::Fence),
+                Some(_) => Line::NotCall,
+                None => undecided,
+            };
+        }
+        match call_prefix_verdict(body) {
+            Verdict::Yes => Line::Call(Mode::Bare),
+            Verdict::Maybe => undecided,
+            Verdict::No => Line::NotCall,
+        }
+    }
+
+    fn scan_tag(&mut self, out: &mut Vec<ParseEvent>, at_end: bool) -> bool {
+        let close = self.held.find(TAG_CLOSE);
+        let reopen = self.held.find(TAG_OPEN);
+        let (end, skip) = match (close, reopen) {
+            (Some(c), Some(r)) if r < c => (r, 0),
+            (Some(c), _) => (c, TAG_CLOSE.len()),
+            (None, Some(r)) => (r, 0),
+            (None, None) if at_end => (self.held.len(), 0),
+            (None, None) => return false,
+        };
+        let content: String = self.held.drain(..end).collect();
+        self.held.drain(..skip);
+        match parse_tag_content(&content, &self.tools) {
+            Some(calls) => self.emit_calls(calls, out),
+            None => {
+                let closing = if skip > 0 { TAG_CLOSE } else { "" };
+                self.emit_text(format!("{TAG_OPEN}{content}{closing}"), out);
+            }
+        }
+        self.line_start = false;
+        self.mode = Mode::Text;
+        true
+    }
+
+    fn scan_fence(&mut self, out: &mut Vec<ParseEvent>, at_end: bool) -> bool {
+        // held: [blanks] ``` info \n [blanks] JSON [blanks] ```
+        let nl = self.held.find('\n').expect("INVARIANT: a fence is classified after its first line");
+        let json_start = nl + 1 + (self.held[nl + 1..].len() - self.held[nl + 1..].trim_start().len());
+        let Some(json_len) = json_extent(&self.held[json_start..]) else {
+            if at_end {
+                self.give_up(out);
+                return true;
+            }
+            return false;
+        };
+        let json_end = json_start + json_len;
+        let after = &self.held[json_end..];
+        let after_trimmed = after.trim_start();
+        let end = if after_trimmed.starts_with(FENCE) {
+            json_end + (after.len() - after_trimmed.len()) + FENCE.len()
+        } else if at_end && after_trimmed.is_empty() {
+            self.held.len()
+        } else if !at_end && (after_trimmed.is_empty() || FENCE.starts_with(after_trimmed)) {
+            return false;
+        } else {
+            self.give_up(out);
+            return true;
+        };
+        match parse_calls_json(&self.held[json_start..json_end], &self.tools) {
+            Some(calls) => {
+                self.held.drain(..end);
+                self.emit_calls(calls, out);
+                self.line_start = false;
+                self.mode = Mode::Text;
+            }
+            None => self.give_up(out),
+        }
+        true
+    }
+
+    fn scan_bare(&mut self, out: &mut Vec<ParseEvent>, at_end: bool) -> bool {
+        let start = self.held.len() - self.held.trim_start_matches([' ', '\t']).len();
+        let Some(len) = json_extent(&self.held[start..]) else {
+            if at_end {
+                self.give_up(out);
+                return true;
+            }
+            return false;
+        };
+        match parse_calls_json(&self.held[start..start + len], &self.tools) {
+            Some(calls) => {
+                self.held.drain(..start + len);
+                self.emit_calls(calls, out);
+                self.line_start = false;
+            }
+            None => {
+                // Not a call after all: release it as text.
+                self.release(start + len, out);
+            }
+        }
+        self.mode = Mode::Text;
+        true
+    }
+
+    /// The candidate in `held` is not a call: release its first character as text and scan the rest again.
+    fn give_up(&mut self, out: &mut Vec<ParseEvent>) {
+        let indent = self.held.len() - self.held.trim_start_matches([' ', '\t']).len();
+        let first = self.held[indent..].chars().next().map_or(0, char::len_utf8);
+        self.release(indent + first, out);
+        self.mode = Mode::Text;
+    }
+}
+
+/// Does `body` (starting with `{` or `[`) begin like a call object or an array of them?
+fn call_prefix_verdict(body: &str) -> Verdict {
+    let mut rest = body;
+    if let Some(r) = rest.strip_prefix('[') {
+        rest = r.trim_start();
+        if rest.is_empty() {
+            return Verdict::Maybe;
+        }
+    }
+    let Some(r) = rest.strip_prefix('{') else { return Verdict::No };
+    let rest = r.trim_start();
+    if rest.is_empty() {
+        return Verdict::Maybe;
+    }
+    if CALL_KEYS.iter().any(|k| rest.starts_with(k)) {
+        Verdict::Yes
+    } else if CALL_KEYS.iter().any(|k| k.starts_with(rest)) {
+        Verdict::Maybe
+    } else {
+        Verdict::No
+    }
+}
+
+/// The byte length of the JSON object or array at the start of `s` (brackets matched outside strings), or `None`
+/// if it is not complete yet.
+fn json_extent(s: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, b) in s.bytes().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The calls inside one `<tool_call>` tag: JSON objects (one or several, or an array), or the XML form.
+fn parse_tag_content(content: &str, tools: &[String]) -> Option<Vec<ToolCall>> {
+    let text = content.trim();
+    if text.starts_with("<function=") {
+        return parse_xml_call(text, tools).map(|c| vec![c]);
+    }
+    if let Some(calls) = parse_json_values(text, tools) {
+        return Some(calls);
+    }
+    // The Qwen2.5-Coder-1.5B template shows the call with doubled braces; the model may copy them.
+    let inner = text.strip_prefix('{')?.strip_suffix('}')?;
+    parse_json_values(inner.trim(), tools)
+}
+
+/// One or more JSON values, one after another, each a call or an array of calls.
+fn parse_json_values(text: &str, tools: &[String]) -> Option<Vec<ToolCall>> {
+    let mut calls = Vec::new();
+    for value in serde_json::Deserializer::from_str(text).into_iter::<Value>() {
+        calls.extend(calls_from_value(value.ok()?, tools)?);
+    }
+    (!calls.is_empty()).then_some(calls)
+}
+
+fn parse_calls_json(text: &str, tools: &[String]) -> Option<Vec<ToolCall>> {
+    calls_from_value(serde_json::from_str(text).ok()?, tools)
+}
+
+fn calls_from_value(value: Value, tools: &[String]) -> Option<Vec<ToolCall>> {
+    match value {
+        Value::Array(items) if !items.is_empty() => {
+            items.into_iter().map(|v| call_from_object(v, tools)).collect::<Option<Vec<_>>>()
+        }
+        Value::Object(_) => call_from_object(value, tools).map(|c| vec![c]),
+        _ => None,
+    }
+}
+
+/// `{"name", "arguments"}` and its common variants (`parameters`, a nested `function` object, arguments as a JSON
+/// string), for a declared tool only and with no other keys than `type` and `id`.
+fn call_from_object(value: Value, tools: &[String]) -> Option<ToolCall> {
+    let Value::Object(mut obj) = value else { return None };
+    let mut function = match obj.remove("function") {
+        Some(Value::Object(f)) => f,
+        Some(Value::String(name)) => Map::from_iter([("name".to_owned(), Value::String(name))]),
+        Some(_) => return None,
+        None => Map::new(),
+    };
+    let name = ["name", "tool_name", "tool"]
+        .iter()
+        .find_map(|k| function.remove(*k).or_else(|| obj.remove(*k)).and_then(|v| v.as_str().map(str::to_owned)))?;
+    if !tools.contains(&name) {
+        return None;
+    }
+    let arguments = ["arguments", "parameters", "args", "input"]
+        .iter()
+        .find_map(|k| function.remove(*k).or_else(|| obj.remove(*k)))
+        .unwrap_or_else(|| Value::Object(Map::new()));
+    // Other keys (an invented `"result"`, ...) mean this is not a call.
+    if obj.keys().chain(function.keys()).any(|k| k != "type" && k != "id") {
+        return None;
+    }
+    let arguments = match arguments {
+        Value::String(s) => match serde_json::from_str::<Value>(&s) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => return None,
+        },
+        Value::Object(o) => Value::Object(o),
+        Value::Null => Value::Object(Map::new()),
+        _ => return None,
+    };
+    Some(ToolCall { id: None, name, arguments })
+}
+
+/// Qwen3-Coder's form: `<function=NAME>` then `<parameter=KEY>value</parameter>` entries, then `</function>`.
+/// Values that parse as JSON (numbers, booleans, objects, ...) become JSON; anything else is a string.
+fn parse_xml_call(text: &str, tools: &[String]) -> Option<ToolCall> {
+    let rest = text.strip_prefix("<function=")?;
+    let close = rest.find('>')?;
+    let name = rest[..close].trim().to_owned();
+    if !tools.contains(&name) {
+        return None;
+    }
+    let mut body = &rest[close + 1..];
+    if let Some(end) = body.find("</function>") {
+        body = &body[..end];
+    }
+    let mut arguments = Map::new();
+    while let Some(start) = body.find("<parameter=") {
+        let after = &body[start + "<parameter=".len()..];
+        let key_end = after.find('>')?;
+        let key = after[..key_end].trim().to_owned();
+        let value_text = &after[key_end + 1..];
+        let value_end = ["</parameter>", "<parameter="].iter().filter_map(|m| value_text.find(m)).min();
+        let value_end = value_end.unwrap_or(value_text.len());
+        let raw = value_text[..value_end].strip_prefix('\n').unwrap_or(&value_text[..value_end]);
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        let value = match serde_json::from_str::<Value>(raw) {
+            Ok(v) if !v.is_string() => v,
+            _ => Value::String(raw.to_owned()),
+        };
+        arguments.insert(key, value);
+        body = &value_text[value_end..];
+        body = body.strip_prefix("</parameter>").unwrap_or(body);
+    }
+    Some(ToolCall { id: None, name, arguments: Value::Object(arguments) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tools() -> Vec<String> {
+        vec!["get_weather".into(), "bash".into()]
+    }
+
+    /// Feeds `text` in pieces split at `cuts` (byte offsets on char boundaries) and returns the merged events.
+    fn run_split(text: &str, cuts: &[usize]) -> (Vec<ParseEvent>, bool) {
+        let mut p = ToolCallParser::new(tools());
+        let mut events = Vec::new();
+        let mut last = 0;
+        for &c in cuts.iter().chain(std::iter::once(&text.len())) {
+            events.extend(p.push(&text[last..c]));
+            last = c;
+        }
+        events.extend(p.finish());
+        (merge(events), p.is_done())
+    }
+
+    fn merge(events: Vec<ParseEvent>) -> Vec<ParseEvent> {
+        let mut out: Vec<ParseEvent> = Vec::new();
+        for e in events {
+            match (out.last_mut(), e) {
+                (Some(ParseEvent::Text(a)), ParseEvent::Text(b)) => a.push_str(&b),
+                (_, e) => out.push(e),
+            }
+        }
+        out
+    }
+
+    fn call(name: &str, arguments: Value) -> ParseEvent {
+        ParseEvent::ToolCall(ToolCall { id: None, name: name.into(), arguments })
+    }
+
+    fn text(s: &str) -> ParseEvent {
+        ParseEvent::Text(s.into())
+    }
+
+    /// The same result for the whole text at once, for every single split point and byte by byte; partial markup
+    /// never shows up in a text event before it is decided.
+    fn check(input: &str, expected: &[ParseEvent]) {
+        let boundaries: Vec<usize> = (1..input.len()).filter(|&i| input.is_char_boundary(i)).collect();
+        assert_eq!(run_split(input, &[]).0, expected, "whole input {input:?}");
+        for &b in &boundaries {
+            assert_eq!(run_split(input, &[b]).0, expected, "split at {b} of {input:?}");
+        }
+        assert_eq!(run_split(input, &boundaries).0, expected, "char by char {input:?}");
+    }
+
+    #[test]
+    fn plain_text_passes_through() {
+        check("Hello, world!\nNo calls here: a < b and {x} too.\n", &[text("Hello, world!\nNo calls here: a < b and {x} too.\n")]);
+    }
+
+    #[test]
+    fn tagged_call() {
+        let input = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        check(input, &[call("get_weather", json!({"city": "Paris"}))]);
+    }
+
+    #[test]
+    fn text_then_tagged_calls_then_junk() {
+        let input = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>\n{\"result\": 42}";
+        check(
+            input,
+            &[
+                text("Let me check.\n"),
+                call("get_weather", json!({"city": "Paris"})),
+                call("bash", json!({"command": "ls"})),
+            ],
+        );
+        assert!(run_split(input, &[]).1, "text after the calls marks the parser done");
+    }
+
+    #[test]
+    fn tag_without_closing_at_the_end() {
+        check("<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls -la\"}}\n", &[call("bash", json!({"command": "ls -la"}))]);
+    }
+
+    #[test]
+    fn doubled_braces_and_string_arguments() {
+        check("<tool_call>\n{{\"name\": \"bash\", \"arguments\": {\"command\": \"pwd\"}}}\n</tool_call>", &[call("bash", json!({"command": "pwd"}))]);
+        check(
+            "<tool_call>{\"name\": \"bash\", \"arguments\": \"{\\\"command\\\": \\\"pwd\\\"}\"}</tool_call>",
+            &[call("bash", json!({"command": "pwd"}))],
+        );
+    }
+
+    #[test]
+    fn unknown_tool_in_tags_stays_text() {
+        let input = "<tool_call>{\"name\": \"nope\", \"arguments\": {}}</tool_call> ok";
+        check(input, &[text(input)]);
+    }
+
+    #[test]
+    fn fenced_json_call() {
+        let input = "```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}\n}\n```";
+        check(input, &[call("get_weather", json!({"city": "Paris", "unit": "celsius"}))]);
+        let input = "Sure.\n```\n[{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}, {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}]\n```\n";
+        check(
+            input,
+            &[text("Sure.\n"), call("bash", json!({"command": "ls"})), call("get_weather", json!({"city": "Oslo"}))],
+        );
+    }
+
+    #[test]
+    fn code_blocks_that_are_not_calls_pass_through() {
+        let input = "Here:\n```python\nprint({'a': 1})\n```\nand\n```json\n{\"name\": \"not_a_tool\", \"arguments\": {}}\n```\nend";
+        check(input, &[text(input)]);
+        let input = "```json\n{\"a\": [1, 2, {\"b\": \"}\"}]}\n```\n";
+        check(input, &[text(input)]);
+    }
+
+    #[test]
+    fn bare_json_call() {
+        let input = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"note\": \"a } in a string\"}}";
+        check(input, &[call("get_weather", json!({"city": "Paris", "note": "a } in a string"}))]);
+        let input = "I will call it.\n  {\"function\": {\"name\": \"bash\", \"parameters\": {\"command\": \"ls\"}}}\n{\"name\": \"bash\", \"result\": \"invented\"}";
+        check(input, &[text("I will call it.\n"), call("bash", json!({"command": "ls"}))]);
+    }
+
+    #[test]
+    fn json_that_is_not_a_call_passes_through() {
+        let input = "{\"city\": \"Paris\"}\n[1, 2, 3]\n{\"name\": \"someone\", \"age\": 3}\n{\"na";
+        check(input, &[text(input)]);
+        // Braces mid-line are never candidates.
+        check("x = {\"name\": \"bash\"}", &[text("x = {\"name\": \"bash\"}")]);
+    }
+
+    #[test]
+    fn qwen3_coder_xml_call() {
+        let input = "<tool_call>\n<function=bash>\n<parameter=command>\nls -la /tmp\n</parameter>\n<parameter=timeout>\n30\n</parameter>\n</function>\n</tool_call>";
+        check(input, &[call("bash", json!({"command": "ls -la /tmp", "timeout": 30}))]);
+    }
+
+    #[test]
+    fn partial_tag_at_the_end_is_released() {
+        check("a <tool_ca", &[text("a <tool_ca")]);
+        check("a <tool_call", &[text("a <tool_call")]);
+    }
+
+    #[test]
+    fn prefilled_tag_continues() {
+        // The API prefills `<tool_call>\n{"name": "` when a call is required; the model writes the rest.
+        let mut p = ToolCallParser::new(tools());
+        assert!(p.push("<tool_call>\n{\"name\": \"").is_empty());
+        let mut events = p.push("bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>");
+        events.extend(p.finish());
+        assert_eq!(events, vec![call("bash", json!({"command": "ls"}))]);
+    }
+
+    #[test]
+    fn text_is_not_held_longer_than_needed() {
+        let mut p = ToolCallParser::new(tools());
+        assert_eq!(p.push("Hello there"), vec![text("Hello there")]);
+        assert_eq!(p.push(" <tool"), vec![text(" ")]);
+        assert_eq!(p.push("box> x\n  "), vec![text("<toolbox> x\n")]);
+        assert_eq!(p.push("y"), vec![text("  y")]);
+    }
+
+    #[test]
+    fn multibyte_text_survives_every_split() {
+        check("héllo → 世界 🎉\n{\"名\": 1}\n", &[text("héllo → 世界 🎉\n{\"名\": 1}\n")]);
+    }
+}
