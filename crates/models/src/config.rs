@@ -53,8 +53,8 @@ impl ModelConfig {
         self.num_kv_heads * self.head_dim
     }
 
-    /// Bytes of KV cache per token at f32 (keys and values of every layer).
+    /// Bytes of KV cache per token at f16 (keys and values of every layer).
     pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.num_layers * self.kv_dim() * std::mem::size_of::<f32>()
+        2 * self.num_layers * self.kv_dim() * 2
     }
 }

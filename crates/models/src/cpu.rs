@@ -2,7 +2,7 @@
 //!
 //! All rows of a batch (from any number of sequences) go through each matrix product together, so a batch of decode
 //! steps or a verification of k+1 draft tokens reads every weight once. Attention is per row, over the row's own
-//! sequence. KV cache: per sequence and layer, `[num_tokens, kv_dim]` f32 rows.
+//! sequence. KV cache: per sequence and layer, `[num_tokens, kv_dim]` f16 rows (as llama.cpp stores it).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,12 +14,16 @@ use gguf::GgufFile;
 
 use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId, Weights};
 
-/// KV cache of one sequence: per layer, keys and values `[len, kv_dim]`.
+/// KV cache of one sequence: per layer, keys and values `[len, kv_dim]` as f16 bits.
 #[derive(Default)]
 struct SeqKv {
     len: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<Vec<u16>>,
+    v: Vec<Vec<u16>>,
+}
+
+fn append_f16(dst: &mut Vec<u16>, src: &[f32]) {
+    dst.extend(src.iter().map(|&x| half::f16::from_f32(x).to_bits()));
 }
 
 /// Activation buffers, grown to the largest batch seen and reused.
@@ -170,8 +174,8 @@ impl Runner for CpuRunner {
             }
             for (t, &(seq, _)) in rows.iter().enumerate() {
                 let kv = self.seqs.get_mut(&seq).expect("INVARIANT: created above");
-                kv.k[li].extend_from_slice(&s.k[t * kvd..(t + 1) * kvd]);
-                kv.v[li].extend_from_slice(&s.v[t * kvd..(t + 1) * kvd]);
+                append_f16(&mut kv.k[li], &s.k[t * kvd..(t + 1) * kvd]);
+                append_f16(&mut kv.v[li], &s.v[t * kvd..(t + 1) * kvd]);
             }
             let kv_rows: Vec<KvRows> = rows
                 .iter()

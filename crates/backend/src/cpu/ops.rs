@@ -4,7 +4,8 @@
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let dim = weight.len();
     for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        let sum: f64 = xr.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        // As ggml: f32 products summed in f64.
+        let sum: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
         let scale = 1.0 / ((sum / dim as f64) as f32 + eps).sqrt();
         for ((o, &v), &w) in or.iter_mut().zip(xr).zip(weight) {
             *o = v * scale * w;

@@ -9,6 +9,8 @@ use std::sync::OnceLock;
 struct Table {
     dot: fn(&[f32], &[f32]) -> f32,
     axpy: fn(&mut [f32], f32, &[f32]),
+    dot_f16: fn(&[f32], &[u16]) -> f32,
+    axpy_f16: fn(&mut [f32], f32, &[u16]),
 }
 
 fn table() -> &'static Table {
@@ -18,13 +20,17 @@ fn table() -> &'static Table {
         {
             let forced = std::env::var("SPLASH_CPU_KERNELS").unwrap_or_default();
             if forced != "scalar" && forced != "avx2" && std::is_x86_feature_detected!("avx512f") {
-                return Table { dot: x86::dot_avx512, axpy: x86::axpy_avx512 };
+                return Table { dot: x86::dot_avx512, axpy: x86::axpy_avx512, dot_f16: x86::dot_f16_avx512, axpy_f16: x86::axpy_f16_avx512 };
             }
-            if forced != "scalar" && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                return Table { dot: x86::dot_avx2, axpy: x86::axpy_avx2 };
+            if forced != "scalar"
+                && std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+            {
+                return Table { dot: x86::dot_avx2, axpy: x86::axpy_avx2, dot_f16: x86::dot_f16_avx2, axpy_f16: x86::axpy_f16_avx2 };
             }
         }
-        Table { dot: dot_portable, axpy: axpy_portable }
+        Table { dot: dot_portable, axpy: axpy_portable, dot_f16: dot_f16_portable, axpy_f16: axpy_f16_portable }
     })
 }
 
@@ -44,6 +50,35 @@ pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
 #[inline(always)]
 fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FMA { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// `sum(a[i] * b[i])` with `b` in IEEE half precision (raw bits), accumulated in f32.
+#[inline]
+pub fn dot_f16(a: &[f32], b: &[u16]) -> f32 {
+    (table().dot_f16)(a, b)
+}
+
+/// `y[i] += alpha * x[i]` with `x` in IEEE half precision (raw bits).
+#[inline]
+pub fn axpy_f16(y: &mut [f32], alpha: f32, x: &[u16]) {
+    (table().axpy_f16)(y, alpha, x)
+}
+
+/// Rounds every value to the nearest f16 (what storing into an f16 buffer and reading back gives).
+pub fn round_to_f16(x: &mut [f32]) {
+    for v in x {
+        *v = half::f16::from_f32(*v).to_f32();
+    }
+}
+
+fn dot_f16_portable(a: &[f32], b: &[u16]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * half::f16::from_bits(*y).to_f32()).sum()
+}
+
+fn axpy_f16_portable(y: &mut [f32], alpha: f32, x: &[u16]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += alpha * half::f16::from_bits(*x).to_f32();
+    }
 }
 
 #[inline(always)]
@@ -91,6 +126,112 @@ fn axpy_portable(y: &mut [f32], alpha: f32, x: &[f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot_f16_512(a: &[f32], b: &[u16]) -> f32 {
+        let n = a.len().min(b.len());
+        let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut i = 0;
+        while i + 32 <= n {
+            // SAFETY: i + 32 <= n bounds both loads.
+            unsafe {
+                let b0 = _mm512_cvtph_ps(_mm256_loadu_si256(b.as_ptr().add(i) as *const __m256i));
+                let b1 = _mm512_cvtph_ps(_mm256_loadu_si256(b.as_ptr().add(i + 16) as *const __m256i));
+                acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(i)), b0, acc0);
+                acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(i + 16)), b1, acc1);
+            }
+            i += 32;
+        }
+        let mut s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+        while i < n {
+            s += a[i] * half::f16::from_bits(b[i]).to_f32();
+            i += 1;
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn axpy_f16_512(y: &mut [f32], alpha: f32, x: &[u16]) {
+        let n = y.len().min(x.len());
+        let va = _mm512_set1_ps(alpha);
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n bounds the loads and the store.
+            unsafe {
+                let xv = _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().add(i) as *const __m256i));
+                let yp = y.as_mut_ptr().add(i);
+                _mm512_storeu_ps(yp, _mm512_fmadd_ps(va, xv, _mm512_loadu_ps(yp)));
+            }
+            i += 16;
+        }
+        while i < n {
+            y[i] += alpha * half::f16::from_bits(x[i]).to_f32();
+            i += 1;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_f16_256(a: &[f32], b: &[u16]) -> f32 {
+        let n = a.len().min(b.len());
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n bounds both loads.
+            unsafe {
+                let b0 = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(i) as *const __m128i));
+                let b1 = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(i + 8) as *const __m128i));
+                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), b0, acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i + 8)), b1, acc1);
+            }
+            i += 16;
+        }
+        let acc = _mm256_add_ps(acc0, acc1);
+        let mut lanes = [0f32; 8];
+        // SAFETY: lanes holds 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+        let mut s: f32 = lanes.iter().sum();
+        while i < n {
+            s += a[i] * half::f16::from_bits(b[i]).to_f32();
+            i += 1;
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn axpy_f16_256(y: &mut [f32], alpha: f32, x: &[u16]) {
+        let n = y.len().min(x.len());
+        let va = _mm256_set1_ps(alpha);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n bounds the loads and the store.
+            unsafe {
+                let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i) as *const __m128i));
+                let yp = y.as_mut_ptr().add(i);
+                _mm256_storeu_ps(yp, _mm256_fmadd_ps(va, xv, _mm256_loadu_ps(yp)));
+            }
+            i += 8;
+        }
+        while i < n {
+            y[i] += alpha * half::f16::from_bits(x[i]).to_f32();
+            i += 1;
+        }
+    }
+
+    // SAFETY (all four): the table only installs these after detecting the features at run time.
+    pub fn dot_f16_avx512(a: &[f32], b: &[u16]) -> f32 {
+        unsafe { dot_f16_512(a, b) }
+    }
+    pub fn axpy_f16_avx512(y: &mut [f32], alpha: f32, x: &[u16]) {
+        unsafe { axpy_f16_512(y, alpha, x) }
+    }
+    pub fn dot_f16_avx2(a: &[f32], b: &[u16]) -> f32 {
+        unsafe { dot_f16_256(a, b) }
+    }
+    pub fn axpy_f16_avx2(y: &mut [f32], alpha: f32, x: &[u16]) {
+        unsafe { axpy_f16_256(y, alpha, x) }
+    }
+
     #[target_feature(enable = "avx512f,avx2,fma")]
     unsafe fn dot_512(a: &[f32], b: &[f32]) -> f32 {
         super::dot_generic::<true>(a, b)
@@ -137,6 +278,15 @@ mod tests {
             axpy(&mut y, 0.5, &a);
             for i in 0..n {
                 assert!((y[i] - (b[i] + 0.5 * a[i])).abs() < 1e-6);
+            }
+            let bh: Vec<u16> = b.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            let bf: Vec<f32> = bh.iter().map(|&v| half::f16::from_bits(v).to_f32()).collect();
+            let want: f64 = a.iter().zip(&bf).map(|(x, y)| *x as f64 * *y as f64).sum();
+            assert!((dot_f16(&a, &bh) as f64 - want).abs() < 1e-3, "n={n}");
+            let mut y = a.clone();
+            axpy_f16(&mut y, -2.0, &bh);
+            for i in 0..n {
+                assert!((y[i] - (a[i] - 2.0 * bf[i])).abs() < 1e-5);
             }
         }
     }
