@@ -46,6 +46,7 @@ struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
+#[allow(clippy::too_many_arguments)]
 /// Seconds per matrix product, rows split evenly over `threads` (the split rounded to 16 rows).
 fn time_product(
     level: KernelLevel,
@@ -116,7 +117,9 @@ fn main() {
         _ => all_types.to_vec(),
     };
     let levels: Vec<KernelLevel> = match args.get(1) {
-        Some(a) if a != "all" => available_levels().into_iter().filter(|l| a.split(',').any(|s| s == l.name())).collect(),
+        Some(a) if a != "all" => {
+            available_levels().into_iter().filter(|l| a.split(',').any(|s| s == l.name())).collect()
+        }
         _ => available_levels(),
     };
     let k: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1536);

@@ -354,7 +354,7 @@ fn check_type(ty: GgmlType, k: usize, seed: u64) {
     let ranges = [0..n, 1..n - 2, 5..6, 16..33, 0..16];
     for &level in &available_levels() {
         for m in [1usize, 2, 3, 4, 5, 8, 17] {
-            for rows in ranges.iter().cloned() {
+            for rows in ranges.clone() {
                 let ldo = n + 3;
                 let mut out = vec![f32::NAN; m * ldo];
                 // SAFETY: out has m * ldo elements; single-threaded.
@@ -363,7 +363,10 @@ fn check_type(ty: GgmlType, k: usize, seed: u64) {
                     for r in 0..ldo {
                         let v = out[t * ldo + r];
                         if !rows.contains(&r) {
-                            assert!(v.is_nan(), "{ty} {level:?} k={k} m={m} rows={rows:?}: wrote outside at t={t} r={r}");
+                            assert!(
+                                v.is_nan(),
+                                "{ty} {level:?} k={k} m={m} rows={rows:?}: wrote outside at t={t} r={r}"
+                            );
                             continue;
                         }
                         let (s, sa) = (tight[t][r], scale[t][r]);

@@ -5,7 +5,7 @@
 //! (i16 pairs to i32, optionally against the sub-block scales), which is ggml's AVX2 math.
 
 #![allow(unsafe_op_in_unsafe_fn)]
-#![allow(clippy::too_many_arguments)]
+#![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 
 use super::ActFormat;
 use super::blocks::*;
@@ -121,7 +121,10 @@ unsafe fn q8_k_block(x: *const f32, ob: *mut u8) {
         let q: [__m256i; 4] = std::array::from_fn(|i| {
             let v = _mm256_mul_ps(_mm256_loadu_ps(x.add(32 * j + 8 * i)), vs);
             // Round half to even (the default MXCSR mode), like ggml's nearest_int.
-            _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)), v127)
+            _mm256_min_epi32(
+                _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v)),
+                v127,
+            )
         });
         _mm256_storeu_si256(ob.add(Q8K_QS + 32 * j) as *mut __m256i, pack32(q));
         let s0 = hsum_epi32(_mm256_add_epi32(q[0], q[1])) as i16;
@@ -305,8 +308,10 @@ impl RowKernel for Q6 {
                 let l1 = ld(b.add(64 * h + 32));
                 let qh = ld(b.add(128 + 32 * h));
                 v[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m3));
-                v[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m3));
-                v[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4), _mm256_and_si256(qh, m3));
+                v[4 * h + 1] =
+                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m3));
+                v[4 * h + 2] =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4), _mm256_and_si256(qh, m3));
                 v[4 * h + 3] = _mm256_or_si256(
                     _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
                     _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m3),

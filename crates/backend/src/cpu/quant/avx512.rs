@@ -10,7 +10,7 @@
 //! `q`...) and starting the integer accumulator at `-zero_point·Σa` from the activation row's trailer.
 
 #![allow(unsafe_op_in_unsafe_fn)]
-#![allow(clippy::too_many_arguments)]
+#![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 
 use super::ActFormat;
 use super::blocks::*;
@@ -231,7 +231,8 @@ unsafe fn q8_k_block(x: *const f32, ob: *mut u8) {
     let v127 = _mm512_set1_epi32(127);
     for j in 0..16 {
         let v = _mm512_mul_ps(_mm512_loadu_ps(x.add(16 * j)), vs);
-        let q = _mm512_min_epi32(_mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v), v127);
+        let q =
+            _mm512_min_epi32(_mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v), v127);
         _mm_storeu_si128(ob.add(Q8K_QS + 16 * j) as *mut __m128i, _mm512_cvtepi32_epi8(q));
         let s = _mm512_reduce_add_epi32(q) as i16;
         (ob.add(Q8K_BSUMS + 2 * j) as *mut i16).write_unaligned(s);
@@ -329,7 +330,9 @@ fn pf_hint() -> usize {
 
 fn rows_max_m() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("SPLASH_ROWS_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(super::avx512_rows::MAX_M))
+    *V.get_or_init(|| {
+        std::env::var("SPLASH_ROWS_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(super::avx512_rows::MAX_M)
+    })
 }
 
 /// Activation rows per outer block: their panel sums stay in L1 and their blocks in L2.

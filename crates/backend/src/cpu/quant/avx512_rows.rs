@@ -8,7 +8,7 @@
 //! per call ("prepared") so that no shuffles are needed per weight row.
 
 #![allow(unsafe_op_in_unsafe_fn)]
-#![allow(clippy::too_many_arguments)]
+#![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 
 use super::blocks::*;
 use std::arch::x86_64::*;
@@ -220,7 +220,8 @@ unsafe fn row_q6k<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R])
             let a = pa[r].add(s * Q8_K_BYTES);
             // The -32 offset: -32 · Σ_j sc_j · bsum_j.
             let corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256(a.add(Q8K_BSUMS) as *const __m256i));
-            let mut isum = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(_mm256_slli_epi32::<5>(corr)));
+            let mut isum =
+                _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(_mm256_slli_epi32::<5>(corr)));
             for j in 0..4 {
                 isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(v[j], ld(a.add(Q8K_QS + 64 * j))), sv[j]);
             }
@@ -500,7 +501,11 @@ unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa:
             let isum = _mm512_add_epi32(_mm512_mullo_epi32(al, sc_even), _mm512_mullo_epi32(ah, sc_odd));
             let imin = _mm512_madd_epi16(mins, ld(a.add(PG4_BS)));
             let da = _mm512_loadu_ps(a.add(PG4_D) as *const f32);
-            let v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dv, da), _mm512_mul_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dmv, da)));
+            let v = _mm512_fmsub_ps(
+                _mm512_cvtepi32_ps(isum),
+                _mm512_mul_ps(dv, da),
+                _mm512_mul_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dmv, da)),
+            );
             if !PAIR || 4 * grp + 4 <= nsb {
                 facc[r] = _mm512_add_ps(facc[r], v);
             } else if 4 * grp >= nsb {
@@ -667,7 +672,8 @@ impl LegacyW for LQ80 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
     unsafe fn pair(b: *const u8, two: bool) -> (__m512i, __m512, __m512) {
         let lo = _mm256_loadu_si256(b.add(2) as *const __m256i);
-        let hi = if two { _mm256_loadu_si256(b.add(Self::BYTES + 2) as *const __m256i) } else { _mm256_set1_epi8(-128) };
+        let hi =
+            if two { _mm256_loadu_si256(b.add(Self::BYTES + 2) as *const __m256i) } else { _mm256_set1_epi8(-128) };
         let q = _mm512_xor_si512(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi), _mm512_set1_epi8(-128));
         (q, d_pair(b, Self::BYTES, 0, two), _mm512_setzero_ps())
     }
@@ -851,12 +857,7 @@ macro_rules! kernels {
 
 macro_rules! legacy_kernels {
     ($t:ty) => {
-        Kernels {
-            r1: row_legacy::<$t, 1>,
-            r2: row_legacy::<$t, 2>,
-            r3: row_legacy::<$t, 3>,
-            r4: row_legacy::<$t, 4>,
-        }
+        Kernels { r1: row_legacy::<$t, 1>, r2: row_legacy::<$t, 2>, r3: row_legacy::<$t, 3>, r4: row_legacy::<$t, 4> }
     };
 }
 
@@ -915,7 +916,8 @@ pub unsafe fn matmul_rows(
             }
             if pair {
                 let kern = kernels!(row_q4k_g4);
-                let kern2 = Kernels2 { r1: row2_q4k_g4::<1>, r2: row2_q4k_g4::<2>, r3: row2_q4k_g4::<3>, r4: row2_q4k_g4::<4> };
+                let kern2 =
+                    Kernels2 { r1: row2_q4k_g4::<1>, r2: row2_q4k_g4::<2>, r3: row2_q4k_g4::<3>, r4: row2_q4k_g4::<4> };
                 run_row_pairs(w.as_ptr(), rb, nsb, rows, prep, prep_rb, m, out, ldo, &kern, &kern2);
             } else {
                 let kern = kernels!(row_q4k_g4);

@@ -198,7 +198,7 @@ pub fn kernel_level() -> KernelLevel {
 /// [`quantize_act_row`] at a given level (which must be in [`available_levels`]).
 pub fn quantize_act_row_at(level: KernelLevel, fmt: ActFormat, x: &[f32], out: &mut [u8]) {
     let k = x.len();
-    assert!(k % fmt.block_len() == 0, "quantize_act_row: {k} is not a multiple of the {fmt:?} block");
+    assert!(k.is_multiple_of(fmt.block_len()), "quantize_act_row: {k} is not a multiple of the {fmt:?} block");
     let out = &mut out[..act_row_bytes(fmt, k)];
     assert!(available_levels().contains(&level), "kernel level {level:?} not available");
     match level {
@@ -234,7 +234,7 @@ pub unsafe fn matmul_rows_at(
 ) {
     let fmt = act_format(wty).unwrap_or_else(|| panic!("matmul_rows: unsupported weight type {wty}"));
     let rb = wty.row_bytes(k).unwrap_or_else(|| panic!("matmul_rows: {k} is not a whole number of {wty} blocks"));
-    assert!(k % fmt.block_len() == 0, "matmul_rows: {k} is not a whole number of {fmt:?} blocks");
+    assert!(k.is_multiple_of(fmt.block_len()), "matmul_rows: {k} is not a whole number of {fmt:?} blocks");
     assert!(w.len() >= rows.end * rb, "matmul_rows: weights too short for rows {rows:?}");
     let act_rb = act_row_bytes(fmt, k);
     assert!(acts.len() >= m * act_rb, "matmul_rows: activations too short for {m} rows");

@@ -256,9 +256,7 @@ fn dot_q6_k(w: &[u8], a: &[u8], k: usize) -> f32 {
         let (wb, ab) = (&w[i * Q6_K_BYTES..], &a[i * Q8_K_BYTES..]);
         let mut isum = 0i32;
         for j in 0..16 {
-            let s: i32 = (0..16)
-                .map(|l| (q6k_value(wb, 16 * j + l) as i32 - 32) * aq(ab, Q8K_QS + 16 * j + l))
-                .sum();
+            let s: i32 = (0..16).map(|l| (q6k_value(wb, 16 * j + l) as i32 - 32) * aq(ab, Q8K_QS + 16 * j + l)).sum();
             isum += (wb[192 + j] as i8 as i32) * s;
         }
         sum += rd_f32(ab, 0) * rd_f16(wb, 208) * isum as f32;
@@ -278,8 +276,11 @@ fn dot_bf16(w: &[u8], a: &[u8], k: usize) -> f32 {
     (0..k).map(|i| f32::from_bits((rd_u16(w, 2 * i) as u32) << 16) * rd_f32(a, 4 * i)).sum()
 }
 
+/// A weight row · activation row dot product over `k` elements.
+type DotFn = fn(&[u8], &[u8], usize) -> f32;
+
 /// The scalar dot product for weight type `wty`, or `None` if unsupported.
-pub fn dot_fn(wty: GgmlType) -> Option<fn(&[u8], &[u8], usize) -> f32> {
+pub fn dot_fn(wty: GgmlType) -> Option<DotFn> {
     use GgmlType::*;
     Some(match wty {
         Q4_0 => dot_q4_0,
