@@ -538,28 +538,42 @@ const PL: usize = 192;
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn prep_legacy<const HAS_MIN: bool>(a: *const u8, x: *const u8, nb: usize, zshift: u32, dst: *mut u8) {
     let (ab, qo) = if HAS_MIN { (Q8_1_BYTES, 4) } else { (Q8_0_BYTES, 2) };
+    // Trailer pairs (t0, u0, t1, u1) per two blocks: Q8_0 (-Σq, d), Q8_1 (d, s).
+    let (d_idx, t_idx) = if HAS_MIN { (0, 1) } else { (1, 0) };
+    let spread = _mm512_setr_epi32(
+        d_idx,
+        d_idx,
+        d_idx,
+        d_idx,
+        d_idx,
+        d_idx,
+        d_idx,
+        d_idx,
+        d_idx + 2,
+        d_idx + 2,
+        d_idx + 2,
+        d_idx + 2,
+        d_idx + 2,
+        d_idx + 2,
+        d_idx + 2,
+        d_idx + 2,
+    );
+    let firsts = _mm512_setr_epi32(t_idx, 0, 0, 0, 0, 0, 0, 0, t_idx + 2, 0, 0, 0, 0, 0, 0, 0);
+    let shift = _mm_cvtsi32_si128(if HAS_MIN { 0 } else { zshift as i32 });
     for p in 0..nb.div_ceil(2) {
         let d = dst.add(p * PL);
-        let mut init = [0i32; 16];
-        let mut da = [0f32; 16];
-        for h in 0..2 {
-            let i = 2 * p + h;
-            if i >= nb {
-                std::ptr::write_bytes(d.add(32 * h), 0, 32);
-                continue;
-            }
-            std::ptr::copy_nonoverlapping(a.add(i * ab + qo), d.add(32 * h), 32);
-            let e = x.add(8 * i);
-            if HAS_MIN {
-                da[8 * h..8 * h + 8].fill(rd_f32p(e));
-                init[8 * h] = rd_f32p(e.add(4)).to_bits() as i32;
-            } else {
-                init[8 * h] = (e as *const i32).read_unaligned() << zshift;
-                da[8 * h..8 * h + 8].fill(rd_f32p(e.add(4)));
-            }
-        }
-        std::ptr::copy_nonoverlapping(init.as_ptr() as *const u8, d.add(64), 64);
-        std::ptr::copy_nonoverlapping(da.as_ptr() as *const u8, d.add(128), 64);
+        let two = 2 * p + 1 < nb;
+        let q0 = _mm256_loadu_si256(a.add(2 * p * ab + qo) as *const __m256i);
+        let q1 = if two {
+            _mm256_loadu_si256(a.add((2 * p + 1) * ab + qo) as *const __m256i)
+        } else {
+            _mm256_setzero_si256()
+        };
+        _mm512_storeu_si512(d as *mut _, _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q0), q1));
+        let t = _mm512_castsi128_si512(_mm_maskz_loadu_epi32(if two { 0xF } else { 0x3 }, x.add(16 * p) as *const i32));
+        _mm512_storeu_si512(d.add(128) as *mut _, _mm512_permutexvar_epi32(spread, t));
+        let first = _mm512_maskz_permutexvar_epi32(0x0101, firsts, t);
+        _mm512_storeu_si512(d.add(64) as *mut _, _mm512_sll_epi32(first, shift));
     }
 }
 
