@@ -65,10 +65,13 @@ fn time_product(
     let barrier = Barrier::new(threads);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let iters = std::sync::atomic::AtomicUsize::new(0);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    // SPLASH_BENCH_CHUNK=N: rows handed out N at a time from a shared counter instead of one contiguous share.
+    let chunk: usize = std::env::var("SPLASH_BENCH_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let start = Instant::now();
     std::thread::scope(|s| {
         for th in 0..threads {
-            let (barrier, stop, iters, optr) = (&barrier, &stop, &iters, &optr);
+            let (barrier, stop, iters, optr, next) = (&barrier, &stop, &iters, &optr, &next);
             s.spawn(move || {
                 let rows = (th * per).min(n)..((th + 1) * per).min(n);
                 let mut it = 0usize;
@@ -78,9 +81,26 @@ fn time_product(
                         break;
                     }
                     let w = &mats[it % mats.len()];
-                    // SAFETY: each thread writes its own rows of `out` (m x n).
-                    unsafe { matmul_rows_at(level, ty, w, k, rows.clone(), acts, m, optr.0, n) };
+                    if chunk == 0 {
+                        // SAFETY: each thread writes its own rows of `out` (m x n).
+                        unsafe { matmul_rows_at(level, ty, w, k, rows.clone(), acts, m, optr.0, n) };
+                    } else {
+                        // Chunks of `chunk` rows handed out dynamically, like a work-stealing pool.
+                        loop {
+                            let c = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let r0 = c * chunk;
+                            if r0 >= n {
+                                break;
+                            }
+                            // SAFETY: each chunk of rows is written by exactly one thread.
+                            unsafe { matmul_rows_at(level, ty, w, k, r0..(r0 + chunk).min(n), acts, m, optr.0, n) };
+                        }
+                    }
                     it += 1;
+                    barrier.wait();
+                    if th == 0 {
+                        next.store(0, std::sync::atomic::Ordering::Relaxed);
+                    }
                     barrier.wait();
                     if th == 0 {
                         iters.store(it, std::sync::atomic::Ordering::Relaxed);

@@ -1,10 +1,11 @@
-//! AVX-512 kernels (F, BW, VL, DQ, VNNI: Zen 4, Ice Lake and later).
+//! AVX-512 (F, BW, VL, DQ, VNNI: Zen 4, Ice Lake and later) activation quantization and the many-row GEMM path.
 //!
-//! Quantized weights are regrouped, a few blocks at a time, into 16-row panels in a per-thread buffer: one 512-bit
-//! vector holds 4 consecutive weights (as unsigned bytes) of each of 16 rows, so one `vpdpbusd` against 4 broadcast
-//! activation bytes adds a 4-term dot product to every row's lane. Per-sub-block scales then multiply whole lanes
-//! and nothing is reduced horizontally; every panel vector meets up to `RMAX` activation rows held in registers, so
-//! extra activation rows (prefill, speculative verification) cost little more than the first.
+//! `m <= 4` activation rows go to the row-streaming kernels of `avx512_rows`. Larger `m` (prefill, long
+//! verification) uses 16-row panels: the panel's rows are copied in order into a per-thread buffer and regrouped,
+//! a few blocks at a time, so that one 512-bit vector holds 4 consecutive weights (as unsigned bytes) of each of
+//! the 16 rows. One `vpdpbusd` against 4 broadcast activation bytes then adds a 4-term dot product to every row's
+//! lane; per-sub-block scales multiply whole lanes and nothing is reduced horizontally; every panel vector meets up
+//! to `RMAX` activation rows held in registers.
 //!
 //! Signed weights and zero points are handled by making every weight unsigned (Q4_0 `q`, Q8_0 `q+128`, Q6_K
 //! `q`...) and starting the integer accumulator at `-zero_point·Σa` from the activation row's trailer.
@@ -323,11 +324,7 @@ thread_local! {
     static SCRATCH: RefCell<Vec<A64>> = const { RefCell::new(Vec::new()) };
 }
 
-fn pf_hint() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("SPLASH_PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0))
-}
-
+/// The largest `m` that goes to the row-streaming kernels (`SPLASH_ROWS_MAX` overrides it, for benchmarks).
 fn rows_max_m() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *V.get_or_init(|| {
@@ -413,8 +410,10 @@ unsafe fn drive<T: Panel>(
                 *facc.add(t) = _mm512_setzero_ps();
             }
             // Meanwhile, keep DRAM busy with the next panel, a slice per packed unit.
-            let next = w.as_ptr().add((p0 + 16).min(rows.end) * rb);
-            let next_len = rows.end.saturating_sub(p0 + 16).min(16) * rb;
+            // (Past `rows.end` too: the caller's next chunk of rows usually follows.)
+            let w_rows = w.len() / rb;
+            let next = w.as_ptr().add((p0 + 16).min(w_rows) * rb);
+            let next_len = w_rows.saturating_sub(p0 + 16).min(16) * rb;
             let mut u0 = 0;
             while u0 < nu {
                 let nc = T::KC.min(nu - u0);
@@ -422,11 +421,7 @@ unsafe fn drive<T: Panel>(
                     let (pf0, pf1) = (next_len * (u0 + u) / nu, next_len * (u0 + u + 1) / nu);
                     let mut o = pf0 & !63;
                     while o < pf1 {
-                        if pf_hint() == 0 {
-                            _mm_prefetch::<_MM_HINT_T0>(next.add(o) as *const i8);
-                        } else if pf_hint() == 1 {
-                            _mm_prefetch::<_MM_HINT_T1>(next.add(o) as *const i8);
-                        }
+                        _mm_prefetch::<_MM_HINT_T0>(next.add(o) as *const i8);
                         o += 64;
                     }
                     let mut s = src;

@@ -5,9 +5,13 @@
 //! every function here works on the row range it is given.
 //!
 //! The integer math is ggml's `vec_dot_*` (the same per-block integer sums and scale products), so results agree
-//! with llama.cpp up to f32 rounding order. The SIMD levels regroup weight rows into 16-row (AVX-512) or 8-row
-//! (AVX2) panels inside a small per-thread buffer so that each unpacked weight vector meets several activation rows
-//! held in registers; see `NOTES.md` next to this file for the design and measured speeds.
+//! with llama.cpp up to f32 rounding order. Two regimes (details and measured speeds in `NOTES.md` next to this
+//! file): for few activation rows (decode, speculative verification, `m <= 4`) each weight row is streamed front to
+//! back and its unpacked blocks meet all activation rows in registers; for many rows (prefill) AVX-512 regroups 16
+//! weight rows into a panel so that `vpdpbusd` works on 16 rows per instruction.
+//!
+//! Callers should hand each call a long run of rows when `m` is small (a few hundred rows, or one contiguous share
+//! per thread): the activations are rearranged once per call, and DRAM streams best from one contiguous run.
 //!
 //! The level is chosen once per process (best available; `SPLASH_CPU_KERNELS=scalar|avx2|avx512` caps it). Tests
 //! and benchmarks can call any available level through [`quantize_act_row_at`] and [`matmul_rows_at`].
@@ -159,6 +163,15 @@ impl KernelLevel {
 
 /// Every level this machine can run, lowest first.
 pub fn available_levels() -> Vec<KernelLevel> {
+    levels().to_vec()
+}
+
+fn levels() -> &'static [KernelLevel] {
+    static LEVELS: OnceLock<Vec<KernelLevel>> = OnceLock::new();
+    LEVELS.get_or_init(detect_levels)
+}
+
+fn detect_levels() -> Vec<KernelLevel> {
     let mut v = vec![KernelLevel::Scalar];
     #[cfg(target_arch = "x86_64")]
     {
@@ -200,7 +213,7 @@ pub fn quantize_act_row_at(level: KernelLevel, fmt: ActFormat, x: &[f32], out: &
     let k = x.len();
     assert!(k.is_multiple_of(fmt.block_len()), "quantize_act_row: {k} is not a multiple of the {fmt:?} block");
     let out = &mut out[..act_row_bytes(fmt, k)];
-    assert!(available_levels().contains(&level), "kernel level {level:?} not available");
+    assert!(levels().contains(&level), "kernel level {level:?} not available");
     match level {
         #[cfg(target_arch = "x86_64")]
         KernelLevel::Avx512 => {
@@ -241,9 +254,9 @@ pub unsafe fn matmul_rows_at(
     if rows.is_empty() || m == 0 {
         return;
     }
+    assert!(levels().contains(&level), "kernel level {level:?} not available");
     // SAFETY (all arms): slice lengths checked above; `out` per the caller's contract; the level's CPU
-    // features were detected by `available_levels` (checked in debug builds: this runs for every call).
-    debug_assert!(available_levels().contains(&level));
+    // features were detected (checked above).
     unsafe {
         match level {
             #[cfg(target_arch = "x86_64")]
