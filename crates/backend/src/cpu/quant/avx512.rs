@@ -325,11 +325,10 @@ thread_local! {
 }
 
 /// The largest `m` that goes to the row-streaming kernels (`SPLASH_ROWS_MAX` overrides it, for benchmarks).
-fn rows_max_m() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("SPLASH_ROWS_MAX").ok().and_then(|v| v.parse().ok()).unwrap_or(super::avx512_rows::MAX_M)
-    })
+fn rows_max_m(wty: GgmlType) -> usize {
+    static V: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    V.get_or_init(|| std::env::var("SPLASH_ROWS_MAX").ok().and_then(|v| v.parse().ok()))
+        .unwrap_or_else(|| super::avx512_rows::max_m(wty))
 }
 
 /// Activation rows per outer block: their panel sums stay in L1 and their blocks in L2.
@@ -1017,7 +1016,7 @@ pub unsafe fn matmul_rows(
     ldo: usize,
 ) {
     use GgmlType::*;
-    if m <= rows_max_m() && super::avx512_rows::matmul_rows(wty, w, k, rows.clone(), acts, act_rb, m, out, ldo) {
+    if m <= rows_max_m(wty) && super::avx512_rows::matmul_rows(wty, w, k, rows.clone(), acts, act_rb, m, out, ldo) {
         return;
     }
     match wty {

@@ -34,10 +34,13 @@ unsafe fn f16x2(p: *const u8) -> (f32, f32) {
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
+/// The f16 at `p`, widened. (Inserted into a zeroed register: LLVM turns a plain 16-bit load into `vpinsrw`
+/// over whatever register is free, which can be a loop's accumulator, and then the loop runs at FMA latency.)
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn f16x1(p: *const u8) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((p as *const u16).read_unaligned() as i32)))
+    let h = (p as *const u16).read_unaligned() as i32;
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_insert_epi16::<0>(_mm_setzero_si128(), h)))
 }
 
 /// The 8 scales and 8 mins of a Q4_K / Q5_K block as 16 × i16 `[sc0..sc7, m0..m7]` (ggml's `utmp` unpacking).
@@ -377,19 +380,8 @@ unsafe fn prep_q4k_g4(a: *const u8, x: *const u8, nsb: usize, total: usize, dst:
     }
 }
 
-/// One Q4_K row against R activation rows prepared by [`prep_q4k_g4`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn row_q4k_g4<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [f32; R] {
-    q4k_g4::<R, false>(w, nsb, pa)[0]
-}
-
-/// Two consecutive Q4_K rows (one contiguous run of `2·nsb` super-blocks, `nsb % 4 == 2`) against R activation
-/// rows prepared for `2·nsb` virtual super-blocks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn row2_q4k_g4<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [[f32; R]; 2] {
-    q4k_g4::<R, true>(w, nsb, pa)
-}
-
+/// One Q4_K row (or, with `PAIR`, two consecutive rows: one contiguous run of `2·nsb` super-blocks, `nsb % 4 ==
+/// 2`) against R activation rows prepared by [`prep_q4k_g4`] (for `2·nsb` virtual super-blocks with `PAIR`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [[f32; R]; 2] {
@@ -598,13 +590,16 @@ unsafe fn nibbles2(q0: *const u8, q1: *const u8, two: bool) -> __m512i {
     _mm512_and_si512(_mm512_srlv_epi64(x, sh), _mm512_set1_epi8(0x0f))
 }
 
-/// Per-lane scale vector from the f16 at `b` and `b + stride` (8 lanes each).
+/// Per-lane scale vector from the f16 at `b + off` and `b + stride + off` (8 lanes each; the second 0 unless
+/// `two`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn d_pair(b: *const u8, stride: usize, off: usize, two: bool) -> __m512 {
-    let d0 = f16x1(b.add(off));
-    let d1 = if two { f16x1(b.add(stride + off)) } else { 0.0 };
-    _mm512_insertf32x8::<1>(_mm512_set1_ps(d0), _mm256_set1_ps(d1))
+    let h0 = (b.add(off) as *const u16).read_unaligned() as i32;
+    let h1 = if two { (b.add(stride + off) as *const u16).read_unaligned() as i32 } else { 0 };
+    let h = _mm_insert_epi16::<1>(_mm_insert_epi16::<0>(_mm_setzero_si128(), h0), h1);
+    let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)))
 }
 
 /// 0x10 in every byte whose bit is set in the two 32-bit masks at `h0` and `h1`.
@@ -724,12 +719,100 @@ unsafe fn row_legacy<T: LegacyW, const R: usize>(w: *const u8, nb: usize, pa: &[
 /// Rows per block: a block of weight rows is re-read from L1/L2 by each group of activation rows.
 const ROW_BLOCK: usize = 32;
 
-/// Most activation rows a row kernel takes at once.
-const RMAX: usize = 4;
+/// A row kernel: one weight row (or, with `PAIR`, two consecutive ones) against R prepared activation rows.
+trait RowKernel {
+    /// Most activation rows per call (the register budget).
+    const RMAX: usize;
+    unsafe fn run<const R: usize>(w: *const u8, n: usize, pa: &[*const u8; R]) -> [f32; R];
+    unsafe fn run2<const R: usize>(_w: *const u8, _n: usize, _pa: &[*const u8; R]) -> [[f32; R]; 2] {
+        unreachable!("no paired kernel")
+    }
+}
 
-/// Runs `kern::<R>` over `rows` for every group of at most 4 prepared activation rows (`prep` bytes apart).
+macro_rules! row_kernel {
+    ($name:ident, $rmax:expr, $f:ident $(, $extra:tt)*) => {
+        struct $name;
+        impl RowKernel for $name {
+            const RMAX: usize = $rmax;
+            #[inline]
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+            unsafe fn run<const R: usize>(w: *const u8, n: usize, pa: &[*const u8; R]) -> [f32; R] {
+                $f::<R $(, $extra)*>(w, n, pa)
+            }
+        }
+    };
+}
+
+row_kernel!(KQ6, 4, row_q6k);
+row_kernel!(KQ6T, 8, row_q6k_t);
+row_kernel!(KQ5K, 4, row_k4, true);
+
+struct KQ4;
+impl RowKernel for KQ4 {
+    const RMAX: usize = 8;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn run<const R: usize>(w: *const u8, n: usize, pa: &[*const u8; R]) -> [f32; R] {
+        q4k_g4::<R, false>(w, n, pa)[0]
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn run2<const R: usize>(w: *const u8, n: usize, pa: &[*const u8; R]) -> [[f32; R]; 2] {
+        q4k_g4::<R, true>(w, n, pa)
+    }
+}
+
+struct KLeg<T: LegacyW>(std::marker::PhantomData<T>);
+impl<T: LegacyW> RowKernel for KLeg<T> {
+    const RMAX: usize = 4;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn run<const R: usize>(w: *const u8, n: usize, pa: &[*const u8; R]) -> [f32; R] {
+        row_legacy::<T, R>(w, n, pa)
+    }
+}
+
+/// Rows `r0..r1` (two at a time with `PAIR`, an odd last one alone) against the R activation rows at `base`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn run_rows(
+unsafe fn rows_r<K: RowKernel, const R: usize, const PAIR: bool>(
+    w: *const u8,
+    rb: usize,
+    n_units: usize,
+    r0: usize,
+    r1: usize,
+    base: *const u8,
+    prep_rb: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut pa = [base; R];
+    for (i, p) in pa.iter_mut().enumerate() {
+        *p = base.add(i * prep_rb);
+    }
+    let mut r = r0;
+    if PAIR {
+        while r + 2 <= r1 {
+            let v = K::run2::<R>(w.add(r * rb), n_units, &pa);
+            for i in 0..R {
+                *out.add(i * ldo + r) = v[0][i];
+                *out.add(i * ldo + r + 1) = v[1][i];
+            }
+            r += 2;
+        }
+    }
+    while r < r1 {
+        let v = K::run::<R>(w.add(r * rb), n_units, &pa);
+        for i in 0..R {
+            *out.add(i * ldo + r) = v[i];
+        }
+        r += 1;
+    }
+}
+
+/// Runs kernel `K` over `rows` for every group of at most `K::RMAX` prepared activation rows (`prep_rb` bytes
+/// apart), a block of rows at a time.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn run_rows<K: RowKernel, const PAIR: bool>(
     w: *const u8,
     rb: usize,
     n_units: usize,
@@ -739,43 +822,24 @@ unsafe fn run_rows(
     m: usize,
     out: *mut f32,
     ldo: usize,
-    kern: &Kernels,
 ) {
-    let ng = m.div_ceil(RMAX);
+    let ng = m.div_ceil(K::RMAX);
     let mut r0 = rows.start;
     while r0 < rows.end {
         let r1 = (r0 + ROW_BLOCK).min(rows.end);
         let mut t = 0;
         for g in 0..ng {
             let gs = (m - t).div_ceil(ng - g);
-            let base = prep.add(t * prep_rb);
-            for r in r0..r1 {
-                let wr = w.add(r * rb);
-                let o = out.add(t * ldo + r);
-                match gs {
-                    1 => {
-                        let v = (kern.r1)(wr, n_units, &[base]);
-                        *o = v[0];
-                    }
-                    2 => {
-                        let v = (kern.r2)(wr, n_units, &[base, base.add(prep_rb)]);
-                        *o = v[0];
-                        *o.add(ldo) = v[1];
-                    }
-                    3 => {
-                        let v = (kern.r3)(wr, n_units, &[base, base.add(prep_rb), base.add(2 * prep_rb)]);
-                        for (i, x) in v.iter().enumerate() {
-                            *o.add(i * ldo) = *x;
-                        }
-                    }
-                    _ => {
-                        let pa = [base, base.add(prep_rb), base.add(2 * prep_rb), base.add(3 * prep_rb)];
-                        let v = (kern.r4)(wr, n_units, &pa);
-                        for (i, x) in v.iter().enumerate() {
-                            *o.add(i * ldo) = *x;
-                        }
-                    }
-                }
+            let (base, o) = (prep.add(t * prep_rb), out.add(t * ldo));
+            match gs {
+                1 => rows_r::<K, 1, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
+                2 => rows_r::<K, 2, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
+                3 => rows_r::<K, 3, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
+                4 => rows_r::<K, 4, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
+                5 => rows_r::<K, 5, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
+                6 => rows_r::<K, 6, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
+                7 => rows_r::<K, 7, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
+                _ => rows_r::<K, 8, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
             }
             t += gs;
         }
@@ -783,104 +847,17 @@ unsafe fn run_rows(
     }
 }
 
-type RowFn<const R: usize> = unsafe fn(*const u8, usize, &[*const u8; R]) -> [f32; R];
-type Row2Fn<const R: usize> = unsafe fn(*const u8, usize, &[*const u8; R]) -> [[f32; R]; 2];
-
-struct Kernels2 {
-    r1: Row2Fn<1>,
-    r2: Row2Fn<2>,
-    r3: Row2Fn<3>,
-    r4: Row2Fn<4>,
-}
-
-/// As [`run_rows`], two weight rows per kernel call (`kern2`); an odd last row goes through `kern`, whose
-/// prepared activations are a prefix of the pair layout.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn run_row_pairs(
-    w: *const u8,
-    rb: usize,
-    n_units: usize,
-    rows: Range<usize>,
-    prep: *const u8,
-    prep_rb: usize,
-    m: usize,
-    out: *mut f32,
-    ldo: usize,
-    kern: &Kernels,
-    kern2: &Kernels2,
-) {
-    let ng = m.div_ceil(RMAX);
-    let mut r0 = rows.start;
-    while r0 < rows.end {
-        let r1 = (r0 + ROW_BLOCK).min(rows.end);
-        let mut t = 0;
-        for g in 0..ng {
-            let gs = (m - t).div_ceil(ng - g);
-            let base = prep.add(t * prep_rb);
-            let pa4 = [base, base.add(prep_rb), base.add(2 * prep_rb), base.add(3 * prep_rb)];
-            let mut r = r0;
-            while r + 2 <= r1 {
-                let wr = w.add(r * rb);
-                let o = out.add(t * ldo + r);
-                let mut res = [[0f32; 4]; 2];
-                match gs {
-                    1 => {
-                        let v = (kern2.r1)(wr, n_units, &[pa4[0]]);
-                        res[0][..1].copy_from_slice(&v[0]);
-                        res[1][..1].copy_from_slice(&v[1]);
-                    }
-                    2 => {
-                        let v = (kern2.r2)(wr, n_units, &[pa4[0], pa4[1]]);
-                        res[0][..2].copy_from_slice(&v[0]);
-                        res[1][..2].copy_from_slice(&v[1]);
-                    }
-                    3 => {
-                        let v = (kern2.r3)(wr, n_units, &[pa4[0], pa4[1], pa4[2]]);
-                        res[0][..3].copy_from_slice(&v[0]);
-                        res[1][..3].copy_from_slice(&v[1]);
-                    }
-                    _ => res = (kern2.r4)(wr, n_units, &pa4),
-                }
-                for i in 0..gs {
-                    *o.add(i * ldo) = res[0][i];
-                    *o.add(i * ldo + 1) = res[1][i];
-                }
-                r += 2;
-            }
-            if r < r1 {
-                run_rows(w, rb, n_units, r..r1, base, prep_rb, gs, out.add(t * ldo), ldo, kern);
-            }
-            t += gs;
-        }
-        r0 = r1;
+/// Most activation rows for which the row-streaming kernels are used (past it the 16-row panels win, measured
+/// cache-resident on the build machine; streaming from DRAM favours the rows further).
+pub fn max_m(wty: gguf::GgmlType) -> usize {
+    use gguf::GgmlType::*;
+    match wty {
+        Q4_K | Q6_K => 8,
+        _ => 4,
     }
 }
 
-struct Kernels {
-    r1: RowFn<1>,
-    r2: RowFn<2>,
-    r3: RowFn<3>,
-    r4: RowFn<4>,
-}
-
-macro_rules! kernels {
-    ($f:ident $(, $extra:tt)*) => {
-        Kernels { r1: $f::<1 $(, $extra)*>, r2: $f::<2 $(, $extra)*>, r3: $f::<3 $(, $extra)*>, r4: $f::<4 $(, $extra)*> }
-    };
-}
-
-macro_rules! legacy_kernels {
-    ($t:ty) => {
-        Kernels { r1: row_legacy::<$t, 1>, r2: row_legacy::<$t, 2>, r3: row_legacy::<$t, 3>, r4: row_legacy::<$t, 4> }
-    };
-}
-
-/// Most activation rows for which the row-streaming kernels are used. Past 4 rows a second pass over each weight
-/// row costs more than the 16-row panels' slower DRAM streaming (measured on the build machine: the panels win
-/// from m = 6 even when cache-resident).
-pub const MAX_M: usize = 4;
-
-/// Row-streaming `matmul_rows` for `m <= MAX_M`; returns false if `wty` has no row kernel here.
+/// Row-streaming `matmul_rows` for `m <= max_m(wty)`; returns false if `wty` has no row kernel here.
 ///
 /// # Safety
 /// As `super::matmul_rows`, plus the CPU features of `super::avx512::supported`.
@@ -896,15 +873,15 @@ pub unsafe fn matmul_rows(
     out: *mut f32,
     ldo: usize,
 ) -> bool {
-    let scratch = super::avx512::scratch_bytes;
     use gguf::GgmlType::*;
+    let scratch = super::avx512::scratch_bytes;
     let rb = wty.row_bytes(k).expect("INVARIANT: checked by the caller");
+    let wp = w.as_ptr();
     match wty {
         // The transposed kernel wins while the prepared activations stay in L1; past that its slightly larger
         // activation stream loses to the plain one (measured: k = 8960, m = 4).
         Q6_K if m * (k / QK_K) * PQ6 > 24 << 10 => {
-            let kern = kernels!(row_q6k);
-            run_rows(w.as_ptr(), rb, k / QK_K, rows, acts.as_ptr(), act_rb, m, out, ldo, &kern);
+            run_rows::<KQ6, false>(wp, rb, k / QK_K, rows, acts.as_ptr(), act_rb, m, out, ldo);
         }
         Q6_K => {
             let nsb = k / QK_K;
@@ -914,8 +891,7 @@ pub unsafe fn matmul_rows(
                 let a = acts.as_ptr().add(t * act_rb);
                 prep_q6k_t(a, a.add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
             }
-            let kern = kernels!(row_q6k_t);
-            run_rows(w.as_ptr(), rb, nsb, rows, prep, prep_rb, m, out, ldo, &kern);
+            run_rows::<KQ6T, false>(wp, rb, nsb, rows, prep, prep_rb, m, out, ldo);
         }
         Q4_K => {
             let nsb = k / QK_K;
@@ -929,13 +905,9 @@ pub unsafe fn matmul_rows(
                 prep_q4k_g4(a, a.add(nsb * Q8_K_BYTES), nsb, total, prep.add(t * prep_rb));
             }
             if pair {
-                let kern = kernels!(row_q4k_g4);
-                let kern2 =
-                    Kernels2 { r1: row2_q4k_g4::<1>, r2: row2_q4k_g4::<2>, r3: row2_q4k_g4::<3>, r4: row2_q4k_g4::<4> };
-                run_row_pairs(w.as_ptr(), rb, nsb, rows, prep, prep_rb, m, out, ldo, &kern, &kern2);
+                run_rows::<KQ4, true>(wp, rb, nsb, rows, prep, prep_rb, m, out, ldo);
             } else {
-                let kern = kernels!(row_q4k_g4);
-                run_rows(w.as_ptr(), rb, nsb, rows, prep, prep_rb, m, out, ldo, &kern);
+                run_rows::<KQ4, false>(wp, rb, nsb, rows, prep, prep_rb, m, out, ldo);
             }
         }
         Q5_K => {
@@ -946,8 +918,7 @@ pub unsafe fn matmul_rows(
                 let a = acts.as_ptr().add(t * act_rb);
                 prep_k4(a, a.add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
             }
-            let kern = kernels!(row_k4, true);
-            run_rows(w.as_ptr(), rb, nsb, rows, prep, prep_rb, m, out, ldo, &kern);
+            run_rows::<KQ5K, false>(wp, rb, nsb, rows, prep, prep_rb, m, out, ldo);
         }
         Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => {
             let nb = k / QK;
@@ -968,14 +939,13 @@ pub unsafe fn matmul_rows(
                     prep_legacy::<false>(a, x, nb, zshift, prep.add(t * prep_rb));
                 }
             }
-            let kern = match wty {
-                Q4_0 => legacy_kernels!(LQ40),
-                Q4_1 => legacy_kernels!(LQ41),
-                Q5_0 => legacy_kernels!(LQ50),
-                Q5_1 => legacy_kernels!(LQ51),
-                _ => legacy_kernels!(LQ80),
-            };
-            run_rows(w.as_ptr(), rb, nb, rows, prep, prep_rb, m, out, ldo, &kern);
+            match wty {
+                Q4_0 => run_rows::<KLeg<LQ40>, false>(wp, rb, nb, rows, prep, prep_rb, m, out, ldo),
+                Q4_1 => run_rows::<KLeg<LQ41>, false>(wp, rb, nb, rows, prep, prep_rb, m, out, ldo),
+                Q5_0 => run_rows::<KLeg<LQ50>, false>(wp, rb, nb, rows, prep, prep_rb, m, out, ldo),
+                Q5_1 => run_rows::<KLeg<LQ51>, false>(wp, rb, nb, rows, prep, prep_rb, m, out, ldo),
+                _ => run_rows::<KLeg<LQ80>, false>(wp, rb, nb, rows, prep, prep_rb, m, out, ldo),
+            }
         }
         _ => return false,
     }
