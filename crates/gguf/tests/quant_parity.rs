@@ -3,10 +3,13 @@
 //! `scripts/fixtures/gen_quant_fixtures.py`.
 //!
 //! Every comparison is bitwise: our reference code performs the same `f32` operations in the same order as ggml.
+//! Besides the few blocks stored in each fixture, SHA-256 digests cover 65536 values per type, generated here and
+//! in the script by the same xorshift generator.
 
 use std::path::PathBuf;
 
 use gguf::{GgmlType, GgufFile, quant};
+use sha2::{Digest, Sha256};
 
 const TYPES: [GgmlType; 15] = [
     GgmlType::F32,
@@ -168,5 +171,69 @@ fn round_trip_error_is_small() {
     for (ty, limit) in limits {
         let e = relative_rmse(ty, &x);
         assert!(e <= limit, "{ty}: relative RMS error {e} exceeds {limit}");
+    }
+}
+
+/// xorshift64 with shifts (13, 7, 17), as `xorshift` in the fixture script.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// The script's `digest_floats`: weight-like values with outliers, zero and one-sided blocks.
+fn digest_floats(ty: GgmlType, seed: u64, num_values: usize) -> Vec<f32> {
+    let mut rng = XorShift(seed);
+    let block_len = ty.block_len();
+    (0..num_values)
+        .map(|i| {
+            let u: [f32; 4] = std::array::from_fn(|_| (rng.next() >> 40) as f32 / (1 << 24) as f32 - 0.5);
+            let (b, r) = (i / block_len, i % block_len);
+            let mut v = ((u[0] + u[1]) + u[2]) + u[3];
+            v *= 2f32.powi(-((b % 8 + 2) as i32));
+            if i % 97 == 0 {
+                v *= 16.0;
+            }
+            if b % 16 == 5 || (b % 16 == 9 && r < block_len / 2) {
+                v = 0.0;
+            }
+            if b % 16 == 13 { v.abs() } else { v }
+        })
+        .collect()
+}
+
+/// The script's `digest_bytes`: random blocks for `num_values` elements.
+fn digest_bytes(ty: GgmlType, seed: u64, num_values: usize) -> Vec<u8> {
+    let mut rng = XorShift(seed);
+    (0..num_values / ty.block_len() * ty.block_bytes()).map(|_| (rng.next() >> 56) as u8).collect()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn large_inputs_match_reference_digests() {
+    for ty in TYPES {
+        let fx = Fixture::open(ty);
+        let num_values = fx.file.get_u64("fixture.digest.num_values").unwrap().unwrap() as usize;
+        let seed = fx.file.get_u64("fixture.digest.seed").unwrap().unwrap();
+        let q = quant::quantize(ty, &digest_floats(ty, seed, num_values)).unwrap();
+        for key in ["fixture.digest.quantize.ggml", "fixture.digest.quantize.gguf_py"] {
+            if let Some(expected) = fx.file.get_str(key).unwrap() {
+                assert_eq!(sha256_hex(&q), expected, "{ty}: quantized digest input differs from {key}");
+            }
+        }
+        let mut y = vec![0f32; num_values];
+        quant::dequantize(ty, &digest_bytes(ty, seed + 1000, num_values), &mut y).unwrap();
+        let bits: Vec<u8> =
+            y.iter().flat_map(|v| if v.is_nan() { 0x7fc0_0000 } else { v.to_bits() }.to_le_bytes()).collect();
+        let expected = fx.file.get_str("fixture.digest.dequant").unwrap().unwrap();
+        assert_eq!(sha256_hex(&bits), expected, "{ty}: dequantized random blocks differ from the oracle");
     }
 }

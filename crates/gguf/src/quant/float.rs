@@ -24,10 +24,6 @@ pub(super) fn quantize_f16(x: &[f32; 1], b: &mut [u8; 2]) {
 /// ggml's `ggml_compute_fp32_to_bf16`: NaN becomes a quiet NaN, everything else rounds to nearest even.
 pub(super) fn quantize_bf16(x: &[f32; 1], b: &mut [u8; 2]) {
     let u = x[0].to_bits();
-    let h = if u & 0x7fff_ffff > 0x7f80_0000 {
-        (u >> 16) | 64
-    } else {
-        u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16
-    };
+    let h = if u & 0x7fff_ffff > 0x7f80_0000 { (u >> 16) | 64 } else { u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16 };
     *b = (h as u16).to_le_bytes();
 }

@@ -227,6 +227,44 @@ mod tests {
         dequantize(GgmlType::Q6_K, &[], &mut []).unwrap();
     }
 
+    const ALL: [GgmlType; 15] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q8_1,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_K,
+    ];
+
+    /// Arbitrary bit patterns as floats (NaNs, infinities, subnormals) and as blocks (NaN scales) never panic.
+    #[test]
+    fn arbitrary_bits_never_panic() {
+        let mut state = 0x0123_4567_89ab_cdefu64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..50 {
+            let x: Vec<f32> = (0..512).map(|_| f32::from_bits(next() as u32)).collect();
+            for ty in ALL {
+                let q = quantize(ty, &x).unwrap();
+                let raw: Vec<u8> = (0..q.len()).map(|_| next() as u8).collect();
+                dequantize(ty, &raw, &mut vec![0f32; x.len()]).unwrap();
+            }
+        }
+    }
+
     #[test]
     fn non_finite_inputs_do_not_panic() {
         let mut x = vec![0.5f32; 256];
@@ -235,11 +273,7 @@ mod tests {
         x[77] = f32::NEG_INFINITY;
         x[200] = f32::MAX;
         x[201] = f32::MIN_POSITIVE / 8.0;
-        for ty in [
-            GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
-            GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
-            GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_K,
-        ] {
+        for ty in ALL {
             let q = quantize(ty, &x).unwrap();
             let mut y = vec![0f32; x.len()];
             dequantize(ty, &q, &mut y).unwrap();
