@@ -47,7 +47,14 @@ pub fn main(a: Args) -> Result<()> {
 
     // Warm-up: touch every weight once.
     let seq = SeqId(0);
-    runner.forward(&Batch { chunks: vec![SeqChunk { seq, tokens: &prompt[..prompt.len().min(8)], start_pos: 0, logits: LogitsWanted::Last }] })?;
+    runner.forward(&Batch {
+        chunks: vec![SeqChunk {
+            seq,
+            tokens: &prompt[..prompt.len().min(8)],
+            start_pos: 0,
+            logits: LogitsWanted::Last,
+        }],
+    })?;
     runner.release(seq);
 
     let mut pp = Vec::new();
@@ -58,7 +65,9 @@ pub fn main(a: Args) -> Result<()> {
         let mut last = 0u32;
         for (i, chunk) in prompt.chunks(a.batch.max(1)).enumerate() {
             let start_pos = i * a.batch.max(1);
-            let logits = runner.forward(&Batch { chunks: vec![SeqChunk { seq, tokens: chunk, start_pos, logits: LogitsWanted::Last }] })?;
+            let logits = runner.forward(&Batch {
+                chunks: vec![SeqChunk { seq, tokens: chunk, start_pos, logits: LogitsWanted::Last }],
+            })?;
             last = engine::sampler::argmax(logits);
         }
         if a.prompt_tokens > 0 {
@@ -67,7 +76,14 @@ pub fn main(a: Args) -> Result<()> {
         let t1 = Instant::now();
         for i in 0..a.gen_tokens {
             let tokens = [last];
-            let logits = runner.forward(&Batch { chunks: vec![SeqChunk { seq, tokens: &tokens, start_pos: a.prompt_tokens + i, logits: LogitsWanted::Last }] })?;
+            let logits = runner.forward(&Batch {
+                chunks: vec![SeqChunk {
+                    seq,
+                    tokens: &tokens,
+                    start_pos: a.prompt_tokens + i,
+                    logits: LogitsWanted::Last,
+                }],
+            })?;
             last = engine::sampler::argmax(logits);
         }
         if a.gen_tokens > 0 {

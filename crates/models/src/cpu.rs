@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use backend::cpu::attention::{self, AttnShape, KvRows};
+use backend::cpu::attention::{self, AttnShape, SeqAttn};
 use backend::cpu::ops::{self, Rope};
 use backend::cpu::{ThreadPool, matmul};
 use gguf::GgufFile;
@@ -126,7 +126,17 @@ impl Runner for CpuRunner {
         let (h, qd, kvd, ffn) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_size);
         let m = batch.num_tokens();
         let s = &mut self.scratch;
-        for (buf, n) in [(&mut s.x, h), (&mut s.xn, h), (&mut s.q, qd), (&mut s.k, kvd), (&mut s.v, kvd), (&mut s.att, qd), (&mut s.proj, h), (&mut s.gate, ffn), (&mut s.up, ffn)] {
+        for (buf, n) in [
+            (&mut s.x, h),
+            (&mut s.xn, h),
+            (&mut s.q, qd),
+            (&mut s.k, kvd),
+            (&mut s.v, kvd),
+            (&mut s.att, qd),
+            (&mut s.proj, h),
+            (&mut s.gate, ffn),
+            (&mut s.up, ffn),
+        ] {
             grow(buf, m * n);
         }
 
@@ -155,7 +165,13 @@ impl Runner for CpuRunner {
         for (li, lw) in self.weights.layers.iter().enumerate() {
             // Attention block.
             ops::rms_norm(&s.x[..m * h], &lw.attn_norm, cfg.rms_eps, &mut s.xn[..m * h]);
-            matmul(pool, &[&lw.wq, &lw.wk, &lw.wv], &s.xn, m, &mut [&mut s.q[..m * qd], &mut s.k[..m * kvd], &mut s.v[..m * kvd]]);
+            matmul(
+                pool,
+                &[&lw.wq, &lw.wk, &lw.wv],
+                &s.xn,
+                m,
+                &mut [&mut s.q[..m * qd], &mut s.k[..m * kvd], &mut s.v[..m * kvd]],
+            );
             if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
                 ops::add_bias(&mut s.q[..m * qd], bq);
                 ops::add_bias(&mut s.k[..m * kvd], bk);
@@ -177,14 +193,15 @@ impl Runner for CpuRunner {
                 append_f16(&mut kv.k[li], &s.k[t * kvd..(t + 1) * kvd]);
                 append_f16(&mut kv.v[li], &s.v[t * kvd..(t + 1) * kvd]);
             }
-            let kv_rows: Vec<KvRows> = rows
+            let seq_attn: Vec<SeqAttn> = batch
+                .chunks
                 .iter()
-                .map(|&(seq, pos)| {
-                    let kv = &self.seqs[&seq];
-                    KvRows { k: &kv.k[li], v: &kv.v[li], num_keys: pos + 1 }
+                .map(|c| {
+                    let kv = &self.seqs[&c.seq];
+                    SeqAttn { k: &kv.k[li], v: &kv.v[li], start_pos: c.start_pos, num_rows: c.tokens.len() }
                 })
                 .collect();
-            attention::attention(pool, shape, &s.q[..m * qd], &kv_rows, &mut s.att[..m * qd]);
+            attention::attention(pool, shape, &s.q[..m * qd], &seq_attn, &mut s.att[..m * qd]);
             matmul(pool, &[&lw.wo], &s.att, m, &mut [&mut s.proj[..m * h]]);
             ops::add(&mut s.x[..m * h], &s.proj[..m * h]);
 
@@ -213,7 +230,12 @@ impl Runner for CpuRunner {
         }
         let r = out_rows.len();
         for (i, &t) in out_rows.iter().enumerate() {
-            ops::rms_norm(&s.x[t * h..(t + 1) * h], &self.weights.output_norm, cfg.rms_eps, &mut s.xn[i * h..(i + 1) * h]);
+            ops::rms_norm(
+                &s.x[t * h..(t + 1) * h],
+                &self.weights.output_norm,
+                cfg.rms_eps,
+                &mut s.xn[i * h..(i + 1) * h],
+            );
         }
         let vocab = cfg.vocab_size;
         grow(&mut s.logits, r * vocab);

@@ -47,12 +47,14 @@ impl Weights {
     pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Self> {
         let h = cfg.hidden_size;
         let token_embd = matrix(file, "token_embd.weight", cfg.vocab_size, h)?;
-        let output = if cfg.tied_embeddings { token_embd.clone() } else { matrix(file, "output.weight", cfg.vocab_size, h)? };
+        let output =
+            if cfg.tied_embeddings { token_embd.clone() } else { matrix(file, "output.weight", cfg.vocab_size, h)? };
         let layers = (0..cfg.num_layers)
             .map(|i| {
                 let name = |s: &str| format!("blk.{i}.{s}");
                 let bias = |s: &str, n| if cfg.qkv_bias { vector(file, &name(s), n).map(Some) } else { Ok(None) };
-                let qk_norm = |s: &str| if cfg.qk_norm { vector(file, &name(s), cfg.head_dim).map(Some) } else { Ok(None) };
+                let qk_norm =
+                    |s: &str| if cfg.qk_norm { vector(file, &name(s), cfg.head_dim).map(Some) } else { Ok(None) };
                 Ok(LayerWeights {
                     attn_norm: vector(file, &name("attn_norm.weight"), h)?,
                     wq: matrix(file, &name("attn_q.weight"), cfg.q_dim(), h)?,
@@ -97,7 +99,8 @@ fn matrix(file: &Arc<GgufFile>, name: &str, rows: usize, cols: usize) -> Result<
     }
     let start = (file.data_offset + t.offset) as usize;
     let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = file.clone();
-    let bytes = Bytes::new(owner, start..start + t.size_bytes as usize).expect("INVARIANT: the reader checked tensor bounds");
+    let bytes =
+        Bytes::new(owner, start..start + t.size_bytes as usize).expect("INVARIANT: the reader checked tensor bounds");
     Ok(QMatrix { ty: t.ty, rows, cols, bytes })
 }
 
@@ -105,6 +108,7 @@ fn matrix(file: &Arc<GgufFile>, name: &str, rows: usize, cols: usize) -> Result<
 fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
     let t = tensor(file, name, &[n as u64])?;
     let mut out = vec![0f32; n];
-    gguf::quant::dequantize(t.ty, file.tensor_data(t), &mut out).map_err(|_| Error::UnsupportedType { name: name.into(), ty: t.ty })?;
+    gguf::quant::dequantize(t.ty, file.tensor_data(t), &mut out)
+        .map_err(|_| Error::UnsupportedType { name: name.into(), ty: t.ty })?;
     Ok(out)
 }

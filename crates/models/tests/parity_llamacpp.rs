@@ -24,9 +24,9 @@ fn argmax(l: &[f32]) -> u32 {
 }
 
 fn model_path(file: &str) -> Option<PathBuf> {
-    let home = std::env::var_os("SPLASH_HOME").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/splash")
-    });
+    let home = std::env::var_os("SPLASH_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/splash"));
     let p = home.join("models").join(file);
     if p.exists() {
         return Some(p);
@@ -49,7 +49,9 @@ fn load_cases(model: &str) -> Vec<Case> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/parity").join(format!("{model}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let j: serde_json::Value = serde_json::from_str(&text).expect("fixture is JSON");
-    let ids = |v: &serde_json::Value| -> Vec<u32> { v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect() };
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    };
     j["prompts"]
         .as_array()
         .expect("prompts")
@@ -58,7 +60,12 @@ fn load_cases(model: &str) -> Vec<Case> {
             name: p["name"].as_str().expect("name").to_string(),
             prompt: ids(&p["prompt_ids"]),
             generated: ids(&p["generated_ids"]),
-            gaps: p["top1_minus_top2_logit"].as_array().expect("gaps").iter().map(|g| g.as_f64().expect("gap")).collect(),
+            gaps: p["top1_minus_top2_logit"]
+                .as_array()
+                .expect("gaps")
+                .iter()
+                .map(|g| g.as_f64().expect("gap"))
+                .collect(),
         })
         .collect()
 }
@@ -79,10 +86,14 @@ fn check_model(model: &str, file: &str) {
         let mut stream = case.prompt.clone();
         stream.extend_from_slice(&case.generated[..case.generated.len() - 1]);
         runner
-            .forward(&Batch { chunks: vec![SeqChunk { seq, tokens: &stream[..n - 1], start_pos: 0, logits: LogitsWanted::None }] })
+            .forward(&Batch {
+                chunks: vec![SeqChunk { seq, tokens: &stream[..n - 1], start_pos: 0, logits: LogitsWanted::None }],
+            })
             .expect("prefill");
         let logits = runner
-            .forward(&Batch { chunks: vec![SeqChunk { seq, tokens: &stream[n - 1..], start_pos: n - 1, logits: LogitsWanted::All }] })
+            .forward(&Batch {
+                chunks: vec![SeqChunk { seq, tokens: &stream[n - 1..], start_pos: n - 1, logits: LogitsWanted::All }],
+            })
             .expect("forced rows")
             .to_vec();
         runner.release(seq);
@@ -101,7 +112,9 @@ fn check_model(model: &str, file: &str) {
         let seq = SeqId(2 * ci as u64 + 1);
         let mut out = Vec::new();
         let mut logits = runner
-            .forward(&Batch { chunks: vec![SeqChunk { seq, tokens: &case.prompt, start_pos: 0, logits: LogitsWanted::Last }] })
+            .forward(&Batch {
+                chunks: vec![SeqChunk { seq, tokens: &case.prompt, start_pos: 0, logits: LogitsWanted::Last }],
+            })
             .expect("prefill")
             .to_vec();
         while out.len() < case.generated.len() {
@@ -112,7 +125,9 @@ fn check_model(model: &str, file: &str) {
             }
             let pos = n + out.len() - 1;
             logits = runner
-                .forward(&Batch { chunks: vec![SeqChunk { seq, tokens: &[t], start_pos: pos, logits: LogitsWanted::Last }] })
+                .forward(&Batch {
+                    chunks: vec![SeqChunk { seq, tokens: &[t], start_pos: pos, logits: LogitsWanted::Last }],
+                })
                 .expect("decode")
                 .to_vec();
         }
@@ -130,7 +145,12 @@ fn check_model(model: &str, file: &str) {
     }
     let forced_rate = forced_agree as f64 / forced_total as f64;
     let free_rate = free_identical as f64 / cases.len() as f64;
-    eprintln!("{model}: teacher-forced top-1 agreement {forced_agree}/{forced_total} = {:.2}%, free-running identical {free_identical}/{} = {:.0}%", forced_rate * 100.0, cases.len(), free_rate * 100.0);
+    eprintln!(
+        "{model}: teacher-forced top-1 agreement {forced_agree}/{forced_total} = {:.2}%, free-running identical {free_identical}/{} = {:.0}%",
+        forced_rate * 100.0,
+        cases.len(),
+        free_rate * 100.0
+    );
     assert!(forced_rate >= 0.99, "{model}: teacher-forced agreement {:.2}% < 99%", forced_rate * 100.0);
     assert!(free_rate >= 0.90, "{model}: free-running identical {:.0}% < 90%", free_rate * 100.0);
 }

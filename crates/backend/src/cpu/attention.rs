@@ -1,21 +1,26 @@
 //! Causal grouped-query attention over a KV cache, on the CPU.
 //!
-//! In: query rows `[m, num_heads * head_dim]` and, for each query row, the keys and values it may see (its sequence's
-//! cache up to and including its own position). Out: `[m, num_heads * head_dim]`. Query heads that share a KV head
-//! are processed together so each key and value row is read once per group.
+//! In: query rows `[m, num_heads * head_dim]`, grouped by sequence: each [`SeqAttn`] names a run of consecutive query
+//! rows of one sequence (a prefill chunk, one decode token, or k+1 rows to verify) and that sequence's cache, which
+//! already holds the keys and values of those rows. Out: `[m, num_heads * head_dim]`.
+//!
+//! Query heads that share a KV head are processed together, so each cached row is read once per group. A run of
+//! several rows becomes two small matrix products per (block of rows, KV head) — scores `Q·Kᵀ` and output `P·V` —
+//! over keys converted once to f32; a single row takes the direct path.
 //!
 //! The cache holds f16 values. As in llama.cpp's (non flash-attention) CPU path, queries are rounded to f16 before
-//! the key dot products and attention weights are rounded to f16 before they multiply the values; doing the same
-//! keeps our tokens identical to llama.cpp's where the two are near a tie.
+//! the key dot products and attention weights are rounded to f16 before they multiply the values.
 
 use super::{ThreadPool, ops, simd};
 
-/// The KV cache rows one query row attends to: `num_keys` rows of `[num_kv_heads * head_dim]` f16 values each.
+/// One sequence's rows in the batch and its KV cache: `k`/`v` are `[num_keys, num_kv_heads * head_dim]` f16 values
+/// holding at least `start_pos + num_rows` rows. Row `i` of the run is at position `start_pos + i`.
 #[derive(Clone, Copy)]
-pub struct KvRows<'a> {
+pub struct SeqAttn<'a> {
     pub k: &'a [u16],
     pub v: &'a [u16],
-    pub num_keys: usize,
+    pub start_pos: usize,
+    pub num_rows: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -28,51 +33,193 @@ pub struct AttnShape {
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: each task writes the output of its own (row, head group) only.
+// SAFETY: each task writes the outputs of its own (rows, head group) only.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-pub fn attention(pool: &ThreadPool, shape: AttnShape, q: &[f32], rows: &[KvRows<'_>], out: &mut [f32]) {
-    let AttnShape { num_heads, num_kv_heads, head_dim, scale } = shape;
-    let q_dim = num_heads * head_dim;
-    let kv_dim = num_kv_heads * head_dim;
-    let group = num_heads / num_kv_heads;
-    let m = rows.len();
+/// Query rows per task on the matrix-product path.
+const ROW_BLOCK: usize = 16;
+
+/// A unit of work: rows `row0..row0 + num_rows` of the batch, all of sequence `seq`, for KV head `g`.
+struct Task {
+    seq: usize,
+    row0: usize,
+    first: usize,
+    num_rows: usize,
+    g: usize,
+}
+
+pub fn attention(pool: &ThreadPool, shape: AttnShape, q: &[f32], seqs: &[SeqAttn<'_>], out: &mut [f32]) {
+    let q_dim = shape.num_heads * shape.head_dim;
+    let m: usize = seqs.iter().map(|s| s.num_rows).sum();
     assert!(q.len() >= m * q_dim && out.len() >= m * q_dim);
-    let out_ptr = OutPtr(out.as_mut_ptr());
-    pool.for_each_chunk(m * num_kv_heads, 1, &|tasks| {
-        let out_ptr = out_ptr;
-        let mut scores: Vec<f32> = Vec::new();
-        let mut qh = vec![0f32; head_dim];
-        for task in tasks {
-            let (t, g) = (task / num_kv_heads, task % num_kv_heads);
-            let kv = rows[t];
-            let n = kv.num_keys;
-            scores.clear();
-            scores.resize(group * n, 0.0);
-            for h in 0..group {
-                let head = g * group + h;
-                qh.copy_from_slice(&q[t * q_dim + head * head_dim..][..head_dim]);
-                simd::round_to_f16(&mut qh);
-                let s = &mut scores[h * n..(h + 1) * n];
-                for (j, sj) in s.iter_mut().enumerate() {
-                    *sj = simd::dot_f16(&qh, &kv.k[j * kv_dim + g * head_dim..][..head_dim]) * scale;
-                }
-                ops::softmax(s);
-                simd::round_to_f16(s);
+    let mut tasks = Vec::new();
+    let mut row0 = 0;
+    for (si, s) in seqs.iter().enumerate() {
+        let kv_dim = shape.num_kv_heads * shape.head_dim;
+        assert!(s.k.len() >= (s.start_pos + s.num_rows) * kv_dim && s.v.len() >= (s.start_pos + s.num_rows) * kv_dim);
+        let mut first = 0;
+        while first < s.num_rows {
+            let n = if s.num_rows >= 4 { ROW_BLOCK.min(s.num_rows - first) } else { 1 };
+            for g in 0..shape.num_kv_heads {
+                tasks.push(Task { seq: si, row0: row0 + first, first, num_rows: n, g });
             }
-            for h in 0..group {
-                let head = g * group + h;
-                // SAFETY: (t, head) is written by this task alone.
-                let oh = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * q_dim + head * head_dim), head_dim) };
-                oh.fill(0.0);
-                let s = &scores[h * n..(h + 1) * n];
-                for (j, &p) in s.iter().enumerate() {
-                    simd::axpy_f16(oh, p, &kv.v[j * kv_dim + g * head_dim..][..head_dim]);
-                }
+            first += n;
+        }
+        row0 += s.num_rows;
+    }
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    // Bigger tasks first, so the dynamic split ends evenly.
+    tasks.sort_by_key(|t| std::cmp::Reverse(t.num_rows * (seqs[t.seq].start_pos + t.first + t.num_rows)));
+    pool.for_each_chunk(tasks.len(), 1, &|range| {
+        let mut scratch = Scratch::default();
+        for t in &tasks[range] {
+            let s = &seqs[t.seq];
+            if t.num_rows == 1 {
+                row_task(shape, q, s, t, out_ptr, &mut scratch);
+            } else {
+                block_task(shape, q, s, t, out_ptr, &mut scratch);
             }
         }
     });
+}
+
+#[derive(Default)]
+struct Scratch {
+    qh: Vec<f32>,
+    scores: Vec<f32>,
+    kf: Vec<f32>,
+    vf: Vec<f32>,
+    o: Vec<f32>,
+}
+
+/// One query row, all heads of KV group `t.g`: direct dot products against the f16 cache.
+fn row_task(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
+    let AttnShape { num_heads, num_kv_heads, head_dim, scale } = shape;
+    let (q_dim, kv_dim, group) = (num_heads * head_dim, num_kv_heads * head_dim, num_heads / num_kv_heads);
+    let n = s.start_pos + t.first + 1;
+    sc.qh.resize(head_dim, 0.0);
+    sc.scores.resize(group * n, 0.0);
+    for h in 0..group {
+        let head = t.g * group + h;
+        sc.qh.copy_from_slice(&q[t.row0 * q_dim + head * head_dim..][..head_dim]);
+        simd::round_to_f16(&mut sc.qh);
+        let sr = &mut sc.scores[h * n..(h + 1) * n];
+        for (j, sj) in sr.iter_mut().enumerate() {
+            *sj = simd::dot_f16(&sc.qh, &s.k[j * kv_dim + t.g * head_dim..][..head_dim]) * scale;
+        }
+        ops::softmax(sr);
+        simd::round_to_f16(sr);
+    }
+    for h in 0..group {
+        let head = t.g * group + h;
+        // SAFETY: (row, head) is written by this task alone.
+        let oh = unsafe { std::slice::from_raw_parts_mut(out.0.add(t.row0 * q_dim + head * head_dim), head_dim) };
+        oh.fill(0.0);
+        for (j, &p) in sc.scores[h * n..(h + 1) * n].iter().enumerate() {
+            simd::axpy_f16(oh, p, &s.v[j * kv_dim + t.g * head_dim..][..head_dim]);
+        }
+    }
+}
+
+/// Several consecutive query rows of one sequence, all heads of KV group `t.g`, as two matrix products.
+fn block_task(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
+    let AttnShape { num_heads, num_kv_heads, head_dim: hd, scale } = shape;
+    let (q_dim, kv_dim, group) = (num_heads * hd, num_kv_heads * hd, num_heads / num_kv_heads);
+    let r = t.num_rows * group; // query vectors: row-major over (row, head in group)
+    let n = s.start_pos + t.first + t.num_rows; // keys visible to the last row
+    // Queries rounded to f16; keys and values of this group converted to f32.
+    sc.qh.resize(r * hd, 0.0);
+    for i in 0..t.num_rows {
+        let src = &q[(t.row0 + i) * q_dim + t.g * group * hd..][..group * hd];
+        sc.qh[i * group * hd..(i + 1) * group * hd].copy_from_slice(src);
+    }
+    simd::round_to_f16(&mut sc.qh);
+    for (dst, src) in [(&mut sc.kf, s.k), (&mut sc.vf, s.v)] {
+        dst.resize(n * hd, 0.0);
+        for j in 0..n {
+            half_to_f32(&src[j * kv_dim + t.g * hd..][..hd], &mut dst[j * hd..(j + 1) * hd]);
+        }
+    }
+    // Scores: [r, n] = Q [r, hd] · Kᵀ [hd, n].
+    sc.scores.resize(r * n, 0.0);
+    // SAFETY: all pointers cover the stated extents (r*hd, n*hd, r*n) with the given unit/row strides.
+    unsafe {
+        gemm::gemm(
+            r,
+            n,
+            hd,
+            sc.scores.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            sc.qh.as_ptr(),
+            1,
+            hd as isize,
+            sc.kf.as_ptr(),
+            hd as isize,
+            1,
+            0.0,
+            scale,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+    for i in 0..t.num_rows {
+        let visible = s.start_pos + t.first + i + 1;
+        for h in 0..group {
+            let row = &mut sc.scores[(i * group + h) * n..][..n];
+            row[visible..].fill(f32::NEG_INFINITY);
+            ops::softmax(row);
+            simd::round_to_f16(row);
+        }
+    }
+    // Output: [r, hd] = P [r, n] · V [n, hd].
+    sc.o.resize(r * hd, 0.0);
+    // SAFETY: as above.
+    unsafe {
+        gemm::gemm(
+            r,
+            hd,
+            n,
+            sc.o.as_mut_ptr(),
+            1,
+            hd as isize,
+            false,
+            sc.scores.as_ptr(),
+            1,
+            n as isize,
+            sc.vf.as_ptr(),
+            1,
+            hd as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+    for i in 0..t.num_rows {
+        // SAFETY: rows t.row0.., heads of group g are written by this task alone.
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(out.0.add((t.row0 + i) * q_dim + t.g * group * hd), group * hd) };
+        dst.copy_from_slice(&sc.o[i * group * hd..(i + 1) * group * hd]);
+    }
+}
+
+fn half_to_f32(src: &[u16], dst: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    // SAFETY-free reinterpretation: f16 is a transparent u16.
+    let src: &[half::f16] = bytemuck_cast(src);
+    src.convert_to_f32_slice(dst);
+}
+
+fn bytemuck_cast(src: &[u16]) -> &[half::f16] {
+    // SAFETY: half::f16 is #[repr(transparent)] over u16, so the layouts are identical.
+    unsafe { std::slice::from_raw_parts(src.as_ptr() as *const half::f16, src.len()) }
 }
 
 #[cfg(test)]
@@ -83,22 +230,25 @@ mod tests {
         half::f16::from_bits(bits).to_f64()
     }
 
-    /// Straightforward f64 attention for one query row (f16 rounding of q and weights aside).
-    fn reference(shape: AttnShape, q: &[f32], kv: KvRows<'_>) -> Vec<f64> {
+    /// Straightforward f64 attention for one query row seeing `n` keys.
+    fn reference(shape: AttnShape, q: &[f32], k: &[u16], v: &[u16], n: usize) -> Vec<f64> {
         let (hd, kvd) = (shape.head_dim, shape.num_kv_heads * shape.head_dim);
         let group = shape.num_heads / shape.num_kv_heads;
         let mut out = vec![0f64; shape.num_heads * hd];
         for h in 0..shape.num_heads {
             let g = h / group;
-            let s: Vec<f64> = (0..kv.num_keys)
-                .map(|j| (0..hd).map(|d| q[h * hd + d] as f64 * f16(kv.k[j * kvd + g * hd + d])).sum::<f64>() * shape.scale as f64)
+            let s: Vec<f64> = (0..n)
+                .map(|j| {
+                    (0..hd).map(|d| q[h * hd + d] as f64 * f16(k[j * kvd + g * hd + d])).sum::<f64>()
+                        * shape.scale as f64
+                })
                 .collect();
             let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = s.iter().map(|v| (v - max).exp()).collect();
+            let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
             let z: f64 = e.iter().sum();
-            for j in 0..kv.num_keys {
+            for j in 0..n {
                 for d in 0..hd {
-                    out[h * hd + d] += e[j] / z * f16(kv.v[j * kvd + g * hd + d]);
+                    out[h * hd + d] += e[j] / z * f16(v[j * kvd + g * hd + d]);
                 }
             }
         }
@@ -106,25 +256,35 @@ mod tests {
     }
 
     #[test]
-    fn matches_reference_gqa() {
+    fn matches_reference_for_decode_prefill_and_mixed_batches() {
         let shape = AttnShape { num_heads: 6, num_kv_heads: 2, head_dim: 16, scale: 0.25 };
-        let n = 9;
-        let kvd = 32;
+        let (kvd, qd) = (32, 96);
         let f = |i: usize, s: f32| ((i * 2654435761 % 1000) as f32 / 500.0 - 1.0) * s;
         let h = |x: f32| half::f16::from_f32(x).to_bits();
+        let n = 40;
         let k: Vec<u16> = (0..n * kvd).map(|i| h(f(i, 1.0))).collect();
         let v: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 7, 2.0))).collect();
-        let m = 3;
-        let q: Vec<f32> = (0..m * 96).map(|i| f(i + 3, 1.5)).collect();
-        // Causal: row t sees n - m + t + 1 keys.
-        let rows: Vec<KvRows> = (0..m).map(|t| KvRows { k: &k, v: &v, num_keys: n - m + t + 1 }).collect();
-        let mut out = vec![f32::NAN; m * 96];
+        let k2: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 11, 1.3))).collect();
+        let v2: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 5, 0.7))).collect();
+        // A 37-row prefill chunk at position 3, a single decode row, a 3-row verification run.
+        let seqs = [
+            SeqAttn { k: &k, v: &v, start_pos: 3, num_rows: 37 },
+            SeqAttn { k: &k2, v: &v2, start_pos: 20, num_rows: 1 },
+            SeqAttn { k: &k2, v: &v2, start_pos: 30, num_rows: 3 },
+        ];
+        let m = 41;
+        let q: Vec<f32> = (0..m * qd).map(|i| f(i + 3, 1.5)).collect();
+        let mut out = vec![f32::NAN; m * qd];
         let pool = ThreadPool::new(2);
-        attention(&pool, shape, &q, &rows, &mut out);
-        for t in 0..m {
-            let want = reference(shape, &q[t * 96..(t + 1) * 96], rows[t]);
-            for (a, b) in out[t * 96..(t + 1) * 96].iter().zip(&want) {
-                assert!((*a as f64 - b).abs() < 2e-3 * b.abs().max(1.0), "{a} vs {b}");
+        attention(&pool, shape, &q, &seqs, &mut out);
+        let mut row = 0;
+        for s in &seqs {
+            for i in 0..s.num_rows {
+                let want = reference(shape, &q[row * qd..(row + 1) * qd], s.k, s.v, s.start_pos + i + 1);
+                for (a, b) in out[row * qd..(row + 1) * qd].iter().zip(&want) {
+                    assert!((*a as f64 - b).abs() < 3e-3 * b.abs().max(1.0), "row {row}: {a} vs {b}");
+                }
+                row += 1;
             }
         }
     }

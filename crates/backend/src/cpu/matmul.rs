@@ -59,7 +59,8 @@ impl QMatrix {
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let rb = self.row_bytes();
         let bytes = &self.bytes.as_slice()[r * rb..(r + 1) * rb];
-        gguf::quant::dequantize(self.ty, bytes, &mut out[..self.cols]).expect("INVARIANT: supported type, exact length");
+        gguf::quant::dequantize(self.ty, bytes, &mut out[..self.cols])
+            .expect("INVARIANT: supported type, exact length");
     }
 }
 

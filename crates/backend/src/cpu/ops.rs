@@ -70,7 +70,8 @@ impl Rope {
     /// Rotates every head of `x` (`[num_heads, head_dim]`) for position `pos`.
     pub fn apply(&self, x: &mut [f32], pos: usize) {
         let half = self.inv_freq.len();
-        let cs: Vec<(f32, f32)> = self.inv_freq.iter().map(|&f| (pos as f32 * f).sin_cos()).map(|(s, c)| (c, s)).collect();
+        let cs: Vec<(f32, f32)> =
+            self.inv_freq.iter().map(|&f| (pos as f32 * f).sin_cos()).map(|(s, c)| (c, s)).collect();
         for head in x.chunks_exact_mut(self.head_dim) {
             match self.style {
                 RopeStyle::Neox => {

@@ -20,14 +20,24 @@ fn table() -> &'static Table {
         {
             let forced = std::env::var("SPLASH_CPU_KERNELS").unwrap_or_default();
             if forced != "scalar" && forced != "avx2" && std::is_x86_feature_detected!("avx512f") {
-                return Table { dot: x86::dot_avx512, axpy: x86::axpy_avx512, dot_f16: x86::dot_f16_avx512, axpy_f16: x86::axpy_f16_avx512 };
+                return Table {
+                    dot: x86::dot_avx512,
+                    axpy: x86::axpy_avx512,
+                    dot_f16: x86::dot_f16_avx512,
+                    axpy_f16: x86::axpy_f16_avx512,
+                };
             }
             if forced != "scalar"
                 && std::is_x86_feature_detected!("avx2")
                 && std::is_x86_feature_detected!("fma")
                 && std::is_x86_feature_detected!("f16c")
             {
-                return Table { dot: x86::dot_avx2, axpy: x86::axpy_avx2, dot_f16: x86::dot_f16_avx2, axpy_f16: x86::axpy_f16_avx2 };
+                return Table {
+                    dot: x86::dot_avx2,
+                    axpy: x86::axpy_avx2,
+                    dot_f16: x86::dot_f16_avx2,
+                    axpy_f16: x86::axpy_f16_avx2,
+                };
             }
         }
         Table { dot: dot_portable, axpy: axpy_portable, dot_f16: dot_f16_portable, axpy_f16: axpy_f16_portable }

@@ -68,7 +68,9 @@ pub(crate) fn read_common(file: &GgufFile, arch: &str, default_theta: f32) -> Re
     if num_kv_heads == 0 || num_heads % num_kv_heads != 0 || rope_dim > head_dim || rope_dim % 2 != 0 {
         return Err(Error::BadKey {
             key: format!("{arch}.attention"),
-            reason: format!("inconsistent heads: {num_heads} query, {num_kv_heads} kv, head_dim {head_dim}, rope_dim {rope_dim}"),
+            reason: format!(
+                "inconsistent heads: {num_heads} query, {num_kv_heads} kv, head_dim {head_dim}, rope_dim {rope_dim}"
+            ),
         });
     }
     Ok(Common {
