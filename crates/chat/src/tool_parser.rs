@@ -576,7 +576,10 @@ mod tests {
 
     #[test]
     fn plain_text_passes_through() {
-        check("Hello, world!\nNo calls here: a < b and {x} too.\n", &[text("Hello, world!\nNo calls here: a < b and {x} too.\n")]);
+        check(
+            "Hello, world!\nNo calls here: a < b and {x} too.\n",
+            &[text("Hello, world!\nNo calls here: a < b and {x} too.\n")],
+        );
     }
 
     #[test]
@@ -601,12 +604,18 @@ mod tests {
 
     #[test]
     fn tag_without_closing_at_the_end() {
-        check("<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls -la\"}}\n", &[call("bash", json!({"command": "ls -la"}))]);
+        check(
+            "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls -la\"}}\n",
+            &[call("bash", json!({"command": "ls -la"}))],
+        );
     }
 
     #[test]
     fn doubled_braces_and_string_arguments() {
-        check("<tool_call>\n{{\"name\": \"bash\", \"arguments\": {\"command\": \"pwd\"}}}\n</tool_call>", &[call("bash", json!({"command": "pwd"}))]);
+        check(
+            "<tool_call>\n{{\"name\": \"bash\", \"arguments\": {\"command\": \"pwd\"}}}\n</tool_call>",
+            &[call("bash", json!({"command": "pwd"}))],
+        );
         check(
             "<tool_call>{\"name\": \"bash\", \"arguments\": \"{\\\"command\\\": \\\"pwd\\\"}\"}</tool_call>",
             &[call("bash", json!({"command": "pwd"}))],

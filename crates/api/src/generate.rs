@@ -1,0 +1,342 @@
+//! The protocol-neutral path of a chat request: [`ChatTurn`] in, a stream of [`Output`]s out.
+//!
+//! Every protocol adapter converts its wire request into a [`ChatTurn`] (a `chat::Conversation` plus tool choice,
+//! sampling, limits and stop strings), calls [`start`], and renders the [`Reply`]'s outputs in its own shape. Here the
+//! conversation is rendered with the model's chat template and tokenized into an `engine::GenerateRequest`; the
+//! engine's token events go through the one output parser (text / tool calls) on the way back. No protocol types
+//! appear in this module.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use chat::{Content, Conversation, ParseEvent, RenderInput, Role, ToolCall, ToolCallParser};
+use engine::service::RequestStream;
+use engine::{Event, FinishReason, GenerateRequest, SamplingParams, Usage};
+
+use crate::AppState;
+use crate::error::ApiError;
+
+/// Which tool calls the reply may or must contain.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ToolChoice {
+    /// The model decides.
+    #[default]
+    Auto,
+    /// No calls: the tools are not shown to the model.
+    None,
+    /// At least one call.
+    Required,
+    /// A call of this tool.
+    Named(String),
+}
+
+/// One chat request, as every protocol adapter describes it.
+#[derive(Debug, Clone)]
+pub struct ChatTurn {
+    pub conversation: Conversation,
+    pub tool_choice: ToolChoice,
+    pub parallel_tool_calls: bool,
+    pub sampling: SamplingParams,
+    /// `None`: the server's default (always lowered to what fits the context).
+    pub max_tokens: Option<usize>,
+    pub stop: Vec<String>,
+}
+
+/// Why a reply ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model ended its turn, or a stop string was hit.
+    EndTurn,
+    /// The output limit or the context was reached.
+    Length,
+    /// The reply is one or more tool calls.
+    ToolCalls,
+}
+
+/// One piece of a reply, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    Text(String),
+    /// A complete call (`id` is `None`: each protocol names its own ids).
+    ToolCall(ToolCall),
+    /// The last output.
+    Done {
+        reason: StopReason,
+        usage: Usage,
+    },
+}
+
+/// The engine request built from a turn, and what is needed to read its output.
+#[derive(Debug)]
+pub struct Prepared {
+    pub request: GenerateRequest,
+    /// Text appended to the prompt after the generation prompt (the start of a forced tool call).
+    pub prefill: String,
+    /// The declared tools whose calls are parsed out of the output; empty = no parsing.
+    pub tool_names: Vec<String>,
+    pub parallel_tool_calls: bool,
+}
+
+/// The start of a Hermes-style call, written into the prompt when a call is required: the model can only continue
+/// with the name and arguments.
+const FORCED_CALL_PREFIX: &str = "<tool_call>\n{\"name\": \"";
+
+/// Renders and tokenizes a turn. CPU-bound (templates, tokenizer): call from a blocking thread.
+pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
+    let template = state
+        .template
+        .as_ref()
+        .ok_or_else(|| ApiError::invalid("This model has no chat template, so it cannot take chat requests."))?;
+    if turn.conversation.messages.is_empty() {
+        return Err(ApiError::invalid_param("messages", "At least one message is required."));
+    }
+    let tool_names: Vec<String> = turn.conversation.tools.iter().map(|t| t.name.clone()).collect();
+    match &turn.tool_choice {
+        ToolChoice::Required if tool_names.is_empty() => {
+            return Err(ApiError::invalid_param("tool_choice", "tool_choice 'required' needs at least one tool."));
+        }
+        ToolChoice::Named(name) if !tool_names.contains(name) => {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                format!("tool_choice names '{name}', which is not among the tools."),
+            ));
+        }
+        _ => {}
+    }
+    let mut conversation = turn.conversation;
+    patch_for_templates(&mut conversation);
+    let use_tools = turn.tool_choice != ToolChoice::None && !conversation.tools.is_empty();
+    if !use_tools {
+        conversation.tools.clear();
+    }
+    let mut text = template.render(&RenderInput::from_conversation(&conversation, true))?;
+    let prefill = match &turn.tool_choice {
+        _ if !use_tools || !template.source().contains("<tool_call>") => String::new(),
+        ToolChoice::Required => FORCED_CALL_PREFIX.to_string(),
+        ToolChoice::Named(name) => format!("{FORCED_CALL_PREFIX}{name}\", \"arguments\": "),
+        ToolChoice::Auto | ToolChoice::None => String::new(),
+    };
+    text.push_str(&prefill);
+    let prompt = encode(&state.tokenizer, &text)?;
+    let mut request =
+        GenerateRequest::new(prompt, turn.sampling, turn.max_tokens.unwrap_or(state.config.default_max_tokens));
+    request.stop_strings = turn.stop;
+    Ok(Prepared {
+        request,
+        prefill,
+        tool_names: if use_tools { tool_names } else { Vec::new() },
+        parallel_tool_calls: turn.parallel_tool_calls,
+    })
+}
+
+/// Tokenizes a rendered prompt (special tokens parsed), adding BOS where the model wants it.
+pub fn encode(tokenizer: &tokenizer::Tokenizer, text: &str) -> Result<Vec<u32>, ApiError> {
+    let mut ids = tokenizer.encode(text, true)?;
+    if let Some(bos) = tokenizer.bos().filter(|_| tokenizer.add_bos())
+        && ids.first() != Some(&bos)
+    {
+        ids.insert(0, bos);
+    }
+    Ok(ids)
+}
+
+/// Fixes what agents send and templates choke on: a missing `content` becomes `""` (templates concatenate it),
+/// except on an assistant message that only calls tools.
+fn patch_for_templates(conversation: &mut Conversation) {
+    for m in &mut conversation.messages {
+        let only_calls = m.role == Role::Assistant && !m.tool_calls.is_empty();
+        if m.content.is_none() && !only_calls {
+            m.content = Some(Content::Text(String::new()));
+        }
+    }
+}
+
+/// Prepares and submits a turn.
+pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<Reply, ApiError> {
+    let s = state.clone();
+    let prepared = tokio::task::spawn_blocking(move || prepare(&s, turn))
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))??;
+    let Prepared { request, prefill, tool_names, parallel_tool_calls } = prepared;
+    let stream = state.engine.submit(request)?;
+    Ok(Reply::new(stream, &prefill, tool_names, parallel_tool_calls))
+}
+
+/// The outputs of one running request. Dropping it aborts the request.
+#[derive(Debug)]
+pub struct Reply {
+    stream: Option<RequestStream>,
+    parser: Option<ToolCallParser>,
+    parallel_tool_calls: bool,
+    pending: VecDeque<Output>,
+    finished: bool,
+    num_prompt_tokens: usize,
+    num_output_tokens: usize,
+    num_calls: usize,
+    t_start: Instant,
+    t_first_token: Option<Instant>,
+}
+
+impl Reply {
+    pub fn new(stream: RequestStream, prefill: &str, tool_names: Vec<String>, parallel_tool_calls: bool) -> Self {
+        let mut parser = (!tool_names.is_empty()).then(|| ToolCallParser::new(tool_names));
+        if let Some(p) = &mut parser {
+            // The forced start of a call is part of the reply as far as the parser is concerned; it yields no text.
+            let _ = p.push(prefill);
+        }
+        Reply {
+            num_prompt_tokens: stream.num_prompt_tokens(),
+            stream: Some(stream),
+            parser,
+            parallel_tool_calls,
+            pending: VecDeque::new(),
+            finished: false,
+            num_output_tokens: 0,
+            num_calls: 0,
+            t_start: Instant::now(),
+            t_first_token: None,
+        }
+    }
+
+    pub fn num_prompt_tokens(&self) -> usize {
+        self.num_prompt_tokens
+    }
+
+    /// The next output; `None` after `Done` or an error.
+    pub async fn next(&mut self) -> Option<Result<Output, ApiError>> {
+        loop {
+            if let Some(o) = self.pending.pop_front() {
+                return Some(Ok(o));
+            }
+            if self.finished {
+                return None;
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                self.finished = true;
+                return None;
+            };
+            match stream.next().await {
+                Some(Ok(Event::Token { text, .. })) => {
+                    self.num_output_tokens += 1;
+                    self.t_first_token.get_or_insert_with(Instant::now);
+                    self.feed(&text);
+                    if self.parser.as_ref().is_some_and(ToolCallParser::is_done) {
+                        // The calls are complete and the model has moved on: stop it here.
+                        self.stream = None;
+                        let usage = self.own_usage();
+                        self.finish(StopReason::ToolCalls, usage);
+                    }
+                }
+                Some(Ok(Event::Finished { reason, text, usage })) => {
+                    self.stream = None;
+                    self.feed(&text);
+                    if let Some(p) = &mut self.parser {
+                        let events = p.finish();
+                        self.take(events);
+                    }
+                    let reason = match reason {
+                        _ if self.num_calls > 0 => StopReason::ToolCalls,
+                        FinishReason::Length => StopReason::Length,
+                        FinishReason::Stop | FinishReason::Aborted => StopReason::EndTurn,
+                    };
+                    self.finish(reason, usage);
+                }
+                Some(Err(e)) => {
+                    self.finished = true;
+                    self.stream = None;
+                    return Some(Err(e.into()));
+                }
+                None => {
+                    self.finished = true;
+                    self.stream = None;
+                    return Some(Err(ApiError::internal("The engine ended the request without finishing it.")));
+                }
+            }
+        }
+    }
+
+    /// Reads the whole reply: text, calls, and how it ended.
+    pub async fn collect(mut self) -> Result<Collected, ApiError> {
+        let mut out = Collected {
+            text: String::new(),
+            tool_calls: Vec::new(),
+            reason: StopReason::EndTurn,
+            usage: Usage::default(),
+        };
+        while let Some(item) = self.next().await {
+            match item? {
+                Output::Text(t) => out.text.push_str(&t),
+                Output::ToolCall(c) => out.tool_calls.push(c),
+                Output::Done { reason, usage } => {
+                    out.reason = reason;
+                    out.usage = usage;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn feed(&mut self, text: &str) {
+        match &mut self.parser {
+            Some(p) => {
+                let events = p.push(text);
+                self.take(events);
+            }
+            None if !text.is_empty() => self.pending.push_back(Output::Text(text.to_string())),
+            None => {}
+        }
+    }
+
+    fn take(&mut self, events: Vec<ParseEvent>) {
+        for e in events {
+            match e {
+                ParseEvent::Text(t) => self.pending.push_back(Output::Text(t)),
+                ParseEvent::ToolCall(_) if !self.parallel_tool_calls && self.num_calls > 0 => {}
+                ParseEvent::ToolCall(c) => {
+                    self.num_calls += 1;
+                    self.pending.push_back(Output::ToolCall(c));
+                }
+            }
+        }
+        if !self.parallel_tool_calls && self.num_calls > 0 && self.stream.is_some() {
+            // One call is all the client wants: stop generating.
+            self.stream = None;
+            let usage = self.own_usage();
+            self.finish(StopReason::ToolCalls, usage);
+        }
+    }
+
+    fn finish(&mut self, reason: StopReason, usage: Usage) {
+        if !self.finished {
+            self.pending.push_back(Output::Done { reason, usage });
+            self.finished = true;
+        }
+    }
+
+    /// Usage measured here, for a reply cut short before the engine's `Finished`.
+    fn own_usage(&self) -> Usage {
+        let now = Instant::now();
+        let first = self.t_first_token.unwrap_or(now);
+        Usage {
+            prompt_tokens: self.num_prompt_tokens,
+            completion_tokens: self.num_output_tokens,
+            prefill_ms: (first - self.t_start).as_secs_f64() * 1000.0,
+            decode_ms: (now - first).as_secs_f64() * 1000.0,
+        }
+    }
+}
+
+/// A whole reply, for non-streaming responses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Collected {
+    pub text: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub reason: StopReason,
+    pub usage: Usage,
+}
+
+/// A random id with a protocol's prefix: `call_3f9a…`.
+pub fn random_id(prefix: &str) -> String {
+    format!("{prefix}{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>())
+}

@@ -1,0 +1,159 @@
+//! Splash's HTTP front end: the routes, the shared state and the request path from a protocol's JSON to the engine
+//! and back.
+//!
+//! A request goes: route (here) → protocol adapter (`openai/`: wire types, checks, conversion) → the neutral
+//! [`generate::ChatTurn`] → chat template + tokenizer → [`engine::service::EngineHandle::submit`] → engine events →
+//! one output parser (text / tool calls) in [`generate::Reply`] → the adapter's response or event stream. Adapters
+//! never import each other, and nothing here knows how the engine schedules.
+
+pub mod error;
+pub mod generate;
+pub mod openai;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use engine::SamplingParams;
+use engine::service::EngineHandle;
+use serde_json::json;
+
+use crate::error::{ApiError, ErrorKind};
+use crate::openai::OpenAiError;
+
+/// Server settings that are not the engine's.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Requests must carry this key (`Authorization: Bearer KEY` or `x-api-key: KEY`); `None` = open.
+    pub api_key: Option<String>,
+    /// Largest request body; larger ones get 413.
+    pub max_body_bytes: usize,
+    /// Sampling for the parameters a request leaves out.
+    pub default_sampling: SamplingParams,
+    /// Output cap when a request gives none (always lowered to what fits the context).
+    pub default_max_tokens: usize,
+    /// Interval of SSE keep-alive comments (they also reveal a client that went away).
+    pub keep_alive: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            api_key: None,
+            max_body_bytes: 64 << 20,
+            // Qwen2.5-Coder's recommended sampling (generation_config.json).
+            default_sampling: SamplingParams { temperature: 0.7, top_p: 0.8, top_k: 20, ..Default::default() },
+            default_max_tokens: 16_384,
+            keep_alive: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<tokenizer::Tokenizer>,
+    pub template: Option<chat::ChatTemplate>,
+    /// The id the model is served under (first in `/v1/models`, echoed in responses).
+    pub model_id: String,
+    /// More ids accepted for the same model.
+    pub aliases: Vec<String>,
+    pub config: ServerConfig,
+    pub created_unix: u64,
+}
+
+impl AppState {
+    pub fn new(
+        engine: EngineHandle,
+        tokenizer: Arc<tokenizer::Tokenizer>,
+        template: Option<chat::ChatTemplate>,
+        model_id: String,
+        config: ServerConfig,
+    ) -> Self {
+        AppState { engine, tokenizer, template, model_id, aliases: Vec::new(), config, created_unix: unix_now() }
+    }
+
+    /// The served id, then the aliases.
+    pub fn model_ids(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.model_id.as_str()).chain(self.aliases.iter().map(String::as_str))
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// All routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(openai::list_models))
+        .route("/v1/models/{*id}", get(openai::get_model))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .with_state(state)
+}
+
+async fn health() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+async fn not_found(request: Request) -> OpenAiError {
+    ApiError::not_found(format!("No route for {} {}.", request.method(), request.uri().path())).into()
+}
+
+async fn method_not_allowed(request: Request) -> OpenAiError {
+    ApiError::new(
+        ErrorKind::MethodNotAllowed,
+        format!("{} is not allowed on {}.", request.method(), request.uri().path()),
+    )
+    .into()
+}
+
+/// Routes that stay open when a key is set.
+const PUBLIC_PATHS: [&str; 1] = ["/health"];
+
+async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let Some(key) = state.config.api_key.as_deref() else { return next.run(request).await };
+    if PUBLIC_PATHS.contains(&request.uri().path()) || presented_key(request.headers()).is_some_and(|k| same(k, key)) {
+        return next.run(request).await;
+    }
+    let e = ApiError::new(
+        ErrorKind::Authentication,
+        "Missing or incorrect API key. Send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'.",
+    )
+    .with_code("invalid_api_key");
+    OpenAiError(e).into_response()
+}
+
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim);
+    bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim))
+}
+
+/// Compares without an early exit, so timing tells nothing about the key.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A body that could not be read: too large (413) or broken (400).
+pub(crate) fn body_error(e: BytesRejection) -> ApiError {
+    if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(ErrorKind::PayloadTooLarge, "The request body is too large.")
+    } else {
+        ApiError::invalid(format!("The request body could not be read: {e}"))
+    }
+}
