@@ -970,9 +970,11 @@ unsafe fn float_rows<W: FloatW>(
     ldo: usize,
 ) {
     let rb = k * W::BYTES;
+    // Few activation rows: one weight row at a time, so that DRAM sees one sequential stream (see avx512_rows).
+    let max_nr = if m <= 4 { 1 } else { 4 };
     let mut r0 = rows.start;
     while r0 < rows.end {
-        let nr = (rows.end - r0).min(4);
+        let nr = (rows.end - r0).min(max_nr);
         let wp = w.as_ptr().add(r0 * rb);
         let mut t = 0;
         while t < m {
