@@ -4,6 +4,7 @@ mod bench;
 mod load;
 mod pull;
 mod run;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -22,6 +23,8 @@ enum Command {
     Bench(bench::Args),
     /// Fetch models into the cache ($SPLASH_HOME, default ~/.cache/splash).
     Pull(pull::Args),
+    /// Serve the model over HTTP (OpenAI-compatible API).
+    Serve(serve::Args),
 }
 
 fn main() {
@@ -30,6 +33,7 @@ fn main() {
         Command::Run(a) => run::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Pull(a) => pull::main(a),
+        Command::Serve(a) => serve::main(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

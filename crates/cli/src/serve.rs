@@ -1,0 +1,141 @@
+//! `splash serve`: the HTTP server over one engine thread.
+//!
+//! Loads the model (fetching a catalog model on first use), starts the engine service, binds the address and prints
+//! `Ready` with the URL once it accepts requests. Ctrl-C or SIGTERM stops it after open requests finish.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use api::{AppState, ServerConfig};
+use engine::service::{EngineHandle, ServiceConfig};
+use engine::{Engine, EngineConfig};
+
+use crate::load::{Loaded, load};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: a catalog name (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, smollm2-135m) or a .gguf path.
+    #[arg(long, short, default_value = "qwen2.5-coder-1.5b")]
+    model: String,
+    /// Address to bind. Anything but loopback exposes the server to the network.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, env = "SPLASH_PORT", default_value_t = 8000)]
+    port: u16,
+    /// Require this key as `Authorization: Bearer KEY` or `x-api-key: KEY` (/health stays open).
+    #[arg(long, env = "SPLASH_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Most tokens of prompt and output per request (e.g. 16384 or 16K); default: the model's context.
+    #[arg(long, value_parser = parse_tokens)]
+    max_context: Option<usize>,
+    /// The model id clients use (repeatable: the first is reported, the others are aliases). Default: the --model name
+    /// or the file's stem.
+    #[arg(long)]
+    served_model_name: Vec<String>,
+    /// Most requests generating at once.
+    #[arg(long, default_value_t = 8)]
+    max_sequences: usize,
+    /// Most requests waiting for a slot; more get 429.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Threads for the model (0 = all cores).
+    #[arg(long, short, default_value_t = 0)]
+    threads: usize,
+}
+
+/// `16384`, `16K` or `16k` (×1024).
+fn parse_tokens(s: &str) -> Result<usize, String> {
+    let (digits, scale) = match s.strip_suffix(['K', 'k']) {
+        Some(d) => (d, 1024),
+        None => (s, 1),
+    };
+    let n: usize =
+        digits.trim().parse().map_err(|_| format!("expected a number of tokens such as 16384 or 16K, got {s:?}"))?;
+    if n == 0 {
+        return Err("must be at least 1".into());
+    }
+    Ok(n * scale)
+}
+
+/// The default model id: the catalog name as given, or the file name without `.gguf`.
+fn default_model_id(model: &str) -> String {
+    let path = std::path::Path::new(model);
+    if model.ends_with(".gguf") || path.components().count() > 1 {
+        path.file_stem().map_or_else(|| model.to_string(), |s| s.to_string_lossy().into_owned())
+    } else {
+        model.to_string()
+    }
+}
+
+pub fn main(a: Args) -> Result<()> {
+    let Loaded { runner, tokenizer, template, load_s } = load(&a.model, a.threads)?;
+    if template.is_none() {
+        eprintln!("warning: {} has no chat template; chat requests will be refused", a.model);
+    }
+    let engine = Engine::new(runner, tokenizer.clone(), EngineConfig::default());
+    let service = ServiceConfig { max_running: a.max_sequences, max_waiting: a.max_queue, max_context: a.max_context };
+    let handle = EngineHandle::spawn(engine, service).context("starting the engine thread")?;
+    let mut names = a.served_model_name.into_iter();
+    let model_id = names.next().unwrap_or_else(|| default_model_id(&a.model));
+    let config = ServerConfig { api_key: a.api_key.filter(|k| !k.is_empty()), ..Default::default() };
+    let max_context = handle.limits().max_context;
+    let mut state = AppState::new(handle, tokenizer, template, model_id.clone(), config);
+    state.aliases = names.collect();
+    let state = Arc::new(state);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("splash-http")
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
+            .await
+            .with_context(|| format!("binding {}:{}", a.host, a.port))?;
+        let addr = listener.local_addr()?;
+        let host = if addr.is_ipv6() { format!("[{}]", addr.ip()) } else { addr.ip().to_string() };
+        eprintln!("model {model_id} loaded in {load_s:.1} s; context {max_context} tokens");
+        println!("Ready: http://{host}:{}/v1", addr.port());
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown_signal()).await.context("serving")
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    eprintln!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_counts_and_model_ids() {
+        assert_eq!(parse_tokens("16384"), Ok(16384));
+        assert_eq!(parse_tokens("16K"), Ok(16384));
+        assert_eq!(parse_tokens("2k"), Ok(2048));
+        assert!(parse_tokens("0").is_err() && parse_tokens("lots").is_err());
+        assert_eq!(default_model_id("qwen2.5-coder-0.5b"), "qwen2.5-coder-0.5b");
+        assert_eq!(default_model_id("/m/SmolLM2-135M-Instruct.Q4_1.gguf"), "SmolLM2-135M-Instruct.Q4_1");
+    }
+}
