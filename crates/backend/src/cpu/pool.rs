@@ -3,7 +3,9 @@
 //! `run(f)` calls `f(thread_index, num_threads)` once on every thread (the caller is thread 0) and returns when all
 //! are done. Workers spin briefly between jobs (decode issues a few hundred small jobs per token, so waking threads
 //! through the OS each time would cost more than the work) and then sleep on a condition variable, so an idle server
-//! uses no CPU.
+//! uses no CPU. Every wait spins only a few microseconds before it starts yielding the core: when the machine has
+//! more runnable threads than cores, a spinning waiter would otherwise hold the core that the thread it waits for
+//! needs.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -12,8 +14,10 @@ use std::time::{Duration, Instant};
 
 type Job<'a> = &'a (dyn Fn(usize, usize) + Sync);
 
-/// How long a worker spins waiting for the next job before it sleeps.
+/// How long a worker waits (spinning, then yielding) for the next job before it sleeps.
 const SPIN: Duration = Duration::from_micros(200);
+/// Busy-wait iterations before a waiter starts yielding its core (a few microseconds).
+const SPIN_ITERS: u32 = 2000;
 
 struct Shared {
     generation: AtomicU64,
@@ -82,7 +86,7 @@ impl ThreadPool {
         let mut spins = 0u32;
         while self.shared.num_pending.load(Ordering::Acquire) != 0 {
             spins += 1;
-            if spins < 1 << 16 {
+            if spins < SPIN_ITERS {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
@@ -139,13 +143,15 @@ fn worker(shared: Arc<Shared>, index: usize, num_threads: usize) {
                 break;
             }
             spins += 1;
-            if spins % 1024 == 0 && start.elapsed() > SPIN {
+            if spins < SPIN_ITERS {
+                std::hint::spin_loop();
+            } else if start.elapsed() < SPIN {
+                std::thread::yield_now();
+            } else {
                 let guard = shared.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
                 if shared.generation.load(Ordering::Acquire) == seen {
                     drop(shared.wake.wait(guard).unwrap_or_else(|e| e.into_inner()));
                 }
-            } else {
-                std::hint::spin_loop();
             }
         }
         if shared.shutdown.load(Ordering::Acquire) {
