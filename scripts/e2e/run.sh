@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# End-to-end test of `splash serve` with the official client SDKs (pinned in requirements.txt) on the real
+# Qwen2.5-Coder-0.5B. Installs the SDKs into $SPLASH_HOME/sdkvenv (default ~/.cache/splash/sdkvenv) once, builds and
+# starts the server on a free loopback port, runs the SDK tests, stops the server. Prints "N passed, M failed".
+# Usage: scripts/e2e/run.sh [--no-build]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+home="${SPLASH_HOME:-$HOME/.cache/splash}"
+venv="$home/sdkvenv"
+stamp="$venv/.requirements"
+if ! cmp -s scripts/e2e/requirements.txt "$stamp" 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/e2e/requirements.txt
+    cp scripts/e2e/requirements.txt "$stamp"
+fi
+if [[ "${1:-}" != "--no-build" ]]; then
+    cargo build --release --locked -p splash-cli
+fi
+port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+log="$(mktemp -d)/serve.log"
+key="e2e-key"
+target/release/splash serve --model qwen2.5-coder-0.5b --port "$port" --api-key "$key" --max-context 2048 \
+    --served-model-name splash-e2e >"$log" 2>&1 &
+server=$!
+trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true' EXIT
+for _ in $(seq 1 600); do
+    grep -q '^Ready' "$log" && break
+    kill -0 "$server" 2>/dev/null || { cat "$log"; echo "splash serve exited before it was ready" >&2; exit 1; }
+    sleep 0.2
+done
+grep -q '^Ready' "$log" || { cat "$log"; echo "splash serve was not ready after 120 s" >&2; exit 1; }
+SPLASH_URL="http://127.0.0.1:$port" SPLASH_KEY="$key" SPLASH_MODEL=splash-e2e SPLASH_MAX_CONTEXT=2048 \
+    "$venv/bin/python" scripts/e2e/sdk_openai.py
