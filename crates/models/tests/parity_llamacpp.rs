@@ -11,8 +11,11 @@
 //! scripts/fixtures/llama_self_consistency.py). Its batched Q4_K path (repacked GEMM over groups of four rows) and its
 //! single-row path differ by ~4e-3 relative in the logits, which flips near-ties. So the test asserts what separates a
 //! correct engine from a wrong one: every free-running divergence and every teacher-forced disagreement happens at a
-//! near-tie, where llama.cpp's own top-1/top-2 gap is under NEAR_TIE logits (the largest gap at which llama.cpp
-//! diverged from itself was 0.12). The identical rate is printed for the record.
+//! near-tie, where llama.cpp's own top-1/top-2 gap is under NEAR_TIE logits. Why 0.5: both engines quantize every
+//! matrix input to 8 bits, which turns float-rounding differences into logit differences of up to ~0.4 (measured
+//! against an exact f64 forward pass, scripts/fixtures/exact_reference_qwen2.py: llama.cpp and splash are both ~3e-2
+//! relative from it, and ~3e-2 from each other). A real bug diverges where the model is sure (gaps of several
+//! logits). The identical rate is printed for the record.
 //!
 //! The models come from `splash pull` (scripts/test runs it). Set SPLASH_SKIP_MODEL_TESTS=1 to skip on purpose.
 
@@ -22,8 +25,8 @@ use std::sync::Arc;
 use models::cpu::CpuRunner;
 use models::{Batch, LogitsWanted, Runner, SeqChunk, SeqId};
 
-/// Top-1/top-2 logit gap under which llama.cpp's own result depends on its batching.
-const NEAR_TIE: f64 = 0.15;
+/// Top-1/top-2 logit gap under which two correct 8-bit-activation engines may pick different tokens.
+const NEAR_TIE: f64 = 0.5;
 
 fn argmax(l: &[f32]) -> u32 {
     let mut best = 0;
