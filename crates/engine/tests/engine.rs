@@ -1,0 +1,747 @@
+//! The engine's scheduling, stopping, validation and bookkeeping, over a scripted fake model.
+//!
+//! The fake [`Runner`] answers every row with logits that are a pure function of the sequence's tokens so far (the
+//! script), checks the batch contract (positions, context, vocabulary), records every batch it receives and which
+//! sequences it still holds. The tokenizer is real: a tiny byte-level BPE vocabulary written into an in-memory GGUF,
+//! so detokenization, end-of-generation tokens and stop strings go through the production code.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use backend::cpu::ops::RopeStyle;
+use engine::{Engine, EngineConfig, Error, Event, FinishReason, GenerateRequest, RequestId, SamplingParams, Usage};
+use gguf::{GgufFile, GgufWriter, Value, ValueType};
+use models::{Arch, Batch, LogitsWanted, ModelConfig, Runner, SeqId};
+use tokenizer::Tokenizer;
+
+// ---------------------------------------------------------------------------------------------------------------
+// A tiny real tokenizer.
+
+/// GPT-2's byte-to-character table.
+fn byte_char(b: u8) -> char {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    if printable(b) {
+        return b as char;
+    }
+    let rank = (0..b).filter(|&x| !printable(x)).count() as u32;
+    char::from_u32(256 + rank).expect("valid char")
+}
+
+const IM_START: u32 = 256;
+const IM_END: u32 = 257;
+/// Multi-character tokens after the specials, as GPT-2 byte characters.
+const WORDS: [&str; 8] = ["he", "ll", "hell", "hello", "Ġworld", "ĠEN", "DĠand", "Ġmore"];
+const HELLO: u32 = 261;
+const SP_WORLD: u32 = 262;
+const SP_EN: u32 = 263;
+const D_SP_AND: u32 = 264;
+const SP_MORE: u32 = 265;
+const VOCAB: usize = 266;
+
+fn build_tokenizer() -> Arc<Tokenizer> {
+    let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
+    let mut types = vec![1i32; 256];
+    for (text, ty) in [("<|im_start|>", 3), ("<|im_end|>", 3)] {
+        tokens.push(text.to_owned());
+        types.push(ty);
+    }
+    for w in WORDS {
+        tokens.push(w.to_owned());
+        types.push(1);
+    }
+    assert_eq!(tokens.len(), VOCAB);
+    let merges = ["h e", "l l", "he ll", "hell o"];
+    let strings = |v: Vec<String>| Value::Array(ValueType::String, v.into_iter().map(Value::String).collect());
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", Value::String("llama".into()));
+    w.add("tokenizer.ggml.model", Value::String("gpt2".into()));
+    w.add("tokenizer.ggml.pre", Value::String("smollm".into()));
+    w.add("tokenizer.ggml.tokens", strings(tokens));
+    w.add("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()));
+    w.add("tokenizer.ggml.merges", strings(merges.iter().map(|s| s.to_string()).collect()));
+    w.add("tokenizer.ggml.bos_token_id", Value::U32(IM_START));
+    w.add("tokenizer.ggml.eos_token_id", Value::U32(IM_END));
+    w.add("tokenizer.ggml.add_bos_token", Value::Bool(false));
+    let file = GgufFile::from_bytes(w.to_bytes()).expect("tokenizer GGUF parses");
+    let tok = Tokenizer::from_gguf(&file).expect("tokenizer builds");
+    assert_eq!(tok.vocab_size(), VOCAB);
+    assert!(tok.is_eog(IM_END));
+    assert_eq!(tok.decode(&[HELLO, SP_WORLD, SP_EN, D_SP_AND, SP_MORE]), "hello world END and more");
+    Arc::new(tok)
+}
+
+/// The ids of an ASCII string, one byte token per character.
+fn bytes(s: &str) -> Vec<u32> {
+    s.bytes().map(u32::from).collect()
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The scripted fake runner.
+
+/// Logits for the next token, given every token of the sequence up to and including the current row.
+type Script = Box<dyn Fn(&[u32]) -> Vec<f32> + Send>;
+
+#[derive(Debug, Clone, PartialEq)]
+struct RecordedChunk {
+    seq: SeqId,
+    tokens: Vec<u32>,
+    start_pos: usize,
+    logits: LogitsWanted,
+}
+
+struct FakeRunner {
+    cfg: ModelConfig,
+    script: Script,
+    /// Tokens held per live sequence (its "KV cache").
+    live: BTreeMap<SeqId, Vec<u32>>,
+    /// Every batch received, in order.
+    batches: Vec<Vec<RecordedChunk>>,
+    /// Every `release` call, in order.
+    released: Vec<SeqId>,
+    out: Vec<f32>,
+}
+
+fn config(max_context: usize) -> ModelConfig {
+    ModelConfig {
+        arch: Arch::Llama,
+        num_layers: 1,
+        hidden_size: 8,
+        ffn_size: 16,
+        num_heads: 2,
+        num_kv_heads: 1,
+        head_dim: 4,
+        vocab_size: VOCAB,
+        rms_eps: 1e-5,
+        rope_theta: 10_000.0,
+        rope_dim: 4,
+        rope_style: RopeStyle::Interleaved,
+        max_context,
+        qkv_bias: false,
+        qk_norm: false,
+        tied_embeddings: true,
+    }
+}
+
+impl FakeRunner {
+    fn new(max_context: usize, script: impl Fn(&[u32]) -> Vec<f32> + Send + 'static) -> Self {
+        FakeRunner {
+            cfg: config(max_context),
+            script: Box::new(script),
+            live: BTreeMap::new(),
+            batches: Vec::new(),
+            released: Vec::new(),
+            out: Vec::new(),
+        }
+    }
+}
+
+impl Runner for FakeRunner {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn forward(&mut self, batch: &Batch<'_>) -> models::Result<&[f32]> {
+        self.batches.push(
+            batch
+                .chunks
+                .iter()
+                .map(|c| RecordedChunk {
+                    seq: c.seq,
+                    tokens: c.tokens.to_vec(),
+                    start_pos: c.start_pos,
+                    logits: c.logits,
+                })
+                .collect(),
+        );
+        // The contract a real runner enforces, checked before anything changes.
+        let mut seen = BTreeSet::new();
+        for c in &batch.chunks {
+            assert!(seen.insert(c.seq), "sequence {} appears twice in one batch", c.seq);
+            assert!(!c.tokens.is_empty(), "empty chunk for sequence {}", c.seq);
+            let len = self.seq_len(c.seq);
+            if c.start_pos != len {
+                return Err(models::Error::BadPosition { seq: c.seq.0, start: c.start_pos, len });
+            }
+            if len + c.tokens.len() > self.cfg.max_context {
+                return Err(models::Error::ContextOverflow(c.seq.0, self.cfg.max_context));
+            }
+            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= VOCAB) {
+                return Err(models::Error::BadToken(t));
+            }
+        }
+        self.out.clear();
+        for c in &batch.chunks {
+            let held = self.live.entry(c.seq).or_default();
+            let rows: Vec<usize> = match c.logits {
+                LogitsWanted::None => vec![],
+                LogitsWanted::Last => vec![c.tokens.len() - 1],
+                LogitsWanted::All => (0..c.tokens.len()).collect(),
+            };
+            let base = held.len();
+            held.extend_from_slice(c.tokens);
+            for r in rows {
+                let logits = (self.script)(&held[..base + r + 1]);
+                assert_eq!(logits.len(), VOCAB);
+                self.out.extend_from_slice(&logits);
+            }
+        }
+        Ok(&self.out)
+    }
+
+    fn seq_len(&self, seq: SeqId) -> usize {
+        self.live.get(&seq).map_or(0, Vec::len)
+    }
+
+    fn truncate(&mut self, seq: SeqId, len: usize) {
+        if let Some(t) = self.live.get_mut(&seq) {
+            t.truncate(len);
+        }
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        self.live.remove(&seq);
+        self.released.push(seq);
+    }
+}
+
+/// Logits that make `token` the clear favourite.
+fn one_hot(token: u32) -> Vec<f32> {
+    let mut l = vec![-10.0; VOCAB];
+    l[token as usize] = 10.0;
+    l
+}
+
+/// The default script: the next token is a lowercase letter determined by the sequence's first token, the position
+/// and the last token, so concurrent sequences with different prompts produce different, predictable streams.
+fn letter_after(history: &[u32]) -> u32 {
+    let first = history[0];
+    let last = *history.last().expect("non-empty");
+    b'a' as u32 + (first * 7 + history.len() as u32 * 3 + last) % 26
+}
+
+fn letters_script(history: &[u32]) -> Vec<f32> {
+    one_hot(letter_after(history))
+}
+
+/// What `letters_script` generates greedily after `prompt`, `n` tokens.
+fn expected_letters(prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut h = prompt.to_vec();
+    for _ in 0..n {
+        h.push(letter_after(&h));
+    }
+    h[prompt.len()..].to_vec()
+}
+
+/// A script that emits `continuation` after any prompt of `prompt_len` tokens, then `filler` forever.
+fn continuation_script(prompt_len: usize, continuation: Vec<u32>, filler: u32) -> impl Fn(&[u32]) -> Vec<f32> + Send {
+    move |h: &[u32]| one_hot(continuation.get(h.len() - prompt_len).copied().unwrap_or(filler))
+}
+
+/// Spread-out pseudo-random logits over the printable ASCII tokens: a function of the whole history.
+fn noisy_script(history: &[u32]) -> Vec<f32> {
+    let mut x = history.iter().fold(0x9E37_79B9_7F4A_7C15u64, |a, &t| (a ^ t as u64).wrapping_mul(0x100_0000_01B3));
+    let mut l = vec![f32::NEG_INFINITY; VOCAB];
+    for v in &mut l[b' ' as usize..=b'~' as usize] {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        *v = ((z >> 40) as f32 / (1u64 << 24) as f32) * 3.0;
+    }
+    l
+}
+
+fn engine_with(runner: FakeRunner, max_batch_tokens: usize) -> Engine<FakeRunner> {
+    Engine::new(runner, build_tokenizer(), EngineConfig { max_batch_tokens })
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest::new(prompt, SamplingParams::greedy(), max_tokens)
+}
+
+/// Everything one request produced.
+#[derive(Debug, Default, Clone)]
+struct Outcome {
+    tokens: Vec<u32>,
+    /// Concatenation of every released piece of text, including the `Finished` tail.
+    text: String,
+    finish: Option<(FinishReason, Usage)>,
+    /// Step index (0-based) at which each token event came.
+    token_steps: Vec<usize>,
+}
+
+/// Adds one step's events to the per-request outcomes; checks that nothing follows a `Finished`.
+fn record(out: &mut BTreeMap<RequestId, Outcome>, step: usize, events: Vec<(RequestId, Event)>) {
+    for (id, ev) in events {
+        let o = out.entry(id).or_default();
+        assert!(o.finish.is_none(), "request {id}: event after Finished: {ev:?}");
+        match ev {
+            Event::Token { id, text } => {
+                o.tokens.push(id);
+                o.text.push_str(&text);
+                o.token_steps.push(step);
+            }
+            Event::Finished { reason, text, usage } => {
+                o.text.push_str(&text);
+                o.finish = Some((reason, usage));
+            }
+        }
+    }
+}
+
+/// Steps until the engine is idle, routing events per request.
+fn run_to_end<R: Runner>(engine: &mut Engine<R>) -> BTreeMap<RequestId, Outcome> {
+    let mut out = BTreeMap::new();
+    let mut step = 0;
+    while engine.has_work() {
+        assert!(step < 10_000, "the engine does not finish");
+        record(&mut out, step, engine.step().expect("step"));
+        step += 1;
+    }
+    out
+}
+
+/// After every request has finished: the runner holds nothing and each sequence was released exactly once.
+fn assert_all_released(engine: &Engine<FakeRunner>, ids: &[RequestId]) {
+    let r = engine.runner();
+    assert!(r.live.is_empty(), "sequences still held by the runner: {:?}", r.live.keys().collect::<Vec<_>>());
+    let mut released = r.released.clone();
+    released.sort();
+    let mut want: Vec<SeqId> = ids.iter().map(|id| SeqId(id.0)).collect();
+    want.sort();
+    assert_eq!(released, want, "each finished request is released exactly once");
+    assert_eq!(engine.num_requests(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Scheduling.
+
+#[test]
+fn prefill_is_chunked_under_max_batch_tokens() {
+    let prompt = bytes("abcdefghijklmnopqrst"); // 20 tokens
+    let mut e = engine_with(FakeRunner::new(1024, letters_script), 8);
+    let id = e.add_request(greedy(prompt.clone(), 3)).expect("valid");
+    let out = run_to_end(&mut e);
+    let o = &out[&id];
+    assert_eq!(o.tokens, expected_letters(&prompt, 3));
+    // No token before the whole prompt has been seen.
+    assert_eq!(o.token_steps, vec![2, 3, 4]);
+
+    let b = &e.runner().batches;
+    let chunks: Vec<(usize, usize, LogitsWanted)> =
+        b.iter().map(|b| (b[0].start_pos, b[0].tokens.len(), b[0].logits)).collect();
+    assert_eq!(
+        chunks,
+        vec![
+            (0, 8, LogitsWanted::None),
+            (8, 8, LogitsWanted::None),
+            (16, 4, LogitsWanted::Last),
+            (20, 1, LogitsWanted::Last),
+            (21, 1, LogitsWanted::Last),
+        ]
+    );
+    // The chunks are the prompt, then the generated tokens fed back (the last one is never fed).
+    let fed: Vec<u32> = b.iter().flat_map(|b| b[0].tokens.clone()).collect();
+    let mut want = prompt.clone();
+    want.extend_from_slice(&o.tokens[..2]);
+    assert_eq!(fed, want);
+    assert_all_released(&e, &[id]);
+}
+
+#[test]
+fn decoding_sequences_go_before_prompt_chunks() {
+    let max_batch = 6;
+    let prompts = [bytes("xy"), bytes("a long prompt of many tokens"), bytes("zz")];
+    let max_tokens = [10, 4, 4];
+    let mut e = engine_with(FakeRunner::new(1024, letters_script), max_batch);
+    let mut out = BTreeMap::new();
+    let a = e.add_request(greedy(prompts[0].clone(), max_tokens[0])).expect("valid");
+    // A's prompt fits in one step; A is decoding from then on.
+    record(&mut out, 0, e.step().expect("step"));
+    let b = e.add_request(greedy(prompts[1].clone(), max_tokens[1])).expect("valid");
+    let c = e.add_request(greedy(prompts[2].clone(), max_tokens[2])).expect("valid");
+    let mut step = 1;
+    while e.has_work() {
+        record(&mut out, step, e.step().expect("step"));
+        step += 1;
+    }
+    let ids = [a, b, c];
+
+    let batches = &e.runner().batches;
+    let prompt_len = |seq: SeqId| prompts[ids.iter().position(|id| id.0 == seq.0).expect("known sequence")].len();
+    for (i, batch) in batches.iter().enumerate() {
+        let n: usize = batch.iter().map(|c| c.tokens.len()).sum();
+        assert!(n <= max_batch, "batch {i} has {n} tokens > {max_batch}");
+        // Every decode chunk (one token past the prompt) comes before every prompt chunk.
+        let is_decode = |c: &RecordedChunk| c.start_pos >= prompt_len(c.seq);
+        let first_prefill = batch.iter().position(|c| !is_decode(c)).unwrap_or(batch.len());
+        assert!(
+            batch[first_prefill..].iter().all(|c| !is_decode(c)),
+            "batch {i}: decode after a prompt chunk: {batch:?}"
+        );
+    }
+    // The step after B arrived: A's decode token first, then B's prompt with the rest of the budget; C waits.
+    let second = &batches[1];
+    assert_eq!(second.len(), 2, "{second:?}");
+    assert_eq!((second[0].seq, second[0].tokens.len()), (SeqId(a.0), 1));
+    assert_eq!(second[1].seq, SeqId(b.0));
+    assert_eq!((second[1].start_pos, second[1].tokens.len(), second[1].logits), (0, 5, LogitsWanted::None));
+    // A kept producing a token every step while B's long prompt was being read.
+    assert_eq!(out[&a].token_steps, (0..10).collect::<Vec<_>>());
+    for ((id, p), n) in ids.iter().zip(&prompts).zip(max_tokens) {
+        assert_eq!(out[id].tokens, expected_letters(p, n), "request {id}");
+    }
+    assert_all_released(&e, &ids);
+}
+
+#[test]
+fn concurrent_requests_each_get_their_own_stream() {
+    let prompts = [bytes("first prompt"), bytes("B"), bytes("a third, longer prompt than the others"), bytes("qq")];
+    let max_tokens = [12, 30, 7, 20];
+    let mut e = engine_with(FakeRunner::new(1024, letters_script), 16);
+    let ids: Vec<RequestId> =
+        prompts.iter().zip(max_tokens).map(|(p, n)| e.add_request(greedy(p.clone(), n)).expect("valid")).collect();
+    let out = run_to_end(&mut e);
+    for ((id, p), n) in ids.iter().zip(&prompts).zip(max_tokens) {
+        let o = &out[id];
+        let want = expected_letters(p, n);
+        assert_eq!(o.tokens, want, "request {id}");
+        assert_eq!(o.text, String::from_utf8(want.iter().map(|&t| t as u8).collect()).expect("ascii"));
+        let (reason, usage) = o.finish.expect("finished");
+        assert_eq!(reason, FinishReason::Length);
+        assert_eq!((usage.prompt_tokens, usage.completion_tokens), (p.len(), n));
+    }
+    // Several sequences really shared batches.
+    assert!(e.runner().batches.iter().any(|b| b.len() >= 3));
+
+    // Each stream equals the one the request gets when alone.
+    for (p, n) in prompts.iter().zip(max_tokens) {
+        let mut alone = engine_with(FakeRunner::new(1024, letters_script), 16);
+        let (tokens, reason, _) = alone.generate(greedy(p.clone(), n), |_| {}).expect("generate");
+        assert_eq!(tokens, expected_letters(p, n));
+        assert_eq!(reason, FinishReason::Length);
+    }
+    assert_all_released(&e, &ids);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// How requests end.
+
+#[test]
+fn stop_string_across_token_boundaries() {
+    // "hello world END and more": "END" is split over " EN" and "D and".
+    let prompt = bytes("say it");
+    let cont = vec![HELLO, SP_WORLD, SP_EN, D_SP_AND, SP_MORE, b'!' as u32];
+    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
+    let mut req = greedy(prompt, 50);
+    req.stop_strings = vec!["END".into()];
+    let id = e.add_request(req).expect("valid");
+    let out = run_to_end(&mut e);
+    let o = &out[&id];
+    assert_eq!(o.text, "hello world ");
+    assert_eq!(
+        o.tokens,
+        vec![HELLO, SP_WORLD, SP_EN, D_SP_AND],
+        "generation stops at the token completing the stop string"
+    );
+    assert_eq!(o.finish.expect("finished").0, FinishReason::Stop);
+    assert_all_released(&e, &[id]);
+}
+
+#[test]
+fn stop_string_held_back_then_released_on_false_start() {
+    // " EN" might begin "ENOUGH"; when "D and" follows, the held " EN" must come out, in order, with nothing lost.
+    let prompt = bytes("p");
+    let cont = vec![HELLO, SP_EN, D_SP_AND, SP_MORE];
+    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
+    let mut req = greedy(prompt, 4);
+    req.stop_strings = vec!["ENOUGH".into(), "zzz".into()];
+    let id = e.add_request(req).expect("valid");
+    let mut pieces = Vec::new();
+    while e.has_work() {
+        for (_, ev) in e.step().expect("step") {
+            match ev {
+                Event::Token { text, .. } => pieces.push(text),
+                Event::Finished { reason, text, .. } => {
+                    assert_eq!(reason, FinishReason::Length);
+                    pieces.push(text);
+                }
+            }
+        }
+    }
+    assert_eq!(pieces, vec!["hello", " ", "END and", " more", ""]);
+    assert_all_released(&e, &[id]);
+}
+
+#[test]
+fn stop_string_over_a_multibyte_character_split_across_tokens() {
+    // "café!" where é = C3 A9 comes as two byte tokens; the stop string is "é!".
+    let prompt = bytes("q");
+    let cont = vec![b'c' as u32, b'a' as u32, b'f' as u32, 0xC3, 0xA9, b'!' as u32, b'x' as u32];
+    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
+    let mut req = greedy(prompt, 50);
+    req.stop_strings = vec!["é!".into()];
+    let id = e.add_request(req).expect("valid");
+    let out = run_to_end(&mut e);
+    assert_eq!(out[&id].text, "caf");
+    assert_eq!(out[&id].tokens.len(), 6);
+    assert_eq!(out[&id].finish.expect("finished").0, FinishReason::Stop);
+    assert_all_released(&e, &[id]);
+}
+
+#[test]
+fn stop_token_ends_with_stop_and_is_not_rendered() {
+    let prompt = bytes("go");
+    let cont = vec![HELLO, SP_WORLD, SP_MORE, HELLO];
+    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
+    let mut req = greedy(prompt, 50);
+    req.stop_tokens = vec![SP_MORE];
+    let id = e.add_request(req).expect("valid");
+    let out = run_to_end(&mut e);
+    let o = &out[&id];
+    assert_eq!(o.tokens, vec![HELLO, SP_WORLD, SP_MORE]);
+    assert_eq!(o.text, "hello world");
+    let (reason, usage) = o.finish.expect("finished");
+    assert_eq!(reason, FinishReason::Stop);
+    assert_eq!(usage.completion_tokens, 3);
+    assert_all_released(&e, &[id]);
+}
+
+#[test]
+fn end_of_generation_ends_with_stop() {
+    let prompt = bytes("hi");
+    let cont = vec![HELLO, IM_END, SP_WORLD];
+    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont.clone(), b'.' as u32)), 64);
+    let id = e.add_request(greedy(prompt.clone(), 50)).expect("valid");
+    let out = run_to_end(&mut e);
+    assert_eq!(out[&id].tokens, vec![HELLO, IM_END]);
+    assert_eq!(out[&id].text, "hello", "the end-of-generation token is not part of the text");
+    assert_eq!(out[&id].finish.expect("finished").0, FinishReason::Stop);
+    assert_all_released(&e, &[id]);
+
+    // ignore_eos: generation goes on past it until max_tokens.
+    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
+    let mut req = greedy(prompt, 4);
+    req.ignore_eos = true;
+    let id = e.add_request(req).expect("valid");
+    let out = run_to_end(&mut e);
+    assert_eq!(out[&id].tokens, vec![HELLO, IM_END, SP_WORLD, b'.' as u32]);
+    assert_eq!(out[&id].finish.expect("finished").0, FinishReason::Length);
+    assert_all_released(&e, &[id]);
+}
+
+#[test]
+fn max_tokens_ends_with_length() {
+    for max_tokens in [1, 2, 17] {
+        let prompt = bytes("count");
+        let mut e = engine_with(FakeRunner::new(1024, letters_script), 64);
+        let id = e.add_request(greedy(prompt.clone(), max_tokens)).expect("valid");
+        let out = run_to_end(&mut e);
+        assert_eq!(out[&id].tokens, expected_letters(&prompt, max_tokens));
+        let (reason, usage) = out[&id].finish.expect("finished");
+        assert_eq!(reason, FinishReason::Length);
+        assert_eq!(usage.completion_tokens, max_tokens);
+        // The last token is never fed back: prompt + max_tokens - 1 positions were computed.
+        let fed: usize = e.runner().batches.iter().flatten().map(|c| c.tokens.len()).sum();
+        assert_eq!(fed, prompt.len() + max_tokens - 1);
+        assert_all_released(&e, &[id]);
+    }
+}
+
+#[test]
+fn full_context_ends_with_length() {
+    let max_context = 16;
+    let prompt = bytes("ten tokens"); // 10
+    let mut e = engine_with(FakeRunner::new(max_context, letters_script), 4);
+    let id = e.add_request(greedy(prompt.clone(), 1000)).expect("valid");
+    let out = run_to_end(&mut e);
+    let (reason, usage) = out[&id].finish.expect("finished");
+    assert_eq!(reason, FinishReason::Length);
+    // Prompt and output fill the context exactly; the runner never saw a position past it.
+    assert_eq!(prompt.len() + out[&id].tokens.len(), max_context);
+    assert_eq!(usage.completion_tokens, max_context - prompt.len());
+    let max_pos = e.runner().batches.iter().flatten().map(|c| c.start_pos + c.tokens.len()).max().expect("batches");
+    assert!(max_pos < max_context);
+    assert_all_released(&e, &[id]);
+
+    // A prompt one short of the context still gets exactly one token.
+    let mut e = engine_with(FakeRunner::new(max_context, letters_script), 64);
+    let id = e.add_request(greedy(bytes("fifteen tokens!"), 1000)).expect("valid");
+    let out = run_to_end(&mut e);
+    assert_eq!(out[&id].tokens.len(), 1);
+    assert_eq!(out[&id].finish.expect("finished").0, FinishReason::Length);
+    assert_all_released(&e, &[id]);
+}
+
+#[test]
+fn abort_frees_the_sequence() {
+    let mut e = engine_with(FakeRunner::new(1024, letters_script), 64);
+    let a = e.add_request(greedy(bytes("keep going"), 1000)).expect("valid");
+    let b = e.add_request(greedy(bytes("other"), 6)).expect("valid");
+    for _ in 0..3 {
+        e.step().expect("step");
+    }
+    assert!(e.runner().live.contains_key(&SeqId(a.0)));
+    let ev = e.abort(a).expect("a is running");
+    match ev {
+        Event::Finished { reason, usage, .. } => {
+            assert_eq!(reason, FinishReason::Aborted);
+            assert_eq!(usage.prompt_tokens, 10);
+            assert_eq!(usage.completion_tokens, 3);
+        }
+        other => panic!("abort gave {other:?}"),
+    }
+    assert_eq!(e.runner().released, vec![SeqId(a.0)], "abort releases the sequence at once");
+    assert!(!e.runner().live.contains_key(&SeqId(a.0)));
+    assert!(e.abort(a).is_none(), "a second abort finds nothing");
+    assert!(e.abort(RequestId(999)).is_none());
+    let n_batches = e.runner().batches.len();
+    let out = run_to_end(&mut e);
+    assert!(!out.contains_key(&a), "no events for an aborted request");
+    assert!(e.runner().batches[n_batches..].iter().flatten().all(|c| c.seq != SeqId(a.0)));
+    assert_eq!(out[&b].tokens.len(), 3);
+    assert_all_released(&e, &[a, b]);
+
+    // Aborting a request that is still reading its prompt.
+    let mut e = engine_with(FakeRunner::new(1024, letters_script), 4);
+    let c = e.add_request(greedy(bytes("a prompt longer than one chunk"), 5)).expect("valid");
+    e.step().expect("step");
+    assert_eq!(e.runner().seq_len(SeqId(c.0)), 4);
+    assert!(matches!(e.abort(c), Some(Event::Finished { reason: FinishReason::Aborted, .. })));
+    assert!(!e.has_work());
+    assert!(e.step().expect("idle step").is_empty());
+    assert_all_released(&e, &[c]);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Validation.
+
+#[test]
+fn invalid_requests_are_rejected_with_clear_errors() {
+    let mut e = engine_with(FakeRunner::new(32, letters_script), 64);
+    let bad = |e: &mut Engine<FakeRunner>, req: GenerateRequest, needle: &str| match e.add_request(req) {
+        Err(Error::InvalidRequest(msg)) => assert!(msg.contains(needle), "message {msg:?} does not mention {needle:?}"),
+        other => panic!("expected an invalid-request error mentioning {needle:?}, got {other:?}"),
+    };
+    bad(&mut e, greedy(vec![], 5), "empty");
+    bad(&mut e, greedy(vec![1, 2, VOCAB as u32], 5), &format!("{VOCAB}"));
+    bad(&mut e, greedy(vec![1, u32::MAX], 5), "vocabulary");
+    bad(&mut e, greedy(vec![b'a' as u32; 32], 5), "context");
+    bad(&mut e, greedy(vec![b'a' as u32; 40], 5), "context");
+    bad(&mut e, greedy(bytes("ok"), 0), "max_tokens");
+    let sampling = |f: fn(&mut SamplingParams)| {
+        let mut p = SamplingParams::default();
+        f(&mut p);
+        GenerateRequest::new(bytes("ok"), p, 5)
+    };
+    bad(&mut e, sampling(|p| p.temperature = -0.5), "temperature");
+    bad(&mut e, sampling(|p| p.temperature = f32::NAN), "temperature");
+    bad(&mut e, sampling(|p| p.top_p = 0.0), "top_p");
+    bad(&mut e, sampling(|p| p.top_p = 1.5), "top_p");
+    bad(&mut e, sampling(|p| p.min_p = -0.1), "min_p");
+    bad(&mut e, sampling(|p| p.min_p = 2.0), "min_p");
+    bad(&mut e, sampling(|p| p.repetition_penalty = 0.0), "repetition_penalty");
+    bad(&mut e, sampling(|p| p.frequency_penalty = f32::INFINITY), "frequency_penalty");
+    bad(&mut e, sampling(|p| p.presence_penalty = f32::NAN), "presence_penalty");
+    // Nothing was admitted and the runner never ran.
+    assert_eq!(e.num_requests(), 0);
+    assert!(!e.has_work());
+    assert!(e.runner().batches.is_empty());
+
+    // The largest valid prompt is admitted; requests keep getting fresh ids after rejections.
+    let id = e.add_request(greedy(vec![b'a' as u32; 31], 5)).expect("31 < 32 tokens");
+    let id2 = e.add_request(greedy(bytes("x"), 5)).expect("valid");
+    assert_ne!(id, id2);
+    let out = run_to_end(&mut e);
+    assert_eq!(out[&id].tokens.len(), 1);
+    assert_all_released(&e, &[id, id2]);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Bookkeeping and determinism.
+
+#[test]
+fn usage_counts_tokens() {
+    let prompt = bytes("usage please");
+    let mut e = engine_with(FakeRunner::new(1024, letters_script), 5);
+    let id = e.add_request(greedy(prompt.clone(), 9)).expect("valid");
+    let out = run_to_end(&mut e);
+    let (_, usage) = out[&id].finish.expect("finished");
+    assert_eq!(usage.prompt_tokens, prompt.len());
+    assert_eq!(usage.completion_tokens, out[&id].tokens.len());
+    assert_eq!(usage.completion_tokens, 9);
+    assert!(usage.prefill_ms >= 0.0 && usage.decode_ms >= 0.0);
+    assert!(usage.prefill_tok_s().is_finite() && usage.decode_tok_s().is_finite());
+
+    // generate() returns the same counts and streams the same text.
+    let mut e = engine_with(FakeRunner::new(1024, letters_script), 5);
+    let mut text = String::new();
+    let (tokens, reason, usage2) = e.generate(greedy(prompt.clone(), 9), |t| text.push_str(t)).expect("generate");
+    assert_eq!(tokens, out[&id].tokens);
+    assert_eq!(text, out[&id].text);
+    assert_eq!(reason, FinishReason::Length);
+    assert_eq!((usage2.prompt_tokens, usage2.completion_tokens), (prompt.len(), 9));
+    assert_all_released(&e, &[RequestId(0)]);
+}
+
+#[test]
+fn same_seed_same_output_under_sampling() {
+    let prompt = bytes("sample");
+    let params = |seed| SamplingParams {
+        temperature: 1.0,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.01,
+        seed: Some(seed),
+        ..Default::default()
+    };
+    let run = |seed: u64, with_neighbours: bool| -> Vec<u32> {
+        let mut e = engine_with(FakeRunner::new(1024, noisy_script), 8);
+        if with_neighbours {
+            e.add_request(GenerateRequest::new(bytes("neighbour one"), params(seed), 25)).expect("valid");
+        }
+        let id = e.add_request(GenerateRequest::new(prompt.clone(), params(seed), 40)).expect("valid");
+        if with_neighbours {
+            e.add_request(GenerateRequest::new(bytes("x"), params(seed + 1), 33)).expect("valid");
+        }
+        let out = run_to_end(&mut e);
+        assert!(e.runner().live.is_empty());
+        out[&id].tokens.clone()
+    };
+    let a = run(7, false);
+    assert_eq!(a.len(), 40);
+    assert_eq!(a, run(7, false), "same seed, same tokens");
+    assert_eq!(a, run(7, true), "other requests in the batch do not change a seeded stream");
+    assert_ne!(a, run(8, false), "another seed gives another stream");
+    // The noisy script really has a spread distribution: sampling does not just repeat the argmax.
+    let mut e = engine_with(FakeRunner::new(1024, noisy_script), 8);
+    let (g, _, _) = e.generate(greedy(prompt.clone(), 40), |_| {}).expect("generate");
+    assert_ne!(a, g);
+}
+
+#[test]
+fn runner_errors_leave_requests_intact() {
+    // Drop a sequence's cache behind the engine's back: the next batch has a bad position and forward fails.
+    let mut e = engine_with(FakeRunner::new(1024, letters_script), 64);
+    let id = e.add_request(greedy(bytes("abc"), 5)).expect("valid");
+    e.step().expect("step");
+    e.runner_mut().live.remove(&SeqId(id.0));
+    match e.step() {
+        Err(Error::Model(models::Error::BadPosition { .. })) => {}
+        other => panic!("expected the runner's error, got {other:?}"),
+    }
+    assert_eq!(e.num_requests(), 1, "the request is still there after a failed step");
+    assert!(e.abort(id).is_some());
+}
+
+#[test]
+fn a_zero_token_budget_still_makes_progress() {
+    // max_batch_tokens 0 would schedule nothing, and generate() would spin forever.
+    let mut e = engine_with(FakeRunner::new(1024, letters_script), 0);
+    let prompt = bytes("abc");
+    let (tokens, reason, _) = e.generate(greedy(prompt.clone(), 3), |_| {}).expect("generate");
+    assert_eq!(tokens, expected_letters(&prompt, 3));
+    assert_eq!(reason, FinishReason::Length);
+    assert!(e.runner().batches.iter().all(|b| b.iter().map(|c| c.tokens.len()).sum::<usize>() == 1));
+    assert_all_released(&e, &[RequestId(0)]);
+}
