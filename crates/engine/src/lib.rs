@@ -32,7 +32,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// Most tokens in one forward batch (caps prefill chunks).
+    /// Most tokens in one forward batch (caps prefill chunks). 0 is taken as 1 (nothing could ever run).
     pub max_batch_tokens: usize,
 }
 
@@ -87,7 +87,8 @@ pub struct Engine<R: Runner> {
 }
 
 impl<R: Runner> Engine<R> {
-    pub fn new(runner: R, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Self {
+    pub fn new(runner: R, tokenizer: Arc<Tokenizer>, mut config: EngineConfig) -> Self {
+        config.max_batch_tokens = config.max_batch_tokens.max(1);
         Engine { runner, tokenizer, config, seqs: Vec::new(), next_id: 0 }
     }
 
@@ -108,6 +109,10 @@ impl<R: Runner> Engine<R> {
         let cfg = self.runner.config();
         if req.prompt.is_empty() {
             return Err(Error::InvalidRequest("the prompt is empty".into()));
+        }
+        if req.max_tokens == 0 {
+            // Otherwise the first step would still sample (and report) one token.
+            return Err(Error::InvalidRequest("max_tokens must be at least 1".into()));
         }
         if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= cfg.vocab_size) {
             return Err(Error::InvalidRequest(format!("token id {t} is outside the vocabulary of {}", cfg.vocab_size)));
@@ -140,7 +145,8 @@ impl<R: Runner> Engine<R> {
         Ok(id)
     }
 
-    /// Cancels a request; its `Finished` event comes from the next `step`.
+    /// Cancels a request and frees its sequence at once; returns its `Finished` event (None for an unknown or
+    /// finished request). No further events come for it.
     pub fn abort(&mut self, id: RequestId) -> Option<Event> {
         let i = self.seqs.iter().position(|s| s.id == id)?;
         let mut s = self.seqs.remove(i);
