@@ -6,6 +6,7 @@
 //! one output parser (text / tool calls) in [`generate::Reply`] → the adapter's response or event stream. Adapters
 //! never import each other, and nothing here knows how the engine schedules.
 
+pub mod anthropic;
 pub mod error;
 pub mod generate;
 pub mod openai;
@@ -24,6 +25,7 @@ use engine::SamplingParams;
 use engine::service::EngineHandle;
 use serde_json::json;
 
+use crate::anthropic::AnthropicError;
 use crate::error::{ApiError, ErrorKind};
 use crate::openai::OpenAiError;
 
@@ -96,6 +98,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{*id}", get(openai::get_model))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
@@ -107,16 +111,22 @@ async fn health() -> Response {
     axum::Json(json!({"status": "ok"})).into_response()
 }
 
-async fn not_found(request: Request) -> OpenAiError {
-    ApiError::not_found(format!("No route for {} {}.", request.method(), request.uri().path())).into()
+/// Renders `e` in the shape of the protocol that `path` belongs to.
+fn error_response(path: &str, e: ApiError) -> Response {
+    if path.starts_with("/v1/messages") { AnthropicError(e).into_response() } else { OpenAiError(e).into_response() }
 }
 
-async fn method_not_allowed(request: Request) -> OpenAiError {
-    ApiError::new(
-        ErrorKind::MethodNotAllowed,
-        format!("{} is not allowed on {}.", request.method(), request.uri().path()),
+async fn not_found(request: Request) -> Response {
+    let path = request.uri().path();
+    error_response(path, ApiError::not_found(format!("No route for {} {path}.", request.method())))
+}
+
+async fn method_not_allowed(request: Request) -> Response {
+    let path = request.uri().path();
+    error_response(
+        path,
+        ApiError::new(ErrorKind::MethodNotAllowed, format!("{} is not allowed on {path}.", request.method())),
     )
-    .into()
 }
 
 /// Routes that stay open when a key is set.
@@ -132,7 +142,7 @@ async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, n
         "Missing or incorrect API key. Send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'.",
     )
     .with_code("invalid_api_key");
-    OpenAiError(e).into_response()
+    error_response(request.uri().path(), e)
 }
 
 fn presented_key(headers: &HeaderMap) -> Option<&str> {

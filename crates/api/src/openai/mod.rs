@@ -55,12 +55,18 @@ fn model_entry(state: &AppState, id: &str) -> wire::Model {
         owned_by: "splash",
         context_length: max_context,
         max_model_len: max_context,
+        kind: "model",
+        display_name: id.to_owned(),
+        created_at: chrono::DateTime::from_timestamp(state.created_unix as i64, 0)
+            .map_or_else(String::new, |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
     }
 }
 
 pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<wire::ModelList> {
-    let data = state.model_ids().map(|id| model_entry(&state, id)).collect();
-    Json(wire::ModelList { object: "list", data })
+    let data: Vec<wire::Model> = state.model_ids().map(|id| model_entry(&state, id)).collect();
+    let first_id = data.first().map(|m| m.id.clone());
+    let last_id = data.last().map(|m| m.id.clone());
+    Json(wire::ModelList { object: "list", data, has_more: false, first_id, last_id })
 }
 
 pub async fn get_model(

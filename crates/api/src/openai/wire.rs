@@ -245,7 +245,8 @@ pub struct Delta {
     pub tool_calls: Vec<OutToolCall>,
 }
 
-/// `GET /v1/models` entries, with the context this server enforces (agents size their prompts from it).
+/// `GET /v1/models` entries, with the context this server enforces (agents size their prompts from it). Each entry
+/// also carries Anthropic's model fields (`type`, `display_name`, `created_at`), so one list serves both SDKs.
 #[derive(Debug, Clone, Serialize)]
 pub struct Model {
     pub id: String,
@@ -254,10 +255,19 @@ pub struct Model {
     pub owned_by: &'static str,
     pub context_length: usize,
     pub max_model_len: usize,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub display_name: String,
+    /// RFC 3339.
+    pub created_at: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<Model>,
+    /// Anthropic's paging fields.
+    pub has_more: bool,
+    pub first_id: Option<String>,
+    pub last_id: Option<String>,
 }

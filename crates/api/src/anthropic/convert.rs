@@ -1,0 +1,361 @@
+//! Anthropic Messages ⇄ the neutral [`ChatTurn`]: system as a string or text blocks (Claude Code's
+//! `x-anthropic-billing-header:` block dropped so the prompt prefix stays stable), `role: "system"` turns inside
+//! `messages`, text / tool_use / tool_result blocks (thinking blocks dropped), tools and `tool_choice`. Every problem
+//! is a 400 naming the field.
+
+use chat::{Conversation, Message, Role, ToolCall};
+use engine::SamplingParams;
+use serde_json::{Map, Value, json};
+
+use super::wire;
+use crate::error::ApiError;
+use crate::generate::{ChatTurn, Collected, StopReason, ToolChoice, random_id};
+
+/// Prefix of the per-request attribution block Claude Code puts first in `system`.
+const BILLING_HEADER: &str = "x-anthropic-billing-header:";
+const MAX_STOP_SEQUENCES: usize = 16;
+
+pub fn to_turn(req: wire::MessagesRequest, defaults: &SamplingParams) -> Result<ChatTurn, ApiError> {
+    let mut messages = Vec::new();
+    if let Some(system) = system_text(req.system.as_ref(), "system")?
+        && !system.is_empty()
+    {
+        messages.push(Message::system(system));
+    }
+    for (i, m) in req.messages.into_iter().enumerate() {
+        convert_message(i, m, &mut messages)?;
+    }
+    let tools = convert_tools(req.tools.unwrap_or_default())?;
+    let (tool_choice, parallel_tool_calls) = convert_tool_choice(req.tool_choice.as_ref())?;
+    let mut sampling = defaults.clone();
+    if let Some(t) = req.temperature {
+        if !(t.is_finite() && (0.0..=1.0).contains(&t)) {
+            return Err(ApiError::invalid_param(
+                "temperature",
+                format!("temperature must be between 0 and 1; got {t}."),
+            ));
+        }
+        sampling.temperature = t;
+    }
+    if let Some(p) = req.top_p {
+        if !(p.is_finite() && p > 0.0 && p <= 1.0) {
+            return Err(ApiError::invalid_param("top_p", format!("top_p must be in (0, 1]; got {p}.")));
+        }
+        sampling.top_p = p;
+    }
+    if let Some(k) = req.top_k {
+        sampling.top_k = usize::try_from(k).unwrap_or(usize::MAX);
+    }
+    let max_tokens = match req.max_tokens {
+        Some(0) => return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1.")),
+        Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        None => None,
+    };
+    let stop = req.stop_sequences.unwrap_or_default();
+    if stop.len() > MAX_STOP_SEQUENCES {
+        return Err(ApiError::invalid_param(
+            "stop_sequences",
+            format!("At most {MAX_STOP_SEQUENCES} stop sequences are allowed."),
+        ));
+    }
+    Ok(ChatTurn {
+        conversation: Conversation { messages, tools },
+        tool_choice,
+        parallel_tool_calls,
+        sampling,
+        max_tokens,
+        stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
+    })
+}
+
+/// `system` (or a system turn's content): a string or text blocks, joined by blank lines; billing blocks dropped.
+fn system_text(value: Option<&Value>, param: &str) -> Result<Option<String>, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(if s.starts_with(BILLING_HEADER) { String::new() } else { s.clone() })),
+        Some(Value::Array(blocks)) => {
+            let mut texts = Vec::new();
+            for (j, b) in blocks.iter().enumerate() {
+                let text =
+                    b.get("text").and_then(Value::as_str).filter(|_| block_type(b) == "text").ok_or_else(|| {
+                        ApiError::invalid_param(format!("{param}[{j}]"), "System blocks must be text blocks.")
+                    })?;
+                if !text.starts_with(BILLING_HEADER) {
+                    texts.push(text);
+                }
+            }
+            Ok(Some(texts.join("\n\n")))
+        }
+        Some(_) => Err(ApiError::invalid_param(param, "system must be a string or an array of text blocks.")),
+    }
+}
+
+fn block_type(block: &Value) -> &str {
+    block.get("type").and_then(Value::as_str).unwrap_or("")
+}
+
+/// Text of a `tool_result`'s content: a string or text blocks.
+fn tool_result_text(content: Option<&Value>, param: &str) -> Result<String, ApiError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(blocks)) => {
+            let mut texts = Vec::new();
+            for (k, b) in blocks.iter().enumerate() {
+                match (block_type(b), b.get("text").and_then(Value::as_str)) {
+                    ("text", Some(t)) => texts.push(t),
+                    (kind, _) => {
+                        return Err(ApiError::invalid_param(
+                            format!("{param}[{k}]"),
+                            format!(
+                                "Tool result blocks of type '{kind}' are not supported: this model reads text only."
+                            ),
+                        ));
+                    }
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        Some(_) => Err(ApiError::invalid_param(param, "A tool result's content must be a string or text blocks.")),
+    }
+}
+
+fn convert_message(i: usize, m: wire::Message, out: &mut Vec<Message>) -> Result<(), ApiError> {
+    let param = format!("messages[{i}].content");
+    if m.role == wire::Role::System {
+        out.push(Message::system(system_text(Some(&m.content), &param)?.unwrap_or_default()));
+        return Ok(());
+    }
+    let blocks = match m.content {
+        Value::String(s) => vec![json!({"type": "text", "text": s})],
+        Value::Array(blocks) => blocks,
+        _ => return Err(ApiError::invalid_param(param, "content must be a string or an array of content blocks.")),
+    };
+    let mut texts: Vec<String> = Vec::new();
+    let mut calls = Vec::new();
+    for (j, b) in blocks.into_iter().enumerate() {
+        let at = format!("{param}[{j}]");
+        match block_type(&b) {
+            "text" => texts.push(
+                b.get("text")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        ApiError::invalid_param(format!("{at}.text"), "A text block needs a 'text' string.")
+                    })?
+                    .to_owned(),
+            ),
+            "tool_use" if m.role == wire::Role::Assistant => {
+                let name = b
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| ApiError::invalid_param(format!("{at}.name"), "A tool_use block needs a 'name'."))?;
+                let input = match b.get("input") {
+                    None | Some(Value::Null) => Value::Object(Map::new()),
+                    Some(v @ Value::Object(_)) => v.clone(),
+                    Some(_) => {
+                        return Err(ApiError::invalid_param(
+                            format!("{at}.input"),
+                            "A tool_use input must be an object.",
+                        ));
+                    }
+                };
+                let id = b.get("id").and_then(Value::as_str).map(str::to_owned);
+                calls.push(ToolCall { id, name: name.to_owned(), arguments: input });
+            }
+            "tool_result" if m.role == wire::Role::User => {
+                let id = b.get("tool_use_id").and_then(Value::as_str).ok_or_else(|| {
+                    ApiError::invalid_param(format!("{at}.tool_use_id"), "A tool_result block needs a 'tool_use_id'.")
+                })?;
+                let mut text = tool_result_text(b.get("content"), &format!("{at}.content"))?;
+                if b.get("is_error").and_then(Value::as_bool) == Some(true) {
+                    text = format!("Error: {text}");
+                }
+                out.push(Message::tool_result(id, text));
+            }
+            // Earlier reasoning is not shown again (the served models do not reason).
+            "thinking" | "redacted_thinking" if m.role == wire::Role::Assistant => {}
+            kind @ ("image" | "document" | "search_result") => {
+                return Err(ApiError::invalid_param(
+                    at,
+                    format!("Content blocks of type '{kind}' are not supported: this model reads text only."),
+                ));
+            }
+            kind => {
+                let role = if m.role == wire::Role::User { "user" } else { "assistant" };
+                return Err(ApiError::invalid_param(
+                    format!("{at}.type"),
+                    format!("Content blocks of type '{kind}' are not allowed in a {role} message."),
+                ));
+            }
+        }
+    }
+    let text = texts.join("\n");
+    match m.role {
+        wire::Role::Assistant if !calls.is_empty() => {
+            out.push(Message::assistant_tool_calls((!text.is_empty()).then_some(text), calls));
+        }
+        wire::Role::Assistant => out.push(Message::assistant(text)),
+        // A user message holding only tool results adds no empty user turn.
+        _ if text.is_empty() && out.last().is_some_and(|m| m.role == Role::Tool) => {}
+        _ => out.push(Message::user(text)),
+    }
+    Ok(())
+}
+
+fn convert_tools(tools: Vec<wire::Tool>) -> Result<Vec<chat::Tool>, ApiError> {
+    let mut out = Vec::new();
+    for (i, t) in tools.into_iter().enumerate() {
+        // Server tools (web search, code execution, ...) carry a versioned type and are not ours to run.
+        if t.kind.as_deref().is_some_and(|k| k != "custom") || t.defer_loading == Some(true) {
+            continue;
+        }
+        let name = t
+            .name
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| ApiError::invalid_param(format!("tools[{i}].name"), "A tool needs a non-empty 'name'."))?;
+        let parameters = match t.input_schema {
+            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+            Some(s @ Value::Object(_)) => s,
+            Some(_) => {
+                return Err(ApiError::invalid_param(
+                    format!("tools[{i}].input_schema"),
+                    "input_schema must be an object.",
+                ));
+            }
+        };
+        out.push(chat::Tool { name, description: t.description, parameters });
+    }
+    Ok(out)
+}
+
+fn convert_tool_choice(choice: Option<&Value>) -> Result<(ToolChoice, bool), ApiError> {
+    let Some(Value::Object(o)) = choice else {
+        return match choice {
+            None | Some(Value::Null) => Ok((ToolChoice::Auto, true)),
+            Some(_) => Err(ApiError::invalid_param("tool_choice", "tool_choice must be an object.")),
+        };
+    };
+    let parallel = o.get("disable_parallel_tool_use").and_then(Value::as_bool) != Some(true);
+    let choice = match o.get("type").and_then(Value::as_str) {
+        Some("auto") => ToolChoice::Auto,
+        Some("any") => ToolChoice::Required,
+        Some("none") => ToolChoice::None,
+        Some("tool") => match o.get("name").and_then(Value::as_str) {
+            Some(name) => ToolChoice::Named(name.to_owned()),
+            None => return Err(ApiError::invalid_param("tool_choice.name", "tool_choice 'tool' needs a 'name'.")),
+        },
+        _ => {
+            return Err(ApiError::invalid_param(
+                "tool_choice.type",
+                "tool_choice.type must be 'auto', 'any', 'tool' or 'none'.",
+            ));
+        }
+    };
+    Ok((choice, parallel))
+}
+
+pub fn stop_reason(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::EndTurn => "end_turn",
+        StopReason::Length => "max_tokens",
+        StopReason::ToolCalls => "tool_use",
+    }
+}
+
+pub fn usage(input_tokens: usize, output_tokens: usize) -> wire::Usage {
+    wire::Usage { input_tokens, output_tokens, ..Default::default() }
+}
+
+pub fn tool_use(call: ToolCall) -> wire::ContentBlock {
+    wire::ContentBlock::ToolUse { id: random_id("toolu_"), name: call.name, input: call.arguments }
+}
+
+pub fn message(reply: Collected, id: String, model: String) -> wire::MessageResponse {
+    let mut content = Vec::new();
+    if !reply.text.is_empty() || reply.tool_calls.is_empty() {
+        content.push(wire::ContentBlock::Text { text: reply.text });
+    }
+    content.extend(reply.tool_calls.into_iter().map(tool_use));
+    wire::MessageResponse {
+        id,
+        kind: "message",
+        role: "assistant",
+        model,
+        content,
+        stop_reason: Some(stop_reason(reply.reason)),
+        stop_sequence: None,
+        usage: usage(reply.usage.prompt_tokens, reply.usage.completion_tokens),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::parse_json;
+
+    fn turn(body: Value) -> Result<ChatTurn, ApiError> {
+        to_turn(parse_json(body.to_string().as_bytes())?, &SamplingParams::default())
+    }
+
+    #[test]
+    fn claude_code_shapes_convert() {
+        let t = turn(json!({
+            "model": "m", "max_tokens": 32000, "stream": true,
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1;"},
+                       {"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "<reminder>"}, {"type": "text", "text": "write a file"}]},
+                {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "hmm", "signature": "s"},
+                    {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt", "is_error": false,
+                     "cache_control": {"type": "ephemeral"}}]},
+                {"role": "system", "content": "reminder as a string"}
+            ],
+            "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}},
+                      {"name": "DeferredToolPlaceholder", "defer_loading": true, "input_schema": {}},
+                      {"type": "web_search_20250305", "name": "web_search"}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+            "thinking": {"type": "adaptive"}, "metadata": {"user_id": "{}"}, "output_config": {"effort": "high"},
+            "context_management": {"edits": []}
+        }))
+        .unwrap();
+        let m = &t.conversation.messages;
+        let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
+        assert_eq!(roles, [Role::System, Role::User, Role::System, Role::Assistant, Role::Tool, Role::System]);
+        assert_eq!(m[0].content, Some(chat::Content::Text("You are an agent.".into())));
+        assert_eq!(m[1].content, Some(chat::Content::Text("<reminder>\nwrite a file".into())));
+        assert_eq!(m[3].tool_calls[0].arguments, json!({"command": "ls"}));
+        assert_eq!(m[4].tool_call_id.as_deref(), Some("toolu_1"));
+        assert_eq!(t.conversation.tools.len(), 1);
+        assert_eq!((t.tool_choice, t.parallel_tool_calls), (ToolChoice::Required, false));
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let ok = json!([{"role": "user", "content": "x"}]);
+        let cases = [
+            (json!({"messages": "nope"}), "messages"),
+            (json!({"messages": [{"role": "user", "content": 3}]}), "messages[0].content"),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
+                "messages[0].content[0]",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "tool_use", "name": "x"}]}]}),
+                "messages[0].content[0].type",
+            ),
+            (json!({"messages": ok, "system": 5}), "system"),
+            (json!({"messages": ok, "tool_choice": {"type": "sometimes"}}), "tool_choice.type"),
+            (json!({"messages": ok, "temperature": 1.5}), "temperature"),
+            (json!({"messages": ok, "max_tokens": 0}), "max_tokens"),
+            (json!({"messages": ok, "tools": [{"description": "no name"}]}), "tools[0].name"),
+        ];
+        for (body, param) in cases {
+            let e = turn(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! A reply as an Anthropic Messages event stream: `message_start` and a `ping` as soon as the request is queued,
+//! then content blocks (`content_block_start` / `content_block_delta` with `text_delta` or `input_json_delta` /
+//! `content_block_stop`), `message_delta` with the stop reason and output tokens, `message_stop`. A failure after the
+//! stream has begun is one `error` event. While nothing else is sent (a long prompt being read), `ping` events keep
+//! the connection alive.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use serde_json::{Value, json};
+
+use super::{convert, error, wire};
+use crate::generate::{Output, Reply};
+
+struct State {
+    reply: Reply,
+    queue: VecDeque<Event>,
+    /// Index of the next content block.
+    num_blocks: usize,
+    /// A text block is open (its index is `num_blocks - 1`).
+    text_open: bool,
+    ended: bool,
+}
+
+fn event(name: &str, data: &Value) -> Event {
+    Event::default().event(name).data(data.to_string())
+}
+
+/// The SSE response for `reply`; `start` is the `message` of `message_start`.
+pub fn sse(
+    reply: Reply,
+    start: wire::MessageResponse,
+    keep_alive: Duration,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let start = json!({"type": "message_start", "message": start});
+    let queue = VecDeque::from([event("message_start", &start), event("ping", &json!({"type": "ping"}))]);
+    let state = State { reply, queue, num_blocks: 0, text_open: false, ended: false };
+    let stream = futures::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(e) = s.queue.pop_front() {
+                return Some((Ok(e), s));
+            }
+            if s.ended {
+                return None;
+            }
+            s.fill().await;
+        }
+    });
+    let ping = Event::default().event("ping").data(json!({"type": "ping"}).to_string());
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(keep_alive).event(ping))
+}
+
+impl State {
+    fn close_text(&mut self) {
+        if self.text_open {
+            let index = self.num_blocks - 1;
+            self.queue.push_back(event("content_block_stop", &json!({"type": "content_block_stop", "index": index})));
+            self.text_open = false;
+        }
+    }
+
+    async fn fill(&mut self) {
+        match self.reply.next().await {
+            Some(Ok(Output::Text(text))) => {
+                if !self.text_open {
+                    let start = json!({"type": "content_block_start", "index": self.num_blocks,
+                                       "content_block": {"type": "text", "text": ""}});
+                    self.queue.push_back(event("content_block_start", &start));
+                    self.num_blocks += 1;
+                    self.text_open = true;
+                }
+                let delta = json!({"type": "content_block_delta", "index": self.num_blocks - 1,
+                                   "delta": {"type": "text_delta", "text": text}});
+                self.queue.push_back(event("content_block_delta", &delta));
+            }
+            Some(Ok(Output::ToolCall(call))) => {
+                self.close_text();
+                let index = self.num_blocks;
+                self.num_blocks += 1;
+                let arguments = call.arguments.to_string();
+                let wire::ContentBlock::ToolUse { id, name, .. } = convert::tool_use(call) else {
+                    unreachable!("INVARIANT: tool_use builds a tool_use block")
+                };
+                let start = json!({"type": "content_block_start", "index": index,
+                                   "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}});
+                let delta = json!({"type": "content_block_delta", "index": index,
+                                   "delta": {"type": "input_json_delta", "partial_json": arguments}});
+                self.queue.push_back(event("content_block_start", &start));
+                self.queue.push_back(event("content_block_delta", &delta));
+                self.queue
+                    .push_back(event("content_block_stop", &json!({"type": "content_block_stop", "index": index})));
+            }
+            Some(Ok(Output::Done { reason, usage })) => {
+                self.close_text();
+                let delta = json!({"type": "message_delta",
+                                   "delta": {"stop_reason": convert::stop_reason(reason), "stop_sequence": null},
+                                   "usage": {"output_tokens": usage.completion_tokens}});
+                self.queue.push_back(event("message_delta", &delta));
+                self.queue.push_back(event("message_stop", &json!({"type": "message_stop"})));
+                self.ended = true;
+            }
+            Some(Err(e)) => {
+                self.queue.push_back(event("error", &error::body(&e)));
+                self.ended = true;
+            }
+            None => self.ended = true,
+        }
+    }
+}
