@@ -30,4 +30,4 @@ for _ in $(seq 1 600); do
 done
 grep -q '^Ready' "$log" || { cat "$log"; echo "splash serve was not ready after 120 s" >&2; exit 1; }
 SPLASH_URL="http://127.0.0.1:$port" SPLASH_KEY="$key" SPLASH_MODEL=splash-e2e SPLASH_MAX_CONTEXT=2048 \
-    "$venv/bin/python" scripts/e2e/sdk_openai.py
+    "$venv/bin/python" scripts/e2e/main.py

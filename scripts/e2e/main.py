@@ -1,0 +1,31 @@
+"""Runs the checks of sdk_openai.py and sdk_anthropic.py against one server and prints one "N passed, M failed"."""
+
+import sys
+import time
+import traceback
+
+import sdk_anthropic
+import sdk_openai
+
+
+def main():
+    passed = failed = 0
+    for module in (sdk_openai, sdk_anthropic):
+        for fn in module.CHECKS:
+            name = f"{module.__name__}.{fn.__name__}"
+            t0 = time.time()
+            try:
+                fn()
+            except Exception:
+                failed += 1
+                print(f"FAIL {name} ({time.time() - t0:.1f} s)", flush=True)
+                traceback.print_exc()
+            else:
+                passed += 1
+                print(f"ok   {name} ({time.time() - t0:.1f} s)", flush=True)
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
