@@ -149,6 +149,13 @@ impl Runner for CpuRunner {
                 kv.k = vec![Vec::new(); cfg.num_layers];
                 kv.v = vec![Vec::new(); cfg.num_layers];
             }
+            // Grow geometrically ahead of time so appending a layer's rows never copies the cache mid-forward.
+            let need = (c.start_pos + c.tokens.len()) * kvd;
+            for l in kv.k.iter_mut().chain(kv.v.iter_mut()) {
+                if l.capacity() < need {
+                    l.reserve(need.max(2 * l.capacity()) - l.len());
+                }
+            }
         }
         let tokens = batch.chunks.iter().flat_map(|c| c.tokens.iter().copied());
         for (t, tok) in tokens.enumerate() {

@@ -31,9 +31,7 @@ pub fn add(x: &mut [f32], y: &[f32]) {
 
 /// In place: `gate = silu(gate) * up` (SwiGLU).
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
+    super::simd::silu_mul(gate, up)
 }
 
 /// How rotary embeddings pair up the dimensions of a head.
