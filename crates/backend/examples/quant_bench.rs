@@ -79,11 +79,13 @@ fn time_product(
                 let rows = (th * per).min(n)..((th + 1) * per).min(n);
                 let mut it = 0usize;
                 loop {
+                    // Timed from before the start barrier: a thread that is late to start (preempted) must not
+                    // make the iteration look short.
+                    let t_it = Instant::now();
                     barrier.wait();
                     if stop.load(std::sync::atomic::Ordering::Relaxed) {
                         break;
                     }
-                    let t_it = Instant::now();
                     let w = &mats[it % mats.len()];
                     if chunk == 0 {
                         // SAFETY: each thread writes its own rows of `out` (m x n).

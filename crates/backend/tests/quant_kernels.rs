@@ -621,3 +621,48 @@ fn test_dequantizer_matches_gguf() {
         }
     }
 }
+
+#[test]
+fn matmul_sees_activations_rewritten_in_place() {
+    // Kernels may cache work derived from the activation bytes between calls; rewriting the same buffer with new
+    // activations (same address, same length) must give the new results.
+    let mut rng = StdRng::seed_from_u64(14);
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let (n, k) = (24, 1536);
+        let fmt = act_format(ty).unwrap();
+        let w: Vec<u8> = (0..n).flat_map(|_| random_row(ty, k, &mut rng)).collect();
+        let arb = act_row_bytes(fmt, k);
+        for m in [1usize, 3, 8] {
+            let mut acts = vec![0u8; arb * m];
+            for round in 0..3 {
+                let x = random_acts(k, m, &mut rng);
+                for t in 0..m {
+                    quantize_act_row_at(
+                        KernelLevel::Scalar,
+                        fmt,
+                        &x[t * k..(t + 1) * k],
+                        &mut acts[t * arb..(t + 1) * arb],
+                    );
+                }
+                let mut want = vec![0f32; m * n];
+                // SAFETY: buffers sized m * n.
+                unsafe { matmul_rows_at(KernelLevel::Scalar, ty, &w, k, 0..n, &acts, m, want.as_mut_ptr(), n) };
+                for &level in &available_levels() {
+                    for rows in [0..n, 3..n, 7..8] {
+                        let mut got = vec![0f32; m * n];
+                        unsafe { matmul_rows_at(level, ty, &w, k, rows.clone(), &acts, m, got.as_mut_ptr(), n) };
+                        for t in 0..m {
+                            for r in rows.clone() {
+                                let (g, e) = (got[t * n + r], want[t * n + r]);
+                                assert!(
+                                    (g - e).abs() <= 1e-4 * e.abs().max(1.0),
+                                    "{ty} {level:?} m={m} round={round} r={r}: {g} vs {e}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -316,9 +316,10 @@ trait Panel {
     );
 }
 
+/// A 64-byte aligned line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct A64([u8; 64]);
+pub(super) struct A64(pub(super) [u8; 64]);
 
 thread_local! {
     static SCRATCH: RefCell<Vec<A64>> = const { RefCell::new(Vec::new()) };
@@ -342,11 +343,6 @@ fn scratch(n: usize) -> *mut A64 {
         }
         v.as_mut_ptr()
     })
-}
-
-/// A per-thread buffer of at least `n` bytes, 64-byte aligned. Valid until the next call on this thread.
-pub(super) fn scratch_bytes(n: usize) -> *mut u8 {
-    scratch(n.div_ceil(64)) as *mut u8
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]

@@ -847,6 +847,63 @@ unsafe fn run_rows<K: RowKernel, const PAIR: bool>(
     }
 }
 
+/// Prepared activations of the last few calls on this thread. The rearrangement is a pure function of the
+/// activation bytes, so an entry is reused only when the bytes are identical (compared in full; much cheaper than
+/// preparing again), which makes small row chunks and matrices sharing an input (Q/K/V, gate/up) cheap.
+struct PrepEntry {
+    key: (u32, usize, usize, usize),
+    acts: Vec<u8>,
+    prep: Vec<super::avx512::A64>,
+    last_use: u64,
+}
+
+thread_local! {
+    static PREP_CACHE: std::cell::RefCell<(Vec<PrepEntry>, u64)> = const { std::cell::RefCell::new((Vec::new(), 0)) };
+}
+
+const PREP_CACHE_ENTRIES: usize = 4;
+
+/// The prepared form (`prep_bytes` long) of the activation rows `acts` for preparation `kind` (weight type and
+/// variant), computed with `fill` unless this thread prepared the same bytes the same way recently. The pointer
+/// is valid until the next call on this thread.
+unsafe fn prepared(
+    kind: u32,
+    acts: &[u8],
+    k: usize,
+    m: usize,
+    prep_bytes: usize,
+    fill: impl FnOnce(*mut u8),
+) -> *const u8 {
+    let key = (kind, k, m, acts.len());
+    let (ptr, hit) = PREP_CACHE.with_borrow_mut(|(entries, clock)| {
+        *clock += 1;
+        if let Some(e) = entries.iter_mut().find(|e| e.key == key && e.acts.as_slice() == acts) {
+            e.last_use = *clock;
+            return (e.prep.as_mut_ptr() as *mut u8, true);
+        }
+        let slot = if entries.len() < PREP_CACHE_ENTRIES {
+            entries.push(PrepEntry { key, acts: Vec::new(), prep: Vec::new(), last_use: 0 });
+            entries.len() - 1
+        } else {
+            (0..entries.len()).min_by_key(|&i| entries[i].last_use).expect("INVARIANT: the cache is full")
+        };
+        let e = &mut entries[slot];
+        e.key = key;
+        e.last_use = *clock;
+        e.acts.clear();
+        e.acts.extend_from_slice(acts);
+        let lines = prep_bytes.div_ceil(64);
+        if e.prep.len() < lines {
+            e.prep.resize(lines, super::avx512::A64([0; 64]));
+        }
+        (e.prep.as_mut_ptr() as *mut u8, false)
+    });
+    if !hit {
+        fill(ptr);
+    }
+    ptr
+}
+
 /// Most activation rows for which the row-streaming kernels are used (past it the 16-row panels win, measured
 /// cache-resident on the build machine; streaming from DRAM favours the rows further).
 pub fn max_m(wty: gguf::GgmlType) -> usize {
@@ -874,8 +931,9 @@ pub unsafe fn matmul_rows(
     ldo: usize,
 ) -> bool {
     use gguf::GgmlType::*;
-    let scratch = super::avx512::scratch_bytes;
     let rb = wty.row_bytes(k).expect("INVARIANT: checked by the caller");
+    let rows_acts = &acts[..m * act_rb];
+    let kind = wty.to_u32() << 1;
     let wp = w.as_ptr();
     match wty {
         // The transposed kernel wins while the prepared activations stay in L1; past that its slightly larger
@@ -886,11 +944,12 @@ pub unsafe fn matmul_rows(
         Q6_K => {
             let nsb = k / QK_K;
             let prep_rb = nsb * PQ6;
-            let prep = scratch(prep_rb * m);
-            for t in 0..m {
-                let a = acts.as_ptr().add(t * act_rb);
-                prep_q6k_t(a, a.add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
-            }
+            let prep = prepared(kind, rows_acts, k, m, prep_rb * m, |prep| {
+                for t in 0..m {
+                    let a = acts.as_ptr().add(t * act_rb);
+                    prep_q6k_t(a, a.add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
+                }
+            });
             run_rows::<KQ6T, false>(wp, rb, nsb, rows, prep, prep_rb, m, out, ldo);
         }
         Q4_K => {
@@ -899,11 +958,12 @@ pub unsafe fn matmul_rows(
             let pair = nsb % 4 == 2 && rows.len() >= 2;
             let total = if pair { 2 * nsb } else { nsb };
             let prep_rb = total.div_ceil(4) * PG4;
-            let prep = scratch(prep_rb * m);
-            for t in 0..m {
-                let a = acts.as_ptr().add(t * act_rb);
-                prep_q4k_g4(a, a.add(nsb * Q8_K_BYTES), nsb, total, prep.add(t * prep_rb));
-            }
+            let prep = prepared(kind | pair as u32, rows_acts, k, m, prep_rb * m, |prep| {
+                for t in 0..m {
+                    let a = acts.as_ptr().add(t * act_rb);
+                    prep_q4k_g4(a, a.add(nsb * Q8_K_BYTES), nsb, total, prep.add(t * prep_rb));
+                }
+            });
             if pair {
                 run_rows::<KQ4, true>(wp, rb, nsb, rows, prep, prep_rb, m, out, ldo);
             } else {
@@ -913,32 +973,34 @@ pub unsafe fn matmul_rows(
         Q5_K => {
             let nsb = k / QK_K;
             let prep_rb = nsb * PK4;
-            let prep = scratch(prep_rb * m);
-            for t in 0..m {
-                let a = acts.as_ptr().add(t * act_rb);
-                prep_k4(a, a.add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
-            }
+            let prep = prepared(kind, rows_acts, k, m, prep_rb * m, |prep| {
+                for t in 0..m {
+                    let a = acts.as_ptr().add(t * act_rb);
+                    prep_k4(a, a.add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
+                }
+            });
             run_rows::<KQ5K, false>(wp, rb, nsb, rows, prep, prep_rb, m, out, ldo);
         }
         Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => {
             let nb = k / QK;
             let prep_rb = nb.div_ceil(2) * PL;
-            let prep = scratch(prep_rb * m);
             let (has_min, zshift, ab) = match wty {
                 Q4_0 => (false, LQ40::ZSHIFT, Q8_0_BYTES),
                 Q5_0 => (false, LQ50::ZSHIFT, Q8_0_BYTES),
                 Q8_0 => (false, LQ80::ZSHIFT, Q8_0_BYTES),
                 _ => (true, 0, Q8_1_BYTES),
             };
-            for t in 0..m {
-                let a = acts.as_ptr().add(t * act_rb);
-                let x = a.add(nb * ab);
-                if has_min {
-                    prep_legacy::<true>(a, x, nb, zshift, prep.add(t * prep_rb));
-                } else {
-                    prep_legacy::<false>(a, x, nb, zshift, prep.add(t * prep_rb));
+            let prep = prepared(kind, rows_acts, k, m, prep_rb * m, |prep| {
+                for t in 0..m {
+                    let a = acts.as_ptr().add(t * act_rb);
+                    let x = a.add(nb * ab);
+                    if has_min {
+                        prep_legacy::<true>(a, x, nb, zshift, prep.add(t * prep_rb));
+                    } else {
+                        prep_legacy::<false>(a, x, nb, zshift, prep.add(t * prep_rb));
+                    }
                 }
-            }
+            });
             match wty {
                 Q4_0 => run_rows::<KLeg<LQ40>, false>(wp, rb, nb, rows, prep, prep_rb, m, out, ldo),
                 Q4_1 => run_rows::<KLeg<LQ41>, false>(wp, rb, nb, rows, prep, prep_rb, m, out, ldo),
