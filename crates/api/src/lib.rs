@@ -10,6 +10,7 @@ pub mod anthropic;
 pub mod error;
 pub mod generate;
 pub mod openai;
+pub mod responses;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -42,6 +43,8 @@ pub struct ServerConfig {
     pub default_max_tokens: usize,
     /// Interval of SSE keep-alive comments (they also reveal a client that went away).
     pub keep_alive: Duration,
+    /// Memory for stored Responses (`previous_response_id`, `GET /v1/responses/{id}`).
+    pub max_stored_response_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -53,6 +56,7 @@ impl Default for ServerConfig {
             default_sampling: SamplingParams { temperature: 0.7, top_p: 0.8, top_k: 20, ..Default::default() },
             default_max_tokens: 16_384,
             keep_alive: Duration::from_secs(5),
+            max_stored_response_bytes: 64 << 20,
         }
     }
 }
@@ -68,6 +72,7 @@ pub struct AppState {
     pub aliases: Vec<String>,
     pub config: ServerConfig,
     pub created_unix: u64,
+    pub responses: responses::store::Store,
 }
 
 impl AppState {
@@ -78,7 +83,17 @@ impl AppState {
         model_id: String,
         config: ServerConfig,
     ) -> Self {
-        AppState { engine, tokenizer, template, model_id, aliases: Vec::new(), config, created_unix: unix_now() }
+        let responses = responses::store::Store::new(config.max_stored_response_bytes);
+        AppState {
+            engine,
+            tokenizer,
+            template,
+            model_id,
+            aliases: Vec::new(),
+            config,
+            created_unix: unix_now(),
+            responses,
+        }
     }
 
     /// The served id, then the aliases.
@@ -98,6 +113,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{*id}", get(openai::get_model))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .fallback(not_found)

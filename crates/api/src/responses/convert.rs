@@ -1,0 +1,342 @@
+//! OpenAI Responses ⇄ the neutral [`ChatTurn`]: `input` as a string or items (message, function_call,
+//! function_call_output, reasoning — reasoning items are dropped, with or without `content`), `instructions`,
+//! function tools (`namespace` tools flattened into their functions; hosted tools such as `web_search` left out),
+//! `tool_choice`, `max_output_tokens`. Output items (`message` with `output_text`, `function_call`) are built here.
+
+use chat::{Conversation, Message, Role, ToolCall};
+use engine::SamplingParams;
+use serde_json::{Map, Value, json};
+
+use super::wire;
+use crate::error::ApiError;
+use crate::generate::{ChatTurn, ToolChoice, random_id};
+
+/// The conversation items of an `input` (no instructions), appended to `out`.
+pub fn input_messages(input: Option<&Value>, out: &mut Vec<Message>) -> Result<(), ApiError> {
+    let items = match input {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::String(s)) => {
+            out.push(Message::user(s.as_str()));
+            return Ok(());
+        }
+        Some(Value::Array(items)) => items,
+        Some(_) => return Err(ApiError::invalid_param("input", "input must be a string or an array of items.")),
+    };
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("input[{i}]");
+        let kind =
+            item.get("type").and_then(Value::as_str).unwrap_or(if item.get("role").is_some() { "message" } else { "" });
+        match kind {
+            "message" => {
+                let role = match item.get("role").and_then(Value::as_str) {
+                    Some("user") => Role::User,
+                    Some("assistant") => Role::Assistant,
+                    Some("system" | "developer") => Role::System,
+                    _ => {
+                        return Err(ApiError::invalid_param(
+                            format!("{at}.role"),
+                            "role must be 'user', 'assistant', 'system' or 'developer'.",
+                        ));
+                    }
+                };
+                let text = content_text(item.get("content"), &format!("{at}.content"))?;
+                out.push(Message::new(role, text));
+            }
+            "function_call" => {
+                let name = str_field(item, "name", &at)?;
+                let call_id = item.get("call_id").and_then(Value::as_str).map(str::to_owned);
+                let arguments = match item.get("arguments") {
+                    None | Some(Value::Null) => Value::Object(Map::new()),
+                    Some(a @ (Value::String(_) | Value::Object(_))) => a.clone(),
+                    Some(_) => {
+                        return Err(ApiError::invalid_param(
+                            format!("{at}.arguments"),
+                            "arguments must be a JSON string.",
+                        ));
+                    }
+                };
+                let call = ToolCall { id: call_id, name: name.to_owned(), arguments };
+                // Calls in a row belong to one assistant turn.
+                match out.last_mut() {
+                    Some(m) if m.role == Role::Assistant && !m.tool_calls.is_empty() => m.tool_calls.push(call),
+                    _ => out.push(Message::assistant_tool_calls(None, vec![call])),
+                }
+            }
+            "function_call_output" => {
+                let call_id = str_field(item, "call_id", &at)?;
+                let output = match item.get("output") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v @ Value::Array(_)) => content_text(Some(v), &format!("{at}.output"))?,
+                    None | Some(Value::Null) => String::new(),
+                    Some(_) => {
+                        return Err(ApiError::invalid_param(
+                            format!("{at}.output"),
+                            "output must be a string or parts.",
+                        ));
+                    }
+                };
+                out.push(Message::tool_result(call_id, output));
+            }
+            // Reasoning echoed back by clients (with or without content): the served models do not reason.
+            "reasoning" => {}
+            "" => return Err(ApiError::invalid_param(format!("{at}.type"), "Each input item needs a 'type'.")),
+            other => {
+                return Err(ApiError::invalid_param(
+                    format!("{at}.type"),
+                    format!("Input items of type '{other}' are not supported."),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn str_field<'a>(item: &'a Value, key: &str, at: &str) -> Result<&'a str, ApiError> {
+    item.get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid_param(format!("{at}.{key}"), format!("'{key}' must be a string.")))
+}
+
+/// A message's content: a string or parts (`input_text`, `output_text`, `text`), joined by newlines.
+fn content_text(content: Option<&Value>, param: &str) -> Result<String, ApiError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut texts = Vec::new();
+            for (j, p) in parts.iter().enumerate() {
+                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                match (kind, p.get("text").and_then(Value::as_str)) {
+                    ("input_text" | "output_text" | "text", Some(t)) => texts.push(t),
+                    ("refusal", _) => {}
+                    _ => {
+                        return Err(ApiError::invalid_param(
+                            format!("{param}[{j}]"),
+                            format!("Content parts of type '{kind}' are not supported: this model reads text only."),
+                        ));
+                    }
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        Some(_) => Err(ApiError::invalid_param(param, "content must be a string or an array of parts.")),
+    }
+}
+
+/// Function tools, with `namespace` groups flattened; other tool types are left out.
+fn convert_tools(tools: &[Value], param: &str, out: &mut Vec<chat::Tool>) -> Result<(), ApiError> {
+    for (i, t) in tools.iter().enumerate() {
+        let at = format!("{param}[{i}]");
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") => {
+                let name = str_field(t, "name", &at)?;
+                if name.is_empty() {
+                    return Err(ApiError::invalid_param(format!("{at}.name"), "A tool name must not be empty."));
+                }
+                let parameters = match t.get("parameters") {
+                    None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+                    Some(p @ Value::Object(_)) => p.clone(),
+                    Some(_) => {
+                        return Err(ApiError::invalid_param(
+                            format!("{at}.parameters"),
+                            "parameters must be an object.",
+                        ));
+                    }
+                };
+                let description = t.get("description").and_then(Value::as_str).map(str::to_owned);
+                out.push(chat::Tool { name: name.to_owned(), description, parameters });
+            }
+            Some("namespace") => {
+                let members = t.get("tools").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+                convert_tools(members, &format!("{at}.tools"), out)?;
+            }
+            // web_search, image_generation, custom, file_search, ...: hosted or free-form tools are not offered.
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn convert_tool_choice(choice: Option<&Value>) -> Result<ToolChoice, ApiError> {
+    let bad = || {
+        ApiError::invalid_param(
+            "tool_choice",
+            "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}.",
+        )
+    };
+    match choice {
+        None | Some(Value::Null) => Ok(ToolChoice::Auto),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => Ok(ToolChoice::Auto),
+            "none" => Ok(ToolChoice::None),
+            "required" => Ok(ToolChoice::Required),
+            _ => Err(bad()),
+        },
+        Some(Value::Object(o)) => {
+            match (o.get("type").and_then(Value::as_str), o.get("name").and_then(Value::as_str)) {
+                (Some("function"), Some(name)) => Ok(ToolChoice::Named(name.to_owned())),
+                // Hosted-tool choices (`{"type": "web_search"}`, ...) and allowed_tools: let the model decide.
+                (Some(_), _) => Ok(ToolChoice::Auto),
+                _ => Err(bad()),
+            }
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+/// Checks a request and converts it; `history` is the stored conversation of `previous_response_id`.
+pub fn to_turn(
+    req: &wire::CreateRequest,
+    history: Vec<Message>,
+    defaults: &SamplingParams,
+) -> Result<ChatTurn, ApiError> {
+    let mut messages = Vec::new();
+    if let Some(instructions) = req.instructions.as_deref().filter(|s| !s.is_empty()) {
+        messages.push(Message::system(instructions));
+    }
+    messages.extend(history);
+    input_messages(req.input.as_ref(), &mut messages)?;
+    if messages.is_empty() {
+        // Codex's warm-up probe sends `"input": ""`; an empty conversation is one empty user turn.
+        messages.push(Message::user(""));
+    }
+    let mut tools = Vec::new();
+    convert_tools(req.tools.as_deref().unwrap_or_default(), "tools", &mut tools)?;
+    let mut sampling = defaults.clone();
+    if let Some(t) = req.temperature {
+        if !(t.is_finite() && (0.0..=2.0).contains(&t)) {
+            return Err(ApiError::invalid_param(
+                "temperature",
+                format!("temperature must be between 0 and 2; got {t}."),
+            ));
+        }
+        sampling.temperature = t;
+    }
+    if let Some(p) = req.top_p {
+        if !(p.is_finite() && (0.0..=1.0).contains(&p)) {
+            return Err(ApiError::invalid_param("top_p", format!("top_p must be between 0 and 1; got {p}.")));
+        }
+        sampling.top_p = p.max(f32::MIN_POSITIVE);
+    }
+    if let Some(format) = req.text.as_ref().and_then(|t| t.get("format")).and_then(|f| f.get("type"))
+        && !matches!(format.as_str(), Some("text" | "json_schema" | "json_object"))
+    {
+        return Err(ApiError::invalid_param(
+            "text.format.type",
+            "text.format.type must be 'text', 'json_schema' or 'json_object'.",
+        ));
+    }
+    let max_tokens = match req.max_output_tokens {
+        Some(0) => return Err(ApiError::invalid_param("max_output_tokens", "max_output_tokens must be at least 1.")),
+        Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        None => None,
+    };
+    Ok(ChatTurn {
+        conversation: Conversation { messages, tools },
+        tool_choice: convert_tool_choice(req.tool_choice.as_ref())?,
+        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
+        sampling,
+        max_tokens,
+        stop: Vec::new(),
+    })
+}
+
+/// An assistant `message` output item.
+pub fn message_item(id: &str, text: &str, status: &str) -> Value {
+    let content = if status == "in_progress" {
+        json!([])
+    } else {
+        json!([{"type": "output_text", "text": text, "annotations": [], "logprobs": []}])
+    };
+    json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
+}
+
+/// A `function_call` output item.
+pub fn function_call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
+    json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status})
+}
+
+/// The output items of a reply, and the same as conversation messages (for `previous_response_id`).
+pub fn output_items(text: &str, calls: &[ToolCall]) -> (Vec<Value>, Vec<Message>) {
+    let mut items = Vec::new();
+    if !text.is_empty() || calls.is_empty() {
+        items.push(message_item(&random_id("msg_"), text, "completed"));
+    }
+    let mut history_calls = Vec::new();
+    for c in calls {
+        let call_id = random_id("call_");
+        items.push(function_call_item(&random_id("fc_"), &call_id, &c.name, &c.arguments.to_string(), "completed"));
+        history_calls.push(ToolCall { id: Some(call_id), ..c.clone() });
+    }
+    let message = if history_calls.is_empty() {
+        Message::assistant(text)
+    } else {
+        Message::assistant_tool_calls((!text.is_empty()).then(|| text.to_owned()), history_calls)
+    };
+    (items, vec![message])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::parse_json;
+
+    fn turn(body: Value) -> Result<ChatTurn, ApiError> {
+        let req: wire::CreateRequest = parse_json(body.to_string().as_bytes())?;
+        to_turn(&req, Vec::new(), &SamplingParams::default())
+    }
+
+    #[test]
+    fn codex_request_converts() {
+        let t = turn(json!({
+            "model": "m", "stream": true, "store": false, "parallel_tool_calls": true,
+            "input": [
+                {"type": "message", "id": "msg_1", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<env>"}, {"type": "input_text", "text": "write a file"}]},
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {"type": "function_call", "status": "completed", "id": "fc_1", "name": "exec_command", "arguments": "{\"cmd\": \"ls\"}", "call_id": "call_1"},
+                {"type": "function_call", "id": "fc_2", "name": "exec_command", "arguments": "{\"cmd\": \"pwd\"}", "call_id": "call_2"},
+                {"type": "function_call_output", "id": "fco_1", "call_id": "call_1", "output": "a.txt"},
+                {"type": "function_call_output", "call_id": "call_2", "output": "/tmp"}
+            ],
+            "tools": [
+                {"type": "function", "name": "exec_command", "description": "Runs a command", "strict": false, "parameters": {"type": "object"}},
+                {"type": "namespace", "name": "multi_agent_v1", "tools": [{"type": "function", "name": "close_agent", "parameters": {}}]},
+                {"type": "web_search", "external_web_access": false}
+            ],
+            "tool_choice": "auto", "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "s", "client_metadata": {"turn_id": "t"}
+        }))
+        .unwrap();
+        let m = &t.conversation.messages;
+        let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
+        assert_eq!(roles, [Role::System, Role::User, Role::Assistant, Role::Tool, Role::Tool]);
+        assert_eq!(m[2].tool_calls.len(), 2);
+        assert_eq!(m[3].tool_call_id.as_deref(), Some("call_1"));
+        let names: Vec<&str> = t.conversation.tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["exec_command", "close_agent"]);
+    }
+
+    #[test]
+    fn probe_and_errors() {
+        let t = turn(json!({"model": "m", "input": "", "max_output_tokens": 1})).unwrap();
+        assert_eq!(t.conversation.messages.len(), 1);
+        assert_eq!(t.max_tokens, Some(1));
+        let cases = [
+            (json!({"input": 5}), "input"),
+            (json!({"input": [{"type": "message", "role": "robot", "content": "x"}]}), "input[0].role"),
+            (json!({"input": [{"type": "input_image"}]}), "input[0].type"),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+                "input[0].content[0]",
+            ),
+            (json!({"input": "x", "tool_choice": "maybe"}), "tool_choice"),
+            (json!({"input": "x", "max_output_tokens": 0}), "max_output_tokens"),
+            (json!({"input": "x", "text": {"format": {"type": "yaml"}}}), "text.format.type"),
+        ];
+        for (body, param) in cases {
+            let e = turn(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
+        }
+    }
+}

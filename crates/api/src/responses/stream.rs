@@ -1,0 +1,187 @@
+//! A reply as a Responses event stream, in the order Codex needs: `response.created`, `response.in_progress`, then
+//! per output item `response.output_item.added`, its content events (`response.content_part.added`,
+//! `response.output_text.delta` … `.done`, `response.content_part.done`, or `response.function_call_arguments.delta`
+//! / `.done`) and `response.output_item.done`, and finally `response.completed` (or `response.incomplete` when the
+//! output limit was hit) with usage. Every event carries `sequence_number`. A failure after the start is one
+//! `response.failed`. The finished response is stored when the request asked for it.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use chat::{Message, ToolCall};
+use futures::Stream;
+use serde_json::{Map, Value, json};
+
+use super::{convert, wire};
+use crate::AppState;
+use crate::generate::{Output, Reply, StopReason, random_id};
+
+/// The response being streamed and what is needed to finish and store it.
+pub struct Pending {
+    pub state: Arc<AppState>,
+    /// The response as created (status `in_progress`, no output yet).
+    pub response: wire::Response,
+    /// The conversation so far, stored with the response when `store` is set.
+    pub conversation: Vec<Message>,
+}
+
+struct State {
+    reply: Reply,
+    pending: Pending,
+    queue: VecDeque<Event>,
+    sequence_number: u64,
+    /// The open message item: id, output index, text so far.
+    text: Option<(String, usize, String)>,
+    output: Vec<Value>,
+    calls: Vec<ToolCall>,
+    all_text: String,
+    ended: bool,
+}
+
+/// The SSE response for `reply`.
+pub fn sse(reply: Reply, pending: Pending, keep_alive: Duration) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let mut state = State {
+        reply,
+        pending,
+        queue: VecDeque::new(),
+        sequence_number: 0,
+        text: None,
+        output: Vec::new(),
+        calls: Vec::new(),
+        all_text: String::new(),
+        ended: false,
+    };
+    let created = serde_json::to_value(&state.pending.response).expect("INVARIANT: wire types serialize");
+    state.push("response.created", json!({"response": created}));
+    state.push("response.in_progress", json!({"response": created}));
+    let stream = futures::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(e) = s.queue.pop_front() {
+                return Some((Ok(e), s));
+            }
+            if s.ended {
+                return None;
+            }
+            s.fill().await;
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(keep_alive))
+}
+
+impl State {
+    fn push(&mut self, kind: &str, data: Value) {
+        let mut map = match data {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        };
+        let mut event = Map::new();
+        event.insert("type".into(), Value::from(kind));
+        event.insert("sequence_number".into(), Value::from(self.sequence_number));
+        event.append(&mut map);
+        self.sequence_number += 1;
+        self.queue.push_back(Event::default().event(kind).data(Value::Object(event).to_string()));
+    }
+
+    fn close_text(&mut self) {
+        let Some((id, index, text)) = self.text.take() else { return };
+        let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
+        self.push(
+            "response.output_text.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}),
+        );
+        self.push(
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+        );
+        let item = convert::message_item(&id, &text, "completed");
+        self.push("response.output_item.done", json!({"output_index": index, "item": item}));
+        self.output.push(item);
+    }
+
+    async fn fill(&mut self) {
+        match self.reply.next().await {
+            Some(Ok(Output::Text(delta))) => {
+                if self.text.is_none() {
+                    let id = random_id("msg_");
+                    let index = self.output.len();
+                    let item = convert::message_item(&id, "", "in_progress");
+                    self.push("response.output_item.added", json!({"output_index": index, "item": item}));
+                    let part = json!({"type": "output_text", "text": "", "annotations": [], "logprobs": []});
+                    self.push(
+                        "response.content_part.added",
+                        json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+                    );
+                    self.text = Some((id, index, String::new()));
+                }
+                let (id, index, text) = self.text.as_mut().expect("INVARIANT: opened above");
+                text.push_str(&delta);
+                self.all_text.push_str(&delta);
+                let data =
+                    json!({"item_id": id, "output_index": *index, "content_index": 0, "delta": delta, "logprobs": []});
+                self.push("response.output_text.delta", data);
+            }
+            Some(Ok(Output::ToolCall(call))) => {
+                self.close_text();
+                let (id, call_id, index) = (random_id("fc_"), random_id("call_"), self.output.len());
+                let arguments = call.arguments.to_string();
+                let added = convert::function_call_item(&id, &call_id, &call.name, "", "in_progress");
+                self.push("response.output_item.added", json!({"output_index": index, "item": added}));
+                self.push(
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": id, "output_index": index, "delta": arguments}),
+                );
+                self.push(
+                    "response.function_call_arguments.done",
+                    json!({"item_id": id, "output_index": index, "name": call.name, "arguments": arguments}),
+                );
+                let item = convert::function_call_item(&id, &call_id, &call.name, &arguments, "completed");
+                self.push("response.output_item.done", json!({"output_index": index, "item": item}));
+                self.output.push(item);
+                self.calls.push(ToolCall { id: Some(call_id), ..call });
+            }
+            Some(Ok(Output::Done { reason, usage })) => {
+                self.close_text();
+                let response = &mut self.pending.response;
+                response.output = std::mem::take(&mut self.output);
+                response.usage = Some(super::usage(&usage));
+                let kind = if reason == StopReason::Length {
+                    response.status = "incomplete";
+                    response.incomplete_details = Some(json!({"reason": "max_output_tokens"}));
+                    "response.incomplete"
+                } else {
+                    response.status = "completed";
+                    "response.completed"
+                };
+                let value = serde_json::to_value(&*response).expect("INVARIANT: wire types serialize");
+                if response.store {
+                    let text = std::mem::take(&mut self.all_text);
+                    let calls = std::mem::take(&mut self.calls);
+                    let message = if calls.is_empty() {
+                        Message::assistant(text)
+                    } else {
+                        Message::assistant_tool_calls((!text.is_empty()).then_some(text), calls)
+                    };
+                    let mut conversation = std::mem::take(&mut self.pending.conversation);
+                    conversation.push(message);
+                    self.pending.state.responses.put(response.id.clone(), value.clone(), conversation);
+                }
+                self.push(kind, json!({"response": value}));
+                self.ended = true;
+            }
+            Some(Err(e)) => {
+                self.close_text();
+                let response = &mut self.pending.response;
+                response.status = "failed";
+                response.output = std::mem::take(&mut self.output);
+                response.error = Some(json!({"code": e.code.unwrap_or("server_error"), "message": e.message}));
+                let value = serde_json::to_value(&*response).expect("INVARIANT: wire types serialize");
+                self.push("response.failed", json!({"response": value}));
+                self.ended = true;
+            }
+            None => self.ended = true,
+        }
+    }
+}
