@@ -196,6 +196,69 @@ def named_tool_choice_streaming():
     assert "city" in json.loads(calls[0]["arguments"]), calls
 
 
+RESPONSES_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather in a city",
+    "parameters": WEATHER["function"]["parameters"],
+}
+
+
+@check
+def responses_text_stream_and_previous_response_id():
+    r = client.responses.create(model=MODEL, input="Say hello.", instructions="Be terse.", max_output_tokens=20, temperature=0)
+    assert r.object == "response" and r.status in ("completed", "incomplete") and r.id.startswith("resp_"), r
+    assert r.output[0].type == "message" and r.output_text, r
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens, r.usage
+    assert client.responses.retrieve(r.id).id == r.id
+    # Streaming: the SDK assembles the final response from the events.
+    with client.responses.stream(model=MODEL, input="Say hello.", instructions="Be terse.", max_output_tokens=20, temperature=0) as stream:
+        types = [e.type for e in stream]
+        final = stream.get_final_response()
+    assert types[:2] == ["response.created", "response.in_progress"], types
+    assert types[-1] in ("response.completed", "response.incomplete"), types
+    assert final.output_text == r.output_text, (final.output_text, r.output_text)
+    # Continue from the stored response.
+    follow = client.responses.create(
+        model=MODEL, input="And again.", previous_response_id=r.id, max_output_tokens=8, temperature=0
+    )
+    assert follow.previous_response_id == r.id
+    assert follow.usage.input_tokens > r.usage.input_tokens, (follow.usage, r.usage)
+    client.responses.delete(r.id)
+    expect(openai.NotFoundError, lambda: client.responses.retrieve(r.id), 404)
+
+
+@check
+def responses_function_call_round_trip():
+    r = client.responses.create(
+        model=MODEL,
+        input=QUESTION[0]["content"],
+        tools=[RESPONSES_TOOL, {"type": "web_search"}],
+        tool_choice="required",
+        max_output_tokens=60,
+        temperature=0,
+        store=False,
+    )
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls and calls[0].name == "get_weather", r.output
+    args = json.loads(calls[0].arguments)
+    assert "paris" in args["city"].lower(), args
+    final = client.responses.create(
+        model=MODEL,
+        input=[
+            {"role": "user", "content": QUESTION[0]["content"]},
+            {"type": "function_call", "call_id": calls[0].call_id, "name": calls[0].name, "arguments": calls[0].arguments},
+            {"type": "function_call_output", "call_id": calls[0].call_id, "output": json.dumps({"sky": "sunny"})},
+        ],
+        tools=[RESPONSES_TOOL],
+        tool_choice="none",
+        max_output_tokens=40,
+        temperature=0,
+        store=False,
+    )
+    assert final.output_text, final
+
+
 def http(method, path, body=None, headers=None):
     """(status, JSON body) of a raw request."""
     data = body.encode() if body is not None else None
