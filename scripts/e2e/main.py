@@ -9,13 +9,16 @@ import sdk_openai
 
 
 def main():
-    passed = failed = 0
+    passed = failed = skipped = 0
     for module in (sdk_openai, sdk_anthropic):
         for fn in module.CHECKS:
             name = f"{module.__name__}.{fn.__name__}"
             t0 = time.time()
             try:
                 fn()
+            except sdk_openai.Skip as e:
+                skipped += 1
+                print(f"skip {name}: {e}", flush=True)
             except Exception:
                 failed += 1
                 print(f"FAIL {name} ({time.time() - t0:.1f} s)", flush=True)
@@ -23,7 +26,7 @@ def main():
             else:
                 passed += 1
                 print(f"ok   {name} ({time.time() - t0:.1f} s)", flush=True)
-    print(f"{passed} passed, {failed} failed")
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
     sys.exit(1 if failed else 0)
 
 
