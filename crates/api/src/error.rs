@@ -15,6 +15,8 @@ pub enum ErrorKind {
     ContextLength,
     /// 401: missing or wrong API key.
     Authentication,
+    /// 403: the Host or Origin is not allowed (DNS-rebinding guard).
+    Forbidden,
     /// 404: no such route, model or object.
     NotFound,
     /// 405: the route exists, the method does not.
@@ -34,6 +36,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest | ErrorKind::ContextLength => StatusCode::BAD_REQUEST,
             ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
+            ErrorKind::Forbidden => StatusCode::FORBIDDEN,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,

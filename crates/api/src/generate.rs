@@ -82,8 +82,19 @@ pub struct Prepared {
 /// with the name and arguments.
 const FORCED_CALL_PREFIX: &str = "<tool_call>\n{\"name\": \"";
 
-/// Renders and tokenizes a turn. CPU-bound (templates, tokenizer): call from a blocking thread.
-pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
+/// A turn rendered with the chat template.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    /// The whole prompt text, prefill included.
+    pub text: String,
+    /// Text appended after the generation prompt (the start of a forced tool call).
+    pub prefill: String,
+    /// The tools shown to the model (empty when there are none or `tool_choice` is `none`).
+    pub tool_names: Vec<String>,
+}
+
+/// Renders a turn's conversation into prompt text. CPU-bound: call from a blocking thread.
+pub fn render(state: &AppState, turn: &ChatTurn) -> Result<Rendered, ApiError> {
     let template = state
         .template
         .as_ref()
@@ -104,7 +115,7 @@ pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
         }
         _ => {}
     }
-    let mut conversation = turn.conversation;
+    let mut conversation = turn.conversation.clone();
     patch_for_templates(&mut conversation);
     let use_tools = turn.tool_choice != ToolChoice::None && !conversation.tools.is_empty();
     if !use_tools {
@@ -118,16 +129,17 @@ pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
         ToolChoice::Auto | ToolChoice::None => String::new(),
     };
     text.push_str(&prefill);
+    Ok(Rendered { text, prefill, tool_names: if use_tools { tool_names } else { Vec::new() } })
+}
+
+/// Renders and tokenizes a turn. CPU-bound (templates, tokenizer): call from a blocking thread.
+pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
+    let Rendered { text, prefill, tool_names } = render(state, &turn)?;
     let prompt = encode(&state.tokenizer, &text)?;
     let mut request =
         GenerateRequest::new(prompt, turn.sampling, turn.max_tokens.unwrap_or(state.config.default_max_tokens));
     request.stop_strings = turn.stop;
-    Ok(Prepared {
-        request,
-        prefill,
-        tool_names: if use_tools { tool_names } else { Vec::new() },
-        parallel_tool_calls: turn.parallel_tool_calls,
-    })
+    Ok(Prepared { request, prefill, tool_names, parallel_tool_calls: turn.parallel_tool_calls })
 }
 
 /// Tokenizes a rendered prompt (special tokens parsed), adding BOS where the model wants it.

@@ -1,14 +1,18 @@
 //! Splash's HTTP front end: the routes, the shared state and the request path from a protocol's JSON to the engine
 //! and back.
 //!
-//! A request goes: route (here) → protocol adapter (`openai/`: wire types, checks, conversion) → the neutral
-//! [`generate::ChatTurn`] → chat template + tokenizer → [`engine::service::EngineHandle::submit`] → engine events →
-//! one output parser (text / tool calls) in [`generate::Reply`] → the adapter's response or event stream. Adapters
-//! never import each other, and nothing here knows how the engine schedules.
+//! A request goes: `guard` (Host/Origin, API key) → route (here) → protocol adapter (`openai/` for Chat Completions,
+//! `responses/`, `anthropic/`: wire types, checks, conversion, stream, errors) → the neutral [`generate::ChatTurn`] →
+//! chat template + tokenizer → [`engine::service::EngineHandle::submit`] → engine events → one output parser (text /
+//! tool calls) in [`generate::Reply`] → the adapter's response or event stream. Adapters never import each other
+//! (they share only `generate` and `error`), and nothing here knows how the engine schedules. `admin` holds the
+//! endpoints outside the chat protocols.
 
+pub mod admin;
 pub mod anthropic;
 pub mod error;
 pub mod generate;
+mod guard;
 pub mod openai;
 pub mod responses;
 
@@ -17,14 +21,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderMap, header};
-use axum::middleware::{self, Next};
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use engine::SamplingParams;
 use engine::service::EngineHandle;
-use serde_json::json;
 
 use crate::anthropic::AnthropicError;
 use crate::error::{ApiError, ErrorKind};
@@ -45,6 +47,8 @@ pub struct ServerConfig {
     pub keep_alive: Duration,
     /// Memory for stored Responses (`previous_response_id`, `GET /v1/responses/{id}`).
     pub max_stored_response_bytes: usize,
+    /// Host names accepted in the `Host` header besides loopback ones (`*` accepts any).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -57,6 +61,7 @@ impl Default for ServerConfig {
             default_max_tokens: 16_384,
             keep_alive: Duration::from_secs(5),
             max_stored_response_bytes: 64 << 20,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -109,7 +114,14 @@ pub fn unix_now() -> u64 {
 /// All routes.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/health", get(health))
+        .route("/", get(admin::index))
+        .route("/health", get(admin::health))
+        .route("/ready", get(admin::ready))
+        .route("/status", get(admin::status))
+        .route("/metrics", get(admin::metrics))
+        .route("/tokenize", post(admin::tokenize))
+        .route("/detokenize", post(admin::detokenize))
+        .route("/apply-template", post(admin::apply_template))
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{*id}", get(openai::get_model))
         .route("/v1/chat/completions", post(openai::chat_completions))
@@ -119,17 +131,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        .layer(middleware::from_fn_with_state(state.clone(), guard::check))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .with_state(state)
 }
 
-async fn health() -> Response {
-    axum::Json(json!({"status": "ok"})).into_response()
-}
-
 /// Renders `e` in the shape of the protocol that `path` belongs to.
-fn error_response(path: &str, e: ApiError) -> Response {
+pub(crate) fn error_response(path: &str, e: ApiError) -> Response {
     if path.starts_with("/v1/messages") { AnthropicError(e).into_response() } else { OpenAiError(e).into_response() }
 }
 
@@ -144,36 +152,6 @@ async fn method_not_allowed(request: Request) -> Response {
         path,
         ApiError::new(ErrorKind::MethodNotAllowed, format!("{} is not allowed on {path}.", request.method())),
     )
-}
-
-/// Routes that stay open when a key is set.
-const PUBLIC_PATHS: [&str; 1] = ["/health"];
-
-async fn require_api_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let Some(key) = state.config.api_key.as_deref() else { return next.run(request).await };
-    if PUBLIC_PATHS.contains(&request.uri().path()) || presented_key(request.headers()).is_some_and(|k| same(k, key)) {
-        return next.run(request).await;
-    }
-    let e = ApiError::new(
-        ErrorKind::Authentication,
-        "Missing or incorrect API key. Send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'.",
-    )
-    .with_code("invalid_api_key");
-    error_response(request.uri().path(), e)
-}
-
-fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim);
-    bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim))
-}
-
-/// Compares without an early exit, so timing tells nothing about the key.
-fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A body that could not be read: too large (413) or broken (400).

@@ -22,6 +22,10 @@ pub struct Args {
     host: String,
     #[arg(long, env = "SPLASH_PORT", default_value_t = 8000)]
     port: u16,
+    /// Also accept this name in the Host header (repeatable; `*` accepts any). Loopback names and the bound
+    /// address are always accepted; others are refused (DNS-rebinding guard).
+    #[arg(long)]
+    allowed_host: Vec<String>,
     /// Require this key as `Authorization: Bearer KEY` or `x-api-key: KEY` (/health stays open).
     #[arg(long, env = "SPLASH_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -77,7 +81,11 @@ pub fn main(a: Args) -> Result<()> {
     let handle = EngineHandle::spawn(engine, service).context("starting the engine thread")?;
     let mut names = a.served_model_name.into_iter();
     let model_id = names.next().unwrap_or_else(|| default_model_id(&a.model));
-    let config = ServerConfig { api_key: a.api_key.filter(|k| !k.is_empty()), ..Default::default() };
+    let mut allowed_hosts = a.allowed_host;
+    if !matches!(a.host.as_str(), "0.0.0.0" | "::" | "[::]") {
+        allowed_hosts.push(a.host.clone());
+    }
+    let config = ServerConfig { api_key: a.api_key.filter(|k| !k.is_empty()), allowed_hosts, ..Default::default() };
     let max_context = handle.limits().max_context;
     let mut state = AppState::new(handle, tokenizer, template, model_id.clone(), config);
     state.aliases = names.collect();

@@ -73,11 +73,13 @@ struct Shared {
     num_failed: AtomicU64,
     num_steps: AtomicU64,
     num_generated_tokens: AtomicU64,
+    /// Time spent inside `Engine::step`, in microseconds.
+    busy_us: AtomicU64,
     alive: AtomicBool,
 }
 
 /// A snapshot of the service's counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ServiceStats {
     pub num_waiting: usize,
     pub num_running: usize,
@@ -90,6 +92,10 @@ pub struct ServiceStats {
     pub num_failed: u64,
     pub num_steps: u64,
     pub num_generated_tokens: u64,
+    /// Time the engine spent stepping (the rest it was idle or admitting).
+    pub busy_s: f64,
+    pub max_running: usize,
+    pub max_waiting: usize,
     pub alive: bool,
 }
 
@@ -118,6 +124,7 @@ pub struct EngineHandle {
     commands: mpsc::Sender<Command>,
     shared: Arc<Shared>,
     limits: ModelLimits,
+    max_running: usize,
     max_waiting: usize,
 }
 
@@ -137,16 +144,17 @@ impl EngineHandle {
         };
         let shared = Arc::new(Shared { alive: AtomicBool::new(true), ..Default::default() });
         let (commands, receiver) = mpsc::channel();
+        let max_running = config.max_running.max(1);
         let worker = Worker {
             engine,
             commands: receiver,
             shared: shared.clone(),
-            max_running: config.max_running.max(1),
+            max_running,
             waiting: VecDeque::new(),
             running: HashMap::new(),
         };
         std::thread::Builder::new().name("splash-engine".into()).spawn(move || worker.run())?;
-        Ok(EngineHandle { commands, shared, limits, max_waiting: config.max_waiting })
+        Ok(EngineHandle { commands, shared, limits, max_running, max_waiting: config.max_waiting })
     }
 
     pub fn limits(&self) -> ModelLimits {
@@ -211,6 +219,9 @@ impl EngineHandle {
             num_failed: s.num_failed.load(Ordering::Relaxed),
             num_steps: s.num_steps.load(Ordering::Relaxed),
             num_generated_tokens: s.num_generated_tokens.load(Ordering::Relaxed),
+            busy_s: s.busy_us.load(Ordering::Relaxed) as f64 / 1e6,
+            max_running: self.max_running,
+            max_waiting: self.max_waiting,
             alive: s.alive.load(Ordering::Relaxed),
         }
     }
@@ -280,7 +291,11 @@ impl<R: Runner> Worker<R> {
                 continue;
             }
             self.shared.num_steps.fetch_add(1, Ordering::Relaxed);
-            match std::panic::catch_unwind(AssertUnwindSafe(|| self.engine.step())) {
+            let t0 = std::time::Instant::now();
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.engine.step()));
+            let busy_us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.shared.busy_us.fetch_add(busy_us, Ordering::Relaxed);
+            match result {
                 Ok(Ok(events)) => self.dispatch(events),
                 Ok(Err(e)) => self.fail_running(ServiceError::Engine(e.to_string())),
                 Err(panic) => {
@@ -379,12 +394,15 @@ impl<R: Runner> Worker<R> {
             } else {
                 self.shared.num_generated_tokens.fetch_add(1, Ordering::Relaxed);
             }
-            let Some(tx) = self.running.get(&id) else { continue };
-            let delivered = tx.send(Ok(event)).is_ok();
             if finished {
-                self.running.remove(&id);
+                // Counters first, so a caller that saw `Finished` sees the sequence gone.
+                let Some(tx) = self.running.remove(&id) else { continue };
                 self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
-            } else if !delivered {
+                let _ = tx.send(Ok(event));
+                continue;
+            }
+            let Some(tx) = self.running.get(&id) else { continue };
+            if tx.send(Ok(event)).is_err() {
                 self.engine.abort(id);
                 self.running.remove(&id);
                 self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
@@ -592,6 +610,8 @@ mod tests {
         wait_until("counters", || handle.stats().num_running == 0);
         let stats = handle.stats();
         assert_eq!((stats.num_submitted, stats.num_finished, stats.num_waiting), (2, 2, 0));
+        assert_eq!((stats.max_running, stats.max_waiting, stats.num_generated_tokens), (8, 64, 9));
+        assert!(stats.busy_s > 0.0);
     }
 
     #[test]

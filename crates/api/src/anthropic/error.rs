@@ -23,6 +23,7 @@ fn error_type(kind: ErrorKind) -> &'static str {
     match kind {
         ErrorKind::InvalidRequest | ErrorKind::ContextLength | ErrorKind::MethodNotAllowed => "invalid_request_error",
         ErrorKind::Authentication => "authentication_error",
+        ErrorKind::Forbidden => "permission_error",
         ErrorKind::NotFound => "not_found_error",
         ErrorKind::PayloadTooLarge => "request_too_large",
         ErrorKind::Overloaded => "rate_limit_error",

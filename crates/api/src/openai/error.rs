@@ -24,6 +24,7 @@ fn error_type(kind: ErrorKind) -> &'static str {
         ErrorKind::InvalidRequest
         | ErrorKind::ContextLength
         | ErrorKind::Authentication
+        | ErrorKind::Forbidden
         | ErrorKind::NotFound
         | ErrorKind::MethodNotAllowed
         | ErrorKind::PayloadTooLarge => "invalid_request_error",

@@ -1,0 +1,178 @@
+//! Server endpoints outside the three chat protocols: `/` (placeholder page), `/health`, `/ready`, `/status` (JSON:
+//! model, limits, queue, sequences, speeds), `/metrics` (Prometheus text), `/tokenize`, `/detokenize` and
+//! `/apply-template` (the prompt a Chat Completions body renders to, without running the model). Errors use OpenAI's
+//! shape.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::error::{ApiError, parse_json};
+use crate::openai::{OpenAiError, convert, wire};
+use crate::{AppState, body_error, generate};
+
+pub async fn index(State(state): State<Arc<AppState>>) -> Html<String> {
+    Html(format!(
+        "<!doctype html><meta charset=utf-8><title>Splash</title><h1>Splash</h1>\
+         <p>Serving <code>{}</code>. APIs: <code>/v1/chat/completions</code>, <code>/v1/responses</code>, \
+         <code>/v1/messages</code>. The chat page is not built yet.</p>",
+        html_escape(&state.model_id)
+    ))
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+pub async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+pub async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    if state.engine.stats().alive {
+        Json(json!({"status": "ready"})).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "unavailable"}))).into_response()
+    }
+}
+
+pub async fn status(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let s = state.engine.stats();
+    let uptime_s = crate::unix_now().saturating_sub(state.created_unix);
+    Json(json!({
+        "model": state.model_id,
+        "aliases": state.aliases,
+        "alive": s.alive,
+        "uptime_s": uptime_s,
+        "limits": {
+            "max_context_tokens": state.engine.limits().max_context,
+            "max_running_requests": s.max_running,
+            "max_waiting_requests": s.max_waiting,
+            "max_body_bytes": state.config.max_body_bytes,
+        },
+        "queue": {"num_waiting": s.num_waiting, "num_running": s.num_running},
+        "requests": {
+            "num_submitted": s.num_submitted,
+            "num_finished": s.num_finished,
+            "num_aborted": s.num_aborted,
+            "num_failed": s.num_failed,
+        },
+        "engine": {
+            "num_steps": s.num_steps,
+            "num_generated_tokens": s.num_generated_tokens,
+            "busy_s": s.busy_s,
+            // Aggregate over all sequences while the engine was stepping (prefill time included).
+            "generated_tokens_per_busy_second": if s.busy_s > 0.0 { s.num_generated_tokens as f64 / s.busy_s } else { 0.0 },
+        },
+    }))
+}
+
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let s = state.engine.stats();
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, String)]| {
+        out.push_str(&format!("# HELP splash_{name} {help}\n# TYPE splash_{name} {kind}\n"));
+        for (labels, value) in samples {
+            out.push_str(&format!("splash_{name}{labels} {value}\n"));
+        }
+    };
+    metric(
+        "requests_waiting",
+        "gauge",
+        "Requests queued for a free sequence slot.",
+        &[("", s.num_waiting.to_string())],
+    );
+    metric("requests_running", "gauge", "Requests generating.", &[("", s.num_running.to_string())]);
+    metric(
+        "requests_total",
+        "counter",
+        "Requests that ended, by outcome.",
+        &[
+            ("{outcome=\"finished\"}", s.num_finished.to_string()),
+            ("{outcome=\"aborted\"}", s.num_aborted.to_string()),
+            ("{outcome=\"failed\"}", s.num_failed.to_string()),
+        ],
+    );
+    metric("generated_tokens_total", "counter", "Tokens sampled.", &[("", s.num_generated_tokens.to_string())]);
+    metric("engine_steps_total", "counter", "Engine steps (batches run).", &[("", s.num_steps.to_string())]);
+    metric("engine_busy_seconds_total", "counter", "Time spent stepping.", &[("", format!("{:.6}", s.busy_s))]);
+    metric(
+        "context_tokens_max",
+        "gauge",
+        "Most tokens of prompt and output per request.",
+        &[("", state.engine.limits().max_context.to_string())],
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+#[derive(Deserialize)]
+struct TokenizeRequest {
+    content: String,
+    /// Add BOS where the model wants it.
+    #[serde(default)]
+    add_special: bool,
+    /// Also return each token's text.
+    #[serde(default)]
+    with_pieces: bool,
+}
+
+pub async fn tokenize(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, OpenAiError> {
+    let request: TokenizeRequest = parse_json(&body.map_err(body_error)?)?;
+    let tokenizer = &state.tokenizer;
+    let ids = if request.add_special {
+        generate::encode(tokenizer, &request.content)?
+    } else {
+        tokenizer.encode(&request.content, true).map_err(ApiError::from)?
+    };
+    if request.with_pieces {
+        let tokens: Vec<Value> = ids
+            .iter()
+            .map(|&id| json!({"id": id, "piece": String::from_utf8_lossy(tokenizer.token_bytes(id))}))
+            .collect();
+        return Ok(Json(json!({"tokens": tokens})));
+    }
+    Ok(Json(json!({"tokens": ids})))
+}
+
+#[derive(Deserialize)]
+struct DetokenizeRequest {
+    tokens: Vec<u32>,
+}
+
+pub async fn detokenize(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, OpenAiError> {
+    let request: DetokenizeRequest = parse_json(&body.map_err(body_error)?)?;
+    let vocab = state.tokenizer.vocab_size();
+    if let Some(t) = request.tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(
+            ApiError::invalid_param("tokens", format!("Token id {t} is outside the vocabulary of {vocab}.")).into()
+        );
+    }
+    Ok(Json(json!({"content": state.tokenizer.decode(&request.tokens)})))
+}
+
+/// The prompt a Chat Completions request renders to: `{"prompt": text}`.
+pub async fn apply_template(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, OpenAiError> {
+    let request: wire::ChatRequest = parse_json(&body.map_err(body_error)?)?;
+    let turn = convert::to_turn(request, &state.config.default_sampling)?;
+    let s = state.clone();
+    let rendered = tokio::task::spawn_blocking(move || generate::render(&s, &turn))
+        .await
+        .map_err(|e| ApiError::internal(format!("rendering failed: {e}")))??;
+    Ok(Json(json!({"prompt": rendered.text})))
+}
