@@ -1,4 +1,5 @@
-//! Greedy parity with llama.cpp on the real Qwen2.5-Coder files.
+//! Greedy parity with llama.cpp on the real model files: Qwen2.5-Coder 0.5B and 1.5B (qwen2) and SmolLM2-135M
+//! (llama).
 //!
 //! Reference: fixtures/parity/<model>.json, produced once by scripts/fixtures/gen_parity_fixtures.py with
 //! llama-cpp-python 0.3.36 on the same GGUF files. Two measures, as the engine issue asks:
@@ -23,7 +24,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use models::cpu::CpuRunner;
-use models::{Batch, LogitsWanted, Runner, SeqChunk, SeqId};
+use models::{Arch, Batch, LogitsWanted, Runner, SeqChunk, SeqId};
 
 /// Top-1/top-2 logit gap under which two correct 8-bit-activation engines may pick different tokens.
 const NEAR_TIE: f64 = 0.5;
@@ -85,17 +86,28 @@ fn load_cases(model: &str) -> Vec<Case> {
         .collect()
 }
 
-fn check_model(model: &str, file: &str) {
+/// What a test expects of a model beyond the shared near-tie property.
+struct Bounds {
+    /// Lowest teacher-forced top-1 agreement accepted.
+    min_forced: f64,
+    arch: Arch,
+    tied_embeddings: bool,
+}
+
+fn check_model(model: &str, file: &str, bounds: Bounds) {
     let Some(path) = model_path(file) else { return };
     let gguf = Arc::new(gguf::GgufFile::open(&path).expect("model opens"));
     let mut runner = CpuRunner::new(gguf, 0).expect("model loads");
-    let vocab = runner.config().vocab_size;
+    let config = runner.config().clone();
+    assert_eq!(config.arch, bounds.arch);
+    assert_eq!(config.tied_embeddings, bounds.tied_embeddings, "output projection tied to token_embd?");
+    let vocab = config.vocab_size;
     let cases = load_cases(model);
     assert!(cases.len() >= 10, "need at least 10 prompts, fixture has {}", cases.len());
 
     let (mut forced_total, mut forced_agree, mut free_identical) = (0usize, 0usize, 0usize);
-    // (prompt, position, llama.cpp's gap) of every divergence that is not a near-tie.
-    let mut confident_misses: Vec<(String, usize, f64)> = Vec::new();
+    // The largest llama.cpp top-1/top-2 gap at which we pick another token: numeric noise flips near-ties only.
+    let mut max_disagreement_gap = 0f64;
     for (ci, case) in cases.iter().enumerate() {
         // Teacher-forced: prompt then llama.cpp's tokens; logits at the last prompt position and every generated one.
         let seq = SeqId(2 * ci as u64);
@@ -122,6 +134,7 @@ fn check_model(model: &str, file: &str) {
                 forced_agree += 1;
             } else {
                 disagreements.push((i, got, want, case.gaps[i]));
+                max_disagreement_gap = max_disagreement_gap.max(case.gaps[i]);
             }
         }
 
@@ -152,20 +165,16 @@ fn check_model(model: &str, file: &str) {
         let identical = out == case.generated;
         free_identical += usize::from(identical);
         let first_diff = out.iter().zip(&case.generated).position(|(a, b)| a != b);
-        for &(pos, _, _, gap) in &disagreements {
-            if gap >= NEAR_TIE {
-                confident_misses.push((format!("{} (teacher-forced)", case.name), pos, gap));
-            }
-        }
-        if let Some(pos) = first_diff.filter(|&p| case.gaps[p] >= NEAR_TIE) {
-            confident_misses.push((format!("{} (free-running)", case.name), pos, case.gaps[pos]));
+        if let Some(i) = first_diff {
+            max_disagreement_gap = max_disagreement_gap.max(case.gaps[i]);
         }
         eprintln!(
-            "{model} {:<28} forced {}/{} free {} (first difference at {first_diff:?}) disagreements (pos, ours, llama, llama gap) {disagreements:?}",
+            "{model} {:<18} forced {}/{} free {} (first difference at {first_diff:?}, llama gap there {:?}) disagreements (pos, ours, llama, llama gap) {disagreements:?}",
             case.name,
             case.generated.len() - disagreements.len(),
             case.generated.len(),
             if identical { "identical" } else { "differs" },
+            first_diff.map(|i| case.gaps[i]),
         );
     }
     let forced_rate = forced_agree as f64 / forced_total as f64;
@@ -176,16 +185,37 @@ fn check_model(model: &str, file: &str) {
         cases.len(),
         free_rate * 100.0
     );
-    assert!(forced_rate >= 0.99, "{model}: teacher-forced agreement {:.2}% < 99%", forced_rate * 100.0);
-    assert!(confident_misses.is_empty(), "{model}: divergences where llama.cpp was confident: {confident_misses:?}");
+    eprintln!("{model}: largest llama.cpp top-1/top-2 logit gap at a disagreement: {max_disagreement_gap:.4}");
+    assert!(
+        max_disagreement_gap < NEAR_TIE,
+        "{model}: a disagreement at a llama.cpp logit gap of {max_disagreement_gap:.4} is not a near-tie"
+    );
+    assert!(
+        forced_rate >= bounds.min_forced,
+        "{model}: teacher-forced agreement {:.2}% < {:.0}%",
+        forced_rate * 100.0,
+        bounds.min_forced * 100.0
+    );
 }
 
 #[test]
 fn qwen2_5_coder_0_5b_matches_llama_cpp() {
-    check_model("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    let bounds = Bounds { min_forced: 0.99, arch: Arch::Qwen2, tied_embeddings: false };
+    check_model("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", bounds);
 }
 
 #[test]
 fn qwen2_5_coder_1_5b_matches_llama_cpp() {
-    check_model("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
+    let bounds = Bounds { min_forced: 0.99, arch: Arch::Qwen2, tied_embeddings: false };
+    check_model("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", bounds);
+}
+
+/// SmolLM2 exercises the llama path (no biases, GQA 9/3, RoPE over adjacent pairs, output tied to the Q8_0 token
+/// embedding, Q4_1 matrices). Its logits are flat and its Q4_1 matrices requantize every activation to Q8_1, so
+/// llama.cpp reaches only 98.2% teacher-forced agreement against itself when its batching changes (and 7/14
+/// identical free-running continuations); the bound follows.
+#[test]
+fn smollm2_135m_matches_llama_cpp() {
+    let bounds = Bounds { min_forced: 0.95, arch: Arch::Llama, tied_embeddings: true };
+    check_model("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf", bounds);
 }
