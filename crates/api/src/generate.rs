@@ -121,7 +121,15 @@ pub fn render(state: &AppState, turn: &ChatTurn) -> Result<Rendered, ApiError> {
     if !use_tools {
         conversation.tools.clear();
     }
-    let mut text = template.render(&RenderInput::from_conversation(&conversation, true))?;
+    let mut text = match template.render(&RenderInput::from_conversation(&conversation, true)) {
+        // Strict templates refuse a system turn after the first message or two turns of one role in a row, which
+        // agents send: retry once with the conversation reshaped to what such templates accept.
+        Err(chat::Error::Raised(_)) => {
+            reshape_for_strict_templates(&mut conversation);
+            template.render(&RenderInput::from_conversation(&conversation, true))?
+        }
+        other => other?,
+    };
     let prefill = match &turn.tool_choice {
         _ if !use_tools || !template.source().contains("<tool_call>") => String::new(),
         ToolChoice::Required => FORCED_CALL_PREFIX.to_string(),
@@ -164,6 +172,38 @@ fn patch_for_templates(conversation: &mut Conversation) {
     }
 }
 
+/// Reshapes a conversation for templates that insist on one leading system message and alternating turns: leading
+/// system messages are merged; a later system message becomes a user turn (its text marked as a system note); then
+/// neighbouring turns of the same role without tool calls or results are merged.
+fn reshape_for_strict_templates(conversation: &mut Conversation) {
+    let text = |m: &chat::Message| m.content.as_ref().map(Content::to_text).unwrap_or_default();
+    let mut out: Vec<chat::Message> = Vec::with_capacity(conversation.messages.len());
+    for (i, mut m) in std::mem::take(&mut conversation.messages).into_iter().enumerate() {
+        if m.role == Role::System && i > 0 {
+            if out.iter().all(|p| p.role == Role::System) {
+                // Still in the leading block: merge below.
+            } else {
+                m = chat::Message::user(format!("[System note]\n{}", text(&m)));
+            }
+        }
+        let mergeable = |a: &chat::Message, b: &chat::Message| {
+            a.role == b.role
+                && a.role != Role::Tool
+                && a.tool_calls.is_empty()
+                && b.tool_calls.is_empty()
+                && a.tool_call_id.is_none()
+        };
+        match out.last_mut() {
+            Some(prev) if mergeable(prev, &m) => {
+                let joined = format!("{}\n\n{}", text(prev), text(&m));
+                prev.content = Some(Content::Text(joined));
+            }
+            _ => out.push(m),
+        }
+    }
+    conversation.messages = out;
+}
+
 /// Prepares and submits a turn.
 pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<Reply, ApiError> {
     let s = state.clone();
@@ -172,7 +212,9 @@ pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<Reply, ApiEr
         .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))??;
     let Prepared { request, prefill, tool_names, parallel_tool_calls } = prepared;
     let stream = state.engine.submit(request)?;
-    Ok(Reply::new(stream, &prefill, tool_names, parallel_tool_calls))
+    let mut reply = Reply::new(stream, &prefill, tool_names, parallel_tool_calls);
+    reply.loop_guard = state.config.max_repeated_chars.map(LoopGuard::new);
+    Ok(reply)
 }
 
 /// The outputs of one running request. Dropping it aborts the request.
@@ -188,6 +230,8 @@ pub struct Reply {
     num_calls: usize,
     t_start: Instant,
     t_first_token: Option<Instant>,
+    /// Stops a reply that has started repeating itself.
+    pub loop_guard: Option<LoopGuard>,
 }
 
 impl Reply {
@@ -208,6 +252,7 @@ impl Reply {
             num_calls: 0,
             t_start: Instant::now(),
             t_first_token: None,
+            loop_guard: None,
         }
     }
 
@@ -233,7 +278,17 @@ impl Reply {
                     self.num_output_tokens += 1;
                     self.t_first_token.get_or_insert_with(Instant::now);
                     self.feed(&text);
-                    if self.parser.as_ref().is_some_and(ToolCallParser::is_done) {
+                    if self.loop_guard.as_mut().is_some_and(|g| g.push(&text)) {
+                        // The model is looping: stop it and report the output limit.
+                        self.stream = None;
+                        if let Some(p) = &mut self.parser {
+                            let events = p.finish();
+                            self.take(events);
+                        }
+                        let usage = self.own_usage();
+                        let reason = if self.num_calls > 0 { StopReason::ToolCalls } else { StopReason::Length };
+                        self.finish(reason, usage);
+                    } else if self.parser.as_ref().is_some_and(ToolCallParser::is_done) {
                         // The calls are complete and the model has moved on: stop it here.
                         self.stream = None;
                         let usage = self.own_usage();
@@ -339,6 +394,42 @@ impl Reply {
     }
 }
 
+/// Detects output that repeats itself exactly: the tail of the text is periodic (period up to
+/// [`LoopGuard::MAX_PERIOD`] bytes) over at least `max_repeated_chars` bytes.
+#[derive(Debug, Clone)]
+pub struct LoopGuard {
+    max_repeated_chars: usize,
+    /// The last `max_repeated_chars + MAX_PERIOD` bytes of the output.
+    tail: Vec<u8>,
+}
+
+impl LoopGuard {
+    pub const MAX_PERIOD: usize = 512;
+
+    pub fn new(max_repeated_chars: usize) -> Self {
+        LoopGuard { max_repeated_chars: max_repeated_chars.max(1), tail: Vec::new() }
+    }
+
+    /// Adds output; true when the output now ends in a loop.
+    pub fn push(&mut self, text: &str) -> bool {
+        if text.is_empty() {
+            return false;
+        }
+        self.tail.extend_from_slice(text.as_bytes());
+        let keep = self.max_repeated_chars + Self::MAX_PERIOD;
+        if self.tail.len() > 2 * keep {
+            self.tail.drain(..self.tail.len() - keep);
+        }
+        let b = &self.tail;
+        let n = b.len();
+        (1..=Self::MAX_PERIOD.min(n / 2)).any(|p| {
+            // Length of the periodic run ending at the end of the text.
+            let run = (p..n).rev().take_while(|&i| b[i] == b[i - p]).count() + p;
+            run >= self.max_repeated_chars && run >= 4 * p
+        })
+    }
+}
+
 /// A whole reply, for non-streaming responses.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Collected {
@@ -351,4 +442,31 @@ pub struct Collected {
 /// A random id with a protocol's prefix: `call_3f9a…`.
 pub fn random_id(prefix: &str) -> String {
     format!("{prefix}{:016x}{:08x}", rand::random::<u64>(), rand::random::<u32>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loop_guard_trips_on_exact_repetition_only() {
+        let mut g = LoopGuard::new(200);
+        let prose = "The quick brown fox jumps over the lazy dog while the cat sleeps. ";
+        let varied: String = (0..40).map(|i| format!("{prose}{i}\n")).collect();
+        assert!(!g.push(&varied), "text with a counter is not a loop");
+        let line = "A thousand times,\n";
+        let mut tripped_after = None;
+        for i in 0..100 {
+            if g.push(line) {
+                tripped_after = Some(i);
+                break;
+            }
+        }
+        let n = tripped_after.expect("a repeated line trips the guard");
+        assert!((n + 1) * line.len() >= 200 && n * line.len() < 200 + line.len(), "{n}");
+        let mut g = LoopGuard::new(64);
+        assert!(g.push(&"ab".repeat(40)));
+        let mut g = LoopGuard::new(64);
+        assert!(!g.push(&"ab".repeat(20)));
+    }
 }

@@ -49,6 +49,9 @@ pub struct ServerConfig {
     pub max_stored_response_bytes: usize,
     /// Host names accepted in the `Host` header besides loopback ones (`*` accepts any).
     pub allowed_hosts: Vec<String>,
+    /// Stop a reply whose end repeats itself exactly over this many bytes (reported as the output limit); `None`
+    /// = never.
+    pub max_repeated_chars: Option<usize>,
 }
 
 impl Default for ServerConfig {
@@ -62,6 +65,7 @@ impl Default for ServerConfig {
             keep_alive: Duration::from_secs(5),
             max_stored_response_bytes: 64 << 20,
             allowed_hosts: Vec::new(),
+            max_repeated_chars: Some(2048),
         }
     }
 }

@@ -432,3 +432,27 @@ async fn a_client_that_hangs_up_frees_its_sequence() {
     }
     assert_eq!(h.state.engine.stats().num_aborted, 1);
 }
+
+#[tokio::test]
+async fn a_looping_reply_is_stopped_as_length() {
+    let server = ServerConfig { max_repeated_chars: Some(64), ..Default::default() };
+    let h = harness(Options { server, ..Default::default() });
+    {
+        let mut s = h.script.lock().unwrap();
+        s.reply = assets().tokenizer.encode("Start. again", true).unwrap();
+        s.no_eos = true;
+    }
+    let (status, body) = h.post_json(CHAT, &json!({"messages": user("x"), "max_tokens": 1000})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    let n = body["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(n < 100, "stopped after {n} tokens");
+    assert!(body["choices"][0]["message"]["content"].as_str().unwrap().ends_with(" again again again"));
+    // The engine drops the sequence at its next step.
+    let t0 = Instant::now();
+    while h.state.engine.stats().num_running > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(2), "the sequence was not freed");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(h.state.engine.stats().num_aborted, 1);
+}

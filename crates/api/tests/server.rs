@@ -123,3 +123,35 @@ async fn api_key_covers_every_route_but_health() {
         .unwrap();
     assert_eq!(h.send(request).await.status(), StatusCode::OK);
 }
+
+/// A Mistral-style template that refuses a later system message and turns that do not alternate.
+const STRICT_TEMPLATE: &str = "{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] %}\
+{%- set loop_messages = messages[1:] %}{%- else %}{%- set system = '' %}{%- set loop_messages = messages %}{%- endif %}\
+{{ system }}{%- for message in loop_messages %}\
+{%- if message['role'] == 'system' %}{{ raise_exception('System message must be at the beginning') }}{%- endif %}\
+{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}\
+{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}\
+{%- if message['role'] == 'user' %}[INST] {{ message['content'] }} [/INST]{%- else %}{{ message['content'] }}</s>{%- endif %}\
+{%- endfor %}";
+
+#[tokio::test]
+async fn strict_templates_get_a_reshaped_conversation() {
+    let h = harness(Options { template: Some(STRICT_TEMPLATE.into()), ..Default::default() });
+    h.reply("ok");
+    let messages = json!([
+        {"role": "system", "content": "S1"}, {"role": "system", "content": "S2"},
+        {"role": "user", "content": "U1"}, {"role": "system", "content": "mid"}, {"role": "user", "content": "U2"},
+        {"role": "assistant", "content": "A1"}, {"role": "assistant", "content": "A2"}, {"role": "user", "content": "U3"}
+    ]);
+    let (status, r) = h.post_json("/v1/chat/completions", &json!({"messages": messages})).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    assert_eq!(
+        h.last_prompt_text(),
+        "S1\n\nS2[INST] U1\n\n[System note]\nmid\n\nU2 [/INST]A1\n\nA2</s>[INST] U3 [/INST]"
+    );
+    // What cannot be reshaped is a 400 that quotes the template.
+    let (status, r) =
+        h.post_json("/v1/chat/completions", &json!({"messages": [{"role": "assistant", "content": "A"}]})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("roles must alternate"), "{r}");
+}

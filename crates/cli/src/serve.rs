@@ -42,6 +42,12 @@ pub struct Args {
     /// Most requests waiting for a slot; more get 429.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
+    /// Output cap for requests that set none (always lowered to what fits the context).
+    #[arg(long, default_value_t = 16384, value_parser = parse_tokens)]
+    default_max_tokens: usize,
+    /// Stop a reply whose end repeats itself exactly over this many bytes, reported as the output limit (0 = off).
+    #[arg(long, default_value_t = 2048)]
+    repetition_guard: usize,
     /// Threads for the model (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
@@ -85,7 +91,13 @@ pub fn main(a: Args) -> Result<()> {
     if !matches!(a.host.as_str(), "0.0.0.0" | "::" | "[::]") {
         allowed_hosts.push(a.host.clone());
     }
-    let config = ServerConfig { api_key: a.api_key.filter(|k| !k.is_empty()), allowed_hosts, ..Default::default() };
+    let config = ServerConfig {
+        api_key: a.api_key.filter(|k| !k.is_empty()),
+        allowed_hosts,
+        default_max_tokens: a.default_max_tokens,
+        max_repeated_chars: (a.repetition_guard > 0).then_some(a.repetition_guard),
+        ..Default::default()
+    };
     let max_context = handle.limits().max_context;
     let mut state = AppState::new(handle, tokenizer, template, model_id.clone(), config);
     state.aliases = names.collect();

@@ -133,6 +133,8 @@ pub struct Options {
     pub server: ServerConfig,
     pub delay: Duration,
     pub max_context: usize,
+    /// A chat template instead of the model's.
+    pub template: Option<String>,
 }
 
 impl Default for Options {
@@ -142,6 +144,7 @@ impl Default for Options {
             server: ServerConfig::default(),
             delay: Duration::ZERO,
             max_context: 4096,
+            template: None,
         }
     }
 }
@@ -177,7 +180,8 @@ pub fn harness(options: Options) -> Harness {
     };
     let engine = Engine::new(runner, a.tokenizer.clone(), EngineConfig::default());
     let handle = EngineHandle::spawn(engine, options.service).expect("engine thread");
-    let template = chat::ChatTemplate::new(a.template_source.clone(), a.bos.clone(), a.eos.clone()).expect("template");
+    let source = options.template.unwrap_or_else(|| a.template_source.clone());
+    let template = chat::ChatTemplate::new(source, a.bos.clone(), a.eos.clone()).expect("template");
     let state = Arc::new(AppState::new(handle, a.tokenizer.clone(), Some(template), MODEL_ID.into(), options.server));
     Harness { router: api::router(state.clone()), state, script }
 }
