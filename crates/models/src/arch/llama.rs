@@ -7,7 +7,7 @@ use gguf::GgufFile;
 use crate::{Arch, ModelConfig, Result};
 
 pub fn config(file: &GgufFile) -> Result<ModelConfig> {
-    let mut c = super::read_common(file, "llama", 10_000.0)?.into_config(Arch::Llama, RopeStyle::Interleaved);
+    let mut c = super::read_common(file, Arch::Llama, RopeStyle::Interleaved, 10_000.0)?;
     c.tied_embeddings = file.tensor("output.weight").is_none();
     Ok(c)
 }

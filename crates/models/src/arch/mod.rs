@@ -6,7 +6,9 @@ mod qwen3;
 
 use gguf::GgufFile;
 
-use crate::{Error, ModelConfig, Result};
+use backend::cpu::ops::RopeStyle;
+
+use crate::{Arch, Error, ModelConfig, Result};
 
 /// Reads the model configuration of any supported architecture.
 pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
@@ -19,34 +21,27 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     }
 }
 
-/// The hyper-parameters every llama-family GGUF stores under `<arch>.`, before architecture flags are set.
-pub(crate) struct Common {
-    pub num_layers: usize,
-    pub hidden_size: usize,
-    pub ffn_size: usize,
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub vocab_size: usize,
-    pub rms_eps: f32,
-    pub rope_theta: f32,
-    pub rope_dim: usize,
-    pub max_context: usize,
-}
-
 /// Values above this are not a real model's and would only make allocations explode.
 const MAX_DIM: u64 = 1 << 20;
 
-pub(crate) fn read_common(file: &GgufFile, arch: &str, default_theta: f32) -> Result<Common> {
+/// Reads the hyper-parameters every llama-family GGUF stores under `<arch>.`; the architecture's own flags (biases,
+/// q/k norms, tied output) start off and are set by the caller.
+pub(crate) fn read_common(
+    file: &GgufFile,
+    arch: Arch,
+    rope_style: RopeStyle,
+    default_theta: f32,
+) -> Result<ModelConfig> {
+    let prefix = arch.name();
     let req = |k: &str| -> Result<usize> {
-        let key = format!("{arch}.{k}");
+        let key = format!("{prefix}.{k}");
         let v = file.get_u64(&key)?.ok_or_else(|| Error::MissingKey(key.clone()))?;
         if v == 0 || v > MAX_DIM * 64 {
             return Err(Error::BadKey { key, reason: format!("value {v} is out of range") });
         }
         Ok(v as usize)
     };
-    let opt = |k: &str| -> Result<Option<usize>> { Ok(file.get_u64(&format!("{arch}.{k}"))?.map(|v| v as usize)) };
+    let opt = |k: &str| -> Result<Option<usize>> { Ok(file.get_u64(&format!("{prefix}.{k}"))?.map(|v| v as usize)) };
     let num_layers = req("block_count")?;
     let hidden_size = req("embedding_length")?;
     let ffn_size = req("feed_forward_length")?;
@@ -55,9 +50,9 @@ pub(crate) fn read_common(file: &GgufFile, arch: &str, default_theta: f32) -> Re
     let head_dim = opt("attention.key_length")?.unwrap_or(hidden_size / num_heads);
     let max_context = req("context_length")?;
     let rope_dim = opt("rope.dimension_count")?.unwrap_or(head_dim);
-    let eps_key = format!("{arch}.attention.layer_norm_rms_epsilon");
+    let eps_key = format!("{prefix}.attention.layer_norm_rms_epsilon");
     let rms_eps = file.get_f64(&eps_key)?.ok_or(Error::MissingKey(eps_key))? as f32;
-    let rope_theta = file.get_f64(&format!("{arch}.rope.freq_base"))?.map(|v| v as f32).unwrap_or(default_theta);
+    let rope_theta = file.get_f64(&format!("{prefix}.rope.freq_base"))?.map(|v| v as f32).unwrap_or(default_theta);
     let vocab_size = match opt("vocab_size")? {
         Some(v) => v,
         None => file
@@ -67,13 +62,14 @@ pub(crate) fn read_common(file: &GgufFile, arch: &str, default_theta: f32) -> Re
     };
     if num_kv_heads == 0 || num_heads % num_kv_heads != 0 || rope_dim > head_dim || rope_dim % 2 != 0 {
         return Err(Error::BadKey {
-            key: format!("{arch}.attention"),
+            key: format!("{prefix}.attention"),
             reason: format!(
                 "inconsistent heads: {num_heads} query, {num_kv_heads} kv, head_dim {head_dim}, rope_dim {rope_dim}"
             ),
         });
     }
-    Ok(Common {
+    Ok(ModelConfig {
+        arch,
         num_layers,
         hidden_size,
         ffn_size,
@@ -84,29 +80,10 @@ pub(crate) fn read_common(file: &GgufFile, arch: &str, default_theta: f32) -> Re
         rms_eps,
         rope_theta,
         rope_dim,
+        rope_style,
         max_context,
+        qkv_bias: false,
+        qk_norm: false,
+        tied_embeddings: false,
     })
-}
-
-impl Common {
-    pub(crate) fn into_config(self, arch: crate::Arch, rope_style: backend::cpu::ops::RopeStyle) -> ModelConfig {
-        ModelConfig {
-            arch,
-            num_layers: self.num_layers,
-            hidden_size: self.hidden_size,
-            ffn_size: self.ffn_size,
-            num_heads: self.num_heads,
-            num_kv_heads: self.num_kv_heads,
-            head_dim: self.head_dim,
-            vocab_size: self.vocab_size,
-            rms_eps: self.rms_eps,
-            rope_theta: self.rope_theta,
-            rope_dim: self.rope_dim,
-            rope_style,
-            max_context: self.max_context,
-            qkv_bias: false,
-            qk_norm: false,
-            tied_embeddings: false,
-        }
-    }
 }

@@ -7,7 +7,7 @@ use gguf::GgufFile;
 use crate::{Arch, ModelConfig, Result};
 
 pub fn config(file: &GgufFile) -> Result<ModelConfig> {
-    let mut c = super::read_common(file, "qwen2", 1_000_000.0)?.into_config(Arch::Qwen2, RopeStyle::Neox);
+    let mut c = super::read_common(file, Arch::Qwen2, RopeStyle::Neox, 1_000_000.0)?;
     c.qkv_bias = true;
     c.tied_embeddings = file.tensor("output.weight").is_none();
     Ok(c)

@@ -6,7 +6,7 @@ use gguf::GgufFile;
 use crate::{Arch, ModelConfig, Result};
 
 pub fn config(file: &GgufFile) -> Result<ModelConfig> {
-    let mut c = super::read_common(file, "qwen3", 1_000_000.0)?.into_config(Arch::Qwen3, RopeStyle::Neox);
+    let mut c = super::read_common(file, Arch::Qwen3, RopeStyle::Neox, 1_000_000.0)?;
     c.qk_norm = true;
     c.tied_embeddings = file.tensor("output.weight").is_none();
     Ok(c)
