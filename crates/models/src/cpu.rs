@@ -108,8 +108,8 @@ impl CpuRunner {
         }
         let mut ids: Vec<SeqId> = batch.chunks.iter().map(|c| c.seq).collect();
         ids.sort();
-        if ids.windows(2).any(|w| w[0] == w[1]) {
-            return Err(Error::BadPosition { seq: ids[0].0, start: 0, len: 0 });
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::DuplicateSeq(w[0].0));
         }
         Ok(())
     }

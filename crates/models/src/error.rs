@@ -21,6 +21,8 @@ pub enum Error {
     ContextOverflow(u64, usize),
     #[error("sequence {seq}: chunk starts at position {start} but the sequence holds {len} tokens")]
     BadPosition { seq: u64, start: usize, len: usize },
+    #[error("sequence {0} appears twice in one batch")]
+    DuplicateSeq(u64),
     #[error("token id {0} is outside the vocabulary")]
     BadToken(u32),
 }
