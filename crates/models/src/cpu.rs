@@ -94,6 +94,11 @@ impl CpuRunner {
     }
 
     fn validate(&self, batch: &Batch<'_>) -> Result<()> {
+        let mut ids: Vec<SeqId> = batch.chunks.iter().map(|c| c.seq).collect();
+        ids.sort();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::DuplicateSeq(w[0].0));
+        }
         for c in &batch.chunks {
             let len = self.seq_len(c.seq);
             if c.start_pos != len {
@@ -105,11 +110,6 @@ impl CpuRunner {
             if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
                 return Err(Error::BadToken(t));
             }
-        }
-        let mut ids: Vec<SeqId> = batch.chunks.iter().map(|c| c.seq).collect();
-        ids.sort();
-        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Error::DuplicateSeq(w[0].0));
         }
         Ok(())
     }

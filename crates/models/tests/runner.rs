@@ -1,0 +1,156 @@
+//! The CPU runner on a tiny random qwen2 model written with `gguf::GgufWriter`: KV bookkeeping (append, truncate,
+//! release), batching several sequences, and request-scoped errors that leave every sequence unchanged.
+
+use std::sync::Arc;
+
+use gguf::{GgmlType, GgufWriter, Value};
+use models::cpu::CpuRunner;
+use models::{Batch, Error, LogitsWanted, Runner, SeqChunk, SeqId};
+
+const HIDDEN: usize = 64;
+const FFN: usize = 128;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = HIDDEN / HEADS;
+const VOCAB: usize = 96;
+const LAYERS: usize = 2;
+const CONTEXT: usize = 48;
+
+/// Deterministic values in [-scale, scale).
+fn values(seed: usize, n: usize, scale: f32) -> Vec<f32> {
+    let mut x = seed as u64 * 0x9E37_79B9_7F4A_7C15 + 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn tiny_model() -> CpuRunner {
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", Value::String("qwen2".into()));
+    for (k, v) in [
+        ("block_count", LAYERS),
+        ("embedding_length", HIDDEN),
+        ("feed_forward_length", FFN),
+        ("attention.head_count", HEADS),
+        ("attention.head_count_kv", KV_HEADS),
+        ("context_length", CONTEXT),
+    ] {
+        w.add(format!("qwen2.{k}"), Value::U32(v as u32));
+    }
+    w.add("qwen2.attention.layer_norm_rms_epsilon", Value::F32(1e-6));
+    w.add("qwen2.rope.freq_base", Value::F32(10000.0));
+    let mut seed = 0;
+    let mut matrix = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize| {
+        seed += 1;
+        let data = gguf::quant::quantize(GgmlType::Q8_0, &values(seed, rows * cols, 0.3)).expect("quantize");
+        w.add_tensor(name, &[cols as u64, rows as u64], GgmlType::Q8_0, data).expect("tensor");
+    };
+    matrix(&mut w, "token_embd.weight", VOCAB, HIDDEN);
+    matrix(&mut w, "output.weight", VOCAB, HIDDEN);
+    let vector = |w: &mut GgufWriter, name: &str, n: usize, base: f32| {
+        let v: Vec<u8> = values(n + name.len(), n, 0.1).iter().flat_map(|x| (x + base).to_le_bytes()).collect();
+        w.add_tensor(name, &[n as u64], GgmlType::F32, v).expect("tensor");
+    };
+    vector(&mut w, "output_norm.weight", HIDDEN, 1.0);
+    let kv = KV_HEADS * HEAD_DIM;
+    for l in 0..LAYERS {
+        let n = |s: &str| format!("blk.{l}.{s}");
+        vector(&mut w, &n("attn_norm.weight"), HIDDEN, 1.0);
+        vector(&mut w, &n("ffn_norm.weight"), HIDDEN, 1.0);
+        vector(&mut w, &n("attn_q.bias"), HIDDEN, 0.0);
+        vector(&mut w, &n("attn_k.bias"), kv, 0.0);
+        vector(&mut w, &n("attn_v.bias"), kv, 0.0);
+        matrix(&mut w, &n("attn_q.weight"), HIDDEN, HIDDEN);
+        matrix(&mut w, &n("attn_k.weight"), kv, HIDDEN);
+        matrix(&mut w, &n("attn_v.weight"), kv, HIDDEN);
+        matrix(&mut w, &n("attn_output.weight"), HIDDEN, HIDDEN);
+        matrix(&mut w, &n("ffn_gate.weight"), FFN, HIDDEN);
+        matrix(&mut w, &n("ffn_up.weight"), FFN, HIDDEN);
+        matrix(&mut w, &n("ffn_down.weight"), HIDDEN, FFN);
+    }
+    let file = gguf::GgufFile::from_bytes(w.to_bytes()).expect("tiny model parses");
+    CpuRunner::new(Arc::new(file), 2).expect("tiny model loads")
+}
+
+fn chunk(seq: u64, tokens: &[u32], start_pos: usize, logits: LogitsWanted) -> SeqChunk<'_> {
+    SeqChunk { seq: SeqId(seq), tokens, start_pos, logits }
+}
+
+fn forward(r: &mut CpuRunner, chunks: Vec<SeqChunk<'_>>) -> Vec<f32> {
+    r.forward(&Batch { chunks }).expect("forward").to_vec()
+}
+
+fn close(a: &[f32], b: &[f32]) -> bool {
+    let num: f32 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f32 = b.iter().map(|y| y * y).sum();
+    (num / den).sqrt() < 2e-2
+}
+
+#[test]
+fn truncate_rolls_back_exactly() {
+    let mut r = tiny_model();
+    let prompt = [1u32, 5, 9, 13, 17, 21];
+    forward(&mut r, vec![chunk(1, &prompt, 0, LogitsWanted::None)]);
+    let first = forward(&mut r, vec![chunk(1, &[30, 31], 6, LogitsWanted::All)]);
+    assert_eq!(r.seq_len(SeqId(1)), 8);
+    r.truncate(SeqId(1), 6);
+    assert_eq!(r.seq_len(SeqId(1)), 6);
+    let again = forward(&mut r, vec![chunk(1, &[30, 31], 6, LogitsWanted::All)]);
+    assert_eq!(first, again, "recomputing after a rollback must give the same logits");
+    r.release(SeqId(1));
+    assert_eq!(r.seq_len(SeqId(1)), 0);
+}
+
+#[test]
+fn chunked_prefill_and_batching_agree_with_one_shot() {
+    let mut r = tiny_model();
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 7 % VOCAB) as u32).collect();
+    let one_shot = forward(&mut r, vec![chunk(1, &prompt, 0, LogitsWanted::Last)]);
+    // The same prompt in three chunks, batched next to another sequence's prefill.
+    let other: Vec<u32> = (0..9).map(|i| (i * 5 % VOCAB) as u32).collect();
+    forward(&mut r, vec![chunk(2, &prompt[..7], 0, LogitsWanted::None), chunk(3, &other, 0, LogitsWanted::Last)]);
+    forward(&mut r, vec![chunk(2, &prompt[7..15], 7, LogitsWanted::None)]);
+    let chunked =
+        forward(&mut r, vec![chunk(3, &[4], 9, LogitsWanted::Last), chunk(2, &prompt[15..], 15, LogitsWanted::Last)]);
+    assert_eq!(chunked.len(), 2 * VOCAB);
+    assert!(close(&chunked[VOCAB..], &one_shot), "chunked and batched prefill must match the one-shot prefill");
+    // Token by token gives the same distribution too.
+    let mut last = Vec::new();
+    for (i, t) in prompt.iter().enumerate() {
+        last = forward(&mut r, vec![chunk(4, std::slice::from_ref(t), i, LogitsWanted::Last)]);
+    }
+    assert!(close(&last, &one_shot));
+}
+
+#[test]
+fn bad_batches_are_refused_and_change_nothing() {
+    let mut r = tiny_model();
+    forward(&mut r, vec![chunk(1, &[1, 2, 3], 0, LogitsWanted::None)]);
+    let before = forward(&mut r, vec![chunk(9, &[1, 2, 3, 4], 0, LogitsWanted::Last)]);
+    r.truncate(SeqId(9), 3);
+    let cases: Vec<(Vec<SeqChunk>, fn(&Error) -> bool)> = vec![
+        (vec![chunk(1, &[4], 5, LogitsWanted::Last)], |e| matches!(e, Error::BadPosition { .. })),
+        (vec![chunk(1, &[VOCAB as u32], 3, LogitsWanted::Last)], |e| matches!(e, Error::BadToken(_))),
+        (vec![chunk(1, &[1; CONTEXT], 3, LogitsWanted::Last)], |e| matches!(e, Error::ContextOverflow(..))),
+        (vec![chunk(1, &[4], 3, LogitsWanted::Last), chunk(1, &[5], 4, LogitsWanted::Last)], |e| {
+            matches!(e, Error::DuplicateSeq(1))
+        }),
+        // A good chunk next to a bad one: the whole batch is refused, the good sequence untouched.
+        (vec![chunk(9, &[4], 3, LogitsWanted::Last), chunk(1, &[4], 0, LogitsWanted::Last)], |e| {
+            matches!(e, Error::BadPosition { .. })
+        }),
+    ];
+    for (chunks, is_expected) in cases {
+        let err = r.forward(&Batch { chunks }).expect_err("must be refused");
+        assert!(is_expected(&err), "unexpected error: {err}");
+        assert_eq!(r.seq_len(SeqId(1)), 3);
+        assert_eq!(r.seq_len(SeqId(9)), 3);
+    }
+    let after = forward(&mut r, vec![chunk(9, &[4], 3, LogitsWanted::Last)]);
+    assert!(close(&after, &before));
+}
