@@ -2,8 +2,10 @@
 //!
 //! Each step schedules, for every live sequence, the tokens it has not computed yet (the whole prompt chunk by
 //! chunk, then one token per step), runs them as one batch, samples where logits came back, and turns new tokens into
-//! text and events. Prefill and decode fall out of that one rule; decoding sequences are scheduled first so a long
-//! prompt never stalls streams already running.
+//! text and events. Prefill and decode fall out of that one rule. Decoding sequences are scheduled first, and while
+//! any sequence decodes, prompts get at most `max_prefill_tokens_while_decoding` tokens per step, so a long prompt
+//! never stalls streams already running; among prompts the one with the fewest tokens left goes first, so a short
+//! request arriving during a long prefill starts streaming at once.
 
 mod request;
 pub mod sampler;
@@ -34,11 +36,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct EngineConfig {
     /// Most tokens in one forward batch (caps prefill chunks). 0 is taken as 1 (nothing could ever run).
     pub max_batch_tokens: usize,
+    /// Most prompt tokens in a step that also decodes: bounds the time between two tokens of a running stream.
+    pub max_prefill_tokens_while_decoding: usize,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_batch_tokens: 512 }
+        EngineConfig { max_batch_tokens: 512, max_prefill_tokens_while_decoding: 128 }
     }
 }
 
@@ -165,18 +169,34 @@ impl<R: Runner> Engine<R> {
 
     /// Runs one batch and returns the events it produced, in order.
     pub fn step(&mut self) -> Result<Vec<(RequestId, Event)>> {
-        // Schedule: decoding sequences first (one token each), then prompt chunks in arrival order.
+        // Schedule: decoding sequences first (one token each), then prompt chunks, fewest tokens left first (ties in
+        // arrival order). While anything decodes, prompts share a smaller budget so streams keep flowing.
         let mut budget = self.config.max_batch_tokens;
+        let remaining = |s: &Sequence| s.tokens.len() - s.num_computed_tokens;
+        let is_prefill = |s: &Sequence| s.num_computed_tokens < s.num_prompt_tokens;
         let mut order: Vec<usize> = (0..self.seqs.len()).collect();
-        order.sort_by_key(|&i| self.seqs[i].num_computed_tokens < self.seqs[i].num_prompt_tokens);
+        order.sort_by_key(|&i| {
+            let s = &self.seqs[i];
+            if is_prefill(s) { (1, remaining(s)) } else { (0, 0) }
+        });
         let mut scheduled: Vec<(usize, usize)> = Vec::new(); // (sequence index, number of tokens)
+        let mut prefill_budget = None;
         for i in order {
             let s = &self.seqs[i];
-            let n = (s.tokens.len() - s.num_computed_tokens).min(budget);
+            if is_prefill(s) && prefill_budget.is_none() {
+                let cap =
+                    if scheduled.is_empty() { budget } else { self.config.max_prefill_tokens_while_decoding.max(1) };
+                prefill_budget = Some(cap.min(budget));
+            }
+            let limit = prefill_budget.unwrap_or(budget);
+            let n = remaining(s).min(limit);
             if n == 0 {
                 continue;
             }
             budget -= n;
+            if let Some(p) = prefill_budget.as_mut() {
+                *p -= n;
+            }
             scheduled.push((i, n));
         }
         if scheduled.is_empty() {
@@ -251,7 +271,11 @@ impl<R: Runner> Engine<R> {
     }
 
     /// Runs one request to completion (CLI use), calling `on_text` with each piece of released text.
-    pub fn generate(&mut self, req: GenerateRequest, mut on_text: impl FnMut(&str)) -> Result<(Vec<u32>, FinishReason, Usage)> {
+    pub fn generate(
+        &mut self,
+        req: GenerateRequest,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<(Vec<u32>, FinishReason, Usage)> {
         let id = self.add_request(req)?;
         let mut out = Vec::new();
         loop {

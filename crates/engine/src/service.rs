@@ -566,7 +566,7 @@ mod tests {
     }
 
     fn spawn(runner: FakeRunner, config: ServiceConfig) -> EngineHandle {
-        let engine = Engine::new(runner, byte_tokenizer(), EngineConfig { max_batch_tokens: 16 });
+        let engine = Engine::new(runner, byte_tokenizer(), EngineConfig { max_batch_tokens: 16, ..Default::default() });
         EngineHandle::spawn(engine, config).unwrap()
     }
 

@@ -252,7 +252,11 @@ fn noisy_script(history: &[u32]) -> Vec<f32> {
 }
 
 fn engine_with(runner: FakeRunner, max_batch_tokens: usize) -> Engine<FakeRunner> {
-    Engine::new(runner, build_tokenizer(), EngineConfig { max_batch_tokens })
+    Engine::new(
+        runner,
+        build_tokenizer(),
+        EngineConfig { max_batch_tokens, max_prefill_tokens_while_decoding: max_batch_tokens },
+    )
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
@@ -380,18 +384,50 @@ fn decoding_sequences_go_before_prompt_chunks() {
             "batch {i}: decode after a prompt chunk: {batch:?}"
         );
     }
-    // The step after B arrived: A's decode token first, then B's prompt with the rest of the budget; C waits.
+    // The step after B and C arrived: A's decode token first, then the shorter prompt (C, whole), then B's with the
+    // rest of the budget.
     let second = &batches[1];
-    assert_eq!(second.len(), 2, "{second:?}");
+    assert_eq!(second.len(), 3, "{second:?}");
     assert_eq!((second[0].seq, second[0].tokens.len()), (SeqId(a.0), 1));
-    assert_eq!(second[1].seq, SeqId(b.0));
-    assert_eq!((second[1].start_pos, second[1].tokens.len(), second[1].logits), (0, 5, LogitsWanted::None));
+    assert_eq!((second[1].seq, second[1].tokens.len(), second[1].logits), (SeqId(c.0), 2, LogitsWanted::Last));
+    assert_eq!(second[2].seq, SeqId(b.0));
+    assert_eq!((second[2].start_pos, second[2].tokens.len(), second[2].logits), (0, 3, LogitsWanted::None));
     // A kept producing a token every step while B's long prompt was being read.
     assert_eq!(out[&a].token_steps, (0..10).collect::<Vec<_>>());
     for ((id, p), n) in ids.iter().zip(&prompts).zip(max_tokens) {
         assert_eq!(out[id].tokens, expected_letters(p, n), "request {id}");
     }
     assert_all_released(&e, &ids);
+}
+
+#[test]
+fn short_request_streams_during_a_long_prefill() {
+    // A 400-token prompt read 16 tokens per step; a short request arrives after the first chunk.
+    let long: Vec<u32> = (0..400).map(|i| bytes("abcdefghijklmnopqrstuvwxyz")[i % 26]).collect();
+    let mut e = Engine::new(
+        FakeRunner::new(1024, letters_script),
+        build_tokenizer(),
+        EngineConfig { max_batch_tokens: 64, max_prefill_tokens_while_decoding: 16 },
+    );
+    let mut out = BTreeMap::new();
+    let long_id = e.add_request(greedy(long.clone(), 2)).expect("valid");
+    record(&mut out, 0, e.step().expect("step"));
+    let short_id = e.add_request(greedy(bytes("hi"), 5)).expect("valid");
+    let mut step = 1;
+    while e.has_work() {
+        record(&mut out, step, e.step().expect("step"));
+        step += 1;
+    }
+    // The short prompt goes first in the next step and then streams one token per step, while the long prompt
+    // advances by at most 16 tokens per step alongside it.
+    assert_eq!(out[&short_id].token_steps, vec![1, 2, 3, 4, 5]);
+    for batch in &e.runner().batches[2..6] {
+        let prefill: usize = batch.iter().filter(|c| c.seq == SeqId(long_id.0)).map(|c| c.tokens.len()).sum();
+        assert!(prefill <= 16, "{batch:?}");
+    }
+    assert_eq!(out[&long_id].tokens, expected_letters(&long, 2));
+    assert_eq!(out[&short_id].tokens, expected_letters(&bytes("hi"), 5));
+    assert_all_released(&e, &[long_id, short_id]);
 }
 
 #[test]
