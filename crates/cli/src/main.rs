@@ -2,6 +2,7 @@
 
 mod bench;
 mod load;
+mod plan;
 mod pull;
 mod run;
 mod serve;
@@ -23,6 +24,8 @@ enum Command {
     Bench(bench::Args),
     /// Fetch models into the cache ($SPLASH_HOME, default ~/.cache/splash).
     Pull(pull::Args),
+    /// Print the memory plan (context, sequences, KV pages) for a model on this or a simulated machine.
+    Plan(plan::Args),
     /// Serve the model over HTTP (OpenAI-compatible API).
     Serve(serve::Args),
 }
@@ -33,6 +36,7 @@ fn main() {
         Command::Run(a) => run::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Pull(a) => pull::main(a),
+        Command::Plan(a) => plan::main(a),
         Command::Serve(a) => serve::main(a),
     };
     if let Err(e) = result {

@@ -54,7 +54,7 @@ pub struct Args {
 }
 
 /// `16384`, `16K` or `16k` (×1024).
-fn parse_tokens(s: &str) -> Result<usize, String> {
+pub fn parse_tokens(s: &str) -> Result<usize, String> {
     let (digits, scale) = match s.strip_suffix(['K', 'k']) {
         Some(d) => (d, 1024),
         None => (s, 1),

@@ -1,0 +1,127 @@
+//! `splash plan`: the memory plan for a model on this machine (or a simulated one), printed without serving; and the
+//! shared step that turns a GGUF header, device memory and user caps into a [`plan::PlanInput`] (also used by
+//! `splash serve`).
+//!
+//! Shapes come from the GGUF header only: the file is mapped, never read through, and no weights are prepared.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use plan::{Device, DeviceMemory, ModelInput, ModelShapes, Plan, PlanInput};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model: a catalog name (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, smollm2-135m) or a .gguf path.
+    #[arg(long, short, default_value = "qwen2.5-coder-1.5b")]
+    model: String,
+    /// Draft model to plan for alongside (default: the pack's draft, if it has one).
+    #[arg(long, conflicts_with = "no_draft")]
+    draft: Option<String>,
+    /// Plan without the pack's draft model.
+    #[arg(long)]
+    no_draft: bool,
+    /// Simulate a machine with this much available memory (e.g. 8G, 80GiB) instead of reading this one's.
+    #[arg(long, value_parser = parse_size)]
+    memory: Option<u64>,
+    /// Use at most this much memory (only lowers the budget).
+    #[arg(long, value_parser = parse_size)]
+    max_memory: Option<u64>,
+    /// Most tokens per sequence (only lowers the model's; e.g. 16384 or 16K).
+    #[arg(long, value_parser = crate::serve::parse_tokens)]
+    max_context: Option<usize>,
+    /// Sequence ceiling instead of the device default (8 on CPU, 64 on CUDA); memory may lower it.
+    #[arg(long)]
+    max_sequences: Option<usize>,
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: DeviceArg,
+    /// Threads for the model (0 = all cores).
+    #[arg(long, short, default_value_t = 0)]
+    threads: usize,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum DeviceArg {
+    Cpu,
+    Cuda,
+}
+
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    plan::parse_bytes(s).map_err(|e| e.to_string())
+}
+
+/// The built-in pairing of a target with its draft (until pack manifests carry it).
+pub fn default_draft(model: &str) -> Option<&'static str> {
+    match model {
+        "qwen2.5-coder-1.5b" => Some("qwen2.5-coder-0.5b"),
+        _ => None,
+    }
+}
+
+/// A catalog name or path, resolved without fetching: planning must not download gigabytes.
+fn resolve(model: &str) -> Result<std::path::PathBuf> {
+    pack::resolve(model).with_context(|| format!("planning needs the GGUF header of {model}"))
+}
+
+/// Shapes and weight bytes from a GGUF header.
+pub fn model_input(path: &Path) -> Result<ModelInput> {
+    let file = gguf::GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let c =
+        models::arch::config_from_gguf(&file).with_context(|| format!("reading the shapes of {}", path.display()))?;
+    let weight_bytes = file.tensors.iter().map(|t| t.size_bytes).sum();
+    Ok(ModelInput {
+        shapes: ModelShapes {
+            num_layers: c.num_layers,
+            hidden_size: c.hidden_size,
+            ffn_size: c.ffn_size,
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            vocab_size: c.vocab_size,
+            max_context: c.max_context,
+        },
+        weight_bytes,
+    })
+}
+
+/// Threads the model will use: `0` means all cores.
+pub fn num_threads(threads: usize) -> usize {
+    if threads > 0 { threads } else { std::thread::available_parallelism().map_or(1, |n| n.get()) }
+}
+
+/// This machine's CPU memory, or a simulated size.
+pub fn device_memory(simulated: Option<u64>) -> Result<DeviceMemory> {
+    match simulated {
+        Some(b) => Ok(DeviceMemory::simulated(b)),
+        None => plan::cpu_memory().context("reading /proc/meminfo"),
+    }
+}
+
+pub fn main(a: Args) -> Result<()> {
+    let device = match a.device {
+        DeviceArg::Cpu => Device::Cpu,
+        DeviceArg::Cuda => Device::Cuda,
+    };
+    if device == Device::Cuda && a.memory.is_none() {
+        bail!("--device cuda needs --memory (reading free CUDA memory is not built yet)");
+    }
+    let target = model_input(&resolve(&a.model)?)?;
+    let draft_name = if a.no_draft { None } else { a.draft.as_deref().or(default_draft(&a.model)) };
+    let draft = draft_name.map(|d| resolve(d).and_then(|p| model_input(&p))).transpose()?;
+    let mut input = PlanInput::new(target, device_memory(a.memory)?, device);
+    input.draft = draft;
+    input.max_memory_bytes = a.max_memory;
+    input.max_context = a.max_context;
+    input.max_sequences = a.max_sequences;
+    input.num_threads = num_threads(a.threads);
+    let p: Plan = plan::plan(&input)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&p)?);
+    } else {
+        println!("model            {}{}", a.model, draft_name.map_or(String::new(), |d| format!(" (draft {d})")));
+        println!("{p}");
+    }
+    Ok(())
+}

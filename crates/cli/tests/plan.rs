@@ -1,0 +1,132 @@
+//! `splash plan` end to end: shapes read from the real SmolLM2 file's header, simulated machines, caps, JSON, and the
+//! refusal. Expected numbers come from the model card (30 layers, 3 KV heads of 64, 8192-token context), not from
+//! the planner. Model availability follows tests/cli.rs (SPLASH_SKIP_MODEL_TESTS=1 skips when missing).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn home() -> PathBuf {
+    std::env::var_os("SPLASH_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/splash"))
+}
+
+fn have(file: &str) -> bool {
+    let p = home().join("models").join(file);
+    if p.is_file() {
+        return true;
+    }
+    if std::env::var("SPLASH_SKIP_MODEL_TESTS").is_ok_and(|v| v == "1") {
+        eprintln!("skipping: {} is missing and SPLASH_SKIP_MODEL_TESTS=1", p.display());
+        return false;
+    }
+    panic!("{} is missing: run `splash pull` first, or set SPLASH_SKIP_MODEL_TESTS=1", p.display());
+}
+
+fn splash(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_splash"))
+        .args(args)
+        .env("SPLASH_HOME", home())
+        .output()
+        .expect("the splash binary runs");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"), "splash {args:?} panicked");
+    out
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let o = splash(args);
+    assert!(o.status.success(), "splash {args:?} failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("plan --json prints JSON")
+}
+
+const GIB: u64 = 1 << 30;
+
+#[test]
+fn smollm2_on_simulated_machines() {
+    if !have("SmolLM2-135M-Instruct.Q4_1.gguf") {
+        return;
+    }
+    let p = json(&["plan", "--model", "smollm2-135m", "--memory", "1G", "--threads", "2", "--json"]);
+    // 2 (K, V) x 30 layers x 3 kv heads x 64 x 2 bytes.
+    assert_eq!(p["kv_bytes_per_token"], 23_040);
+    assert_eq!(p["max_context"], 8192);
+    assert_eq!(p["context_limit"], "model");
+    // 1 GiB - 307 MiB margin (256 MiB + 5%) - 92 MiB weights - ~15 MiB workspaces leaves ~609 MiB; a full 8192-token
+    // sequence takes 180 MiB, so 3 sequences.
+    assert_eq!(p["max_sequences"], 3);
+    assert_eq!(p["max_batch_tokens"], 512);
+    assert_eq!(p["page_tokens"], 16);
+    assert_eq!(p["breakdown"]["budget_bytes"], GIB);
+    let weights = p["breakdown"]["items"].as_array().unwrap().iter().find(|i| i["label"] == "target weights").unwrap()
+        ["bytes"]
+        .as_u64()
+        .unwrap();
+    // The tensors are most of the 98,362,432-byte file (the rest is the vocabulary and metadata).
+    assert!((90_000_000..98_362_432).contains(&weights), "{weights}");
+    // Every promised sequence at full context fits the pool.
+    assert!(p["num_kv_pages"].as_u64().unwrap() >= 3 * 8192 / 16);
+    // 2 GiB: the CPU ceiling of 8.
+    assert_eq!(json(&["plan", "-m", "smollm2-135m", "--memory", "2G", "--json"])["max_sequences"], 8);
+
+    // Caps only lower.
+    let p = json(&[
+        "plan",
+        "-m",
+        "smollm2-135m",
+        "--memory",
+        "1G",
+        "--max-context",
+        "4K",
+        "--max-sequences",
+        "3",
+        "--json",
+    ]);
+    assert_eq!((p["max_context"].as_u64(), p["max_sequences"].as_u64()), (Some(4096), Some(3)));
+    assert_eq!(p["context_limit"], "user");
+    let p = json(&["plan", "-m", "smollm2-135m", "--memory", "1G", "--max-context", "100K", "--json"]);
+    assert_eq!(p["max_context"], 8192);
+    let p = json(&["plan", "-m", "smollm2-135m", "--memory", "8G", "--max-memory", "1G", "--json"]);
+    assert_eq!(p["breakdown"]["budget_bytes"], GIB);
+
+    // Human-readable output names the numbers.
+    let o = splash(&["plan", "-m", "smollm2-135m", "--memory", "2G"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success());
+    for needle in
+        ["max context      8192 tokens", "max sequences    8", "target weights", "KV cache", "simulated 2.0 GiB"]
+    {
+        assert!(text.contains(needle), "missing {needle:?}:\n{text}");
+    }
+}
+
+#[test]
+fn too_little_memory_is_refused_with_a_breakdown() {
+    if !have("SmolLM2-135M-Instruct.Q4_1.gguf") {
+        return;
+    }
+    let o = splash(&["plan", "-m", "smollm2-135m", "--memory", "300M"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    for needle in ["not enough memory", "2048 tokens", "target weights", "over budget by", "suggestion:"] {
+        assert!(err.contains(needle), "missing {needle:?}:\n{err}");
+    }
+    let o = splash(&["plan", "-m", "smollm2-135m", "--memory", "lots"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("expected a size"));
+    let o = splash(&["plan", "-m", "smollm2-135m", "--device", "cuda"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--memory"));
+}
+
+#[test]
+fn default_pack_plans_with_its_draft() {
+    if !have("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf") || !have("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") {
+        return;
+    }
+    let p = json(&["plan", "--memory", "8G", "--json"]);
+    // 1.5B: 28 layers x 2 kv heads x 128; 0.5B draft: 24 layers x 2 x 64; K and V at f16.
+    assert_eq!(p["kv_bytes_per_token"], 28 * 2 * 128 * 4 + 24 * 2 * 64 * 4);
+    assert_eq!(p["max_context"], 32_768);
+    let p = json(&["plan", "--memory", "8G", "--no-draft", "--json"]);
+    assert_eq!(p["kv_bytes_per_token"], 28 * 2 * 128 * 4);
+    let o = splash(&["plan", "--memory", "1G"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("draft weights"));
+}
