@@ -57,6 +57,7 @@ pub async fn status(State(state): State<Arc<AppState>>) -> Json<Value> {
             "max_waiting_requests": s.max_waiting,
             "max_body_bytes": state.config.max_body_bytes,
         },
+        "memory_plan": state.memory_plan,
         "queue": {"num_waiting": s.num_waiting, "num_running": s.num_running},
         "requests": {
             "num_submitted": s.num_submitted,

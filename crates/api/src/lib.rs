@@ -82,6 +82,8 @@ pub struct AppState {
     pub config: ServerConfig,
     pub created_unix: u64,
     pub responses: responses::store::Store,
+    /// The memory plan the server's limits come from (reported under `/status`), if one was made.
+    pub memory_plan: Option<serde_json::Value>,
 }
 
 impl AppState {
@@ -102,6 +104,7 @@ impl AppState {
             config,
             created_unix: unix_now(),
             responses,
+            memory_plan: None,
         }
     }
 

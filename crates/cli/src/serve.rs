@@ -29,16 +29,20 @@ pub struct Args {
     /// Require this key as `Authorization: Bearer KEY` or `x-api-key: KEY` (/health stays open).
     #[arg(long, env = "SPLASH_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
-    /// Most tokens of prompt and output per request (e.g. 16384 or 16K); default: the model's context.
+    /// Most tokens of prompt and output per request (e.g. 16384 or 16K); default: the model's context, or what the
+    /// memory plan allows.
     #[arg(long, value_parser = parse_tokens)]
     max_context: Option<usize>,
     /// The model id clients use (repeatable: the first is reported, the others are aliases). Default: the --model name
     /// or the file's stem.
     #[arg(long)]
     served_model_name: Vec<String>,
-    /// Most requests generating at once.
-    #[arg(long, default_value_t = 8)]
-    max_sequences: usize,
+    /// Most requests generating at once, instead of the device default (8 on CPU); the memory plan may lower it.
+    #[arg(long)]
+    max_sequences: Option<usize>,
+    /// Use at most this much memory (e.g. 8G); the plan sizes context, sequences and KV cache within it.
+    #[arg(long, value_parser = crate::plan::parse_size)]
+    max_memory: Option<u64>,
     /// Most requests waiting for a slot; more get 429.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
@@ -77,13 +81,46 @@ fn default_model_id(model: &str) -> String {
     }
 }
 
+/// The memory plan for serving `model` (no draft: the engine does not run one yet) on this machine; refuses with the
+/// breakdown when not even a minimal context fits.
+fn memory_plan(a: &Args) -> Result<plan::Plan> {
+    let path = crate::load::model_path(&a.model)?;
+    let mut input =
+        plan::PlanInput::new(crate::plan::model_input(&path)?, crate::plan::device_memory(None)?, plan::Device::Cpu);
+    input.max_memory_bytes = a.max_memory;
+    input.max_context = a.max_context;
+    input.max_sequences = a.max_sequences;
+    input.num_threads = crate::plan::num_threads(a.threads);
+    Ok(plan::plan(&input)?)
+}
+
 pub fn main(a: Args) -> Result<()> {
+    let plan = memory_plan(&a)?;
+    eprintln!(
+        "plan: context {} tokens x {} sequences, batch {} tokens, KV {} pages of {} tokens ({}); budget {} of {} available",
+        plan.max_context,
+        plan.max_sequences,
+        plan.max_batch_tokens,
+        plan.num_kv_pages,
+        plan.page_tokens,
+        plan::human_bytes(plan.kv_pool_bytes()),
+        plan::human_bytes(plan.breakdown.budget_bytes),
+        plan::human_bytes(plan.breakdown.available_bytes),
+    );
     let Loaded { runner, tokenizer, template, load_s } = load(&a.model, a.threads)?;
     if template.is_none() {
         eprintln!("warning: {} has no chat template; chat requests will be refused", a.model);
     }
-    let engine = Engine::new(runner, tokenizer.clone(), EngineConfig::default());
-    let service = ServiceConfig { max_running: a.max_sequences, max_waiting: a.max_queue, max_context: a.max_context };
+    let engine = Engine::new(
+        runner,
+        tokenizer.clone(),
+        EngineConfig { max_batch_tokens: plan.max_batch_tokens, ..EngineConfig::default() },
+    );
+    let service = ServiceConfig {
+        max_running: plan.max_sequences,
+        max_waiting: a.max_queue,
+        max_context: Some(plan.max_context),
+    };
     let handle = EngineHandle::spawn(engine, service).context("starting the engine thread")?;
     let mut names = a.served_model_name.into_iter();
     let model_id = names.next().unwrap_or_else(|| default_model_id(&a.model));
@@ -101,6 +138,7 @@ pub fn main(a: Args) -> Result<()> {
     let max_context = handle.limits().max_context;
     let mut state = AppState::new(handle, tokenizer, template, model_id.clone(), config);
     state.aliases = names.collect();
+    state.memory_plan = Some(serde_json::to_value(&plan).context("serializing the plan")?);
     let state = Arc::new(state);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

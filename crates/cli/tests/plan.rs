@@ -130,3 +130,51 @@ fn default_pack_plans_with_its_draft() {
     let o = splash(&["plan", "--memory", "1G"]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("draft weights"));
 }
+
+/// GET `path` from `port` over a raw HTTP/1.1 connection; the body as JSON.
+fn get_json(port: u16, path: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").expect("send");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or_default();
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {text}"))
+}
+
+/// `splash serve` takes its limits from the plan: with 1 GiB it prints the plan, serves 6 sequences of 4096 tokens
+/// (--max-context) and reports the plan in /status and the context in /v1/models.
+#[test]
+fn serve_uses_the_plan() {
+    use std::io::{BufRead, BufReader};
+    if !have("SmolLM2-135M-Instruct.Q4_1.gguf") {
+        return;
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_splash"))
+        .args(["serve", "-m", "smollm2-135m", "--port", "0", "--threads", "1", "--max-memory", "1G"])
+        .args(["--max-context", "4K"])
+        .env("SPLASH_HOME", home())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve starts");
+    let stderr = child.stderr.take().expect("piped");
+    let err_lines =
+        std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>());
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut ready).expect("Ready line");
+    let port: u16 = ready.trim().trim_end_matches("/v1").rsplit(':').next().and_then(|p| p.parse().ok()).expect(&ready);
+    let status = get_json(port, "/status");
+    let models = get_json(port, "/v1/models");
+    child.kill().expect("kill");
+    let _ = child.wait();
+    let err = err_lines.join().expect("stderr").join("\n");
+    // ~608 MiB of KV left in 1 GiB (see smollm2_on_simulated_machines); 4096 tokens x 22.5 KiB = 90 MiB each.
+    assert!(err.contains("plan: context 4096 tokens x 6 sequences") && err.contains("budget 1.0 GiB"), "{err}");
+    let plan = &status["memory_plan"];
+    assert_eq!(plan["max_context"], 4096, "{status}");
+    assert_eq!(plan["breakdown"]["budget_bytes"], GIB);
+    assert_eq!(status["limits"]["max_context_tokens"], 4096);
+    assert_eq!(status["limits"]["max_running_requests"], plan["max_sequences"]);
+    assert_eq!(models["data"][0]["context_length"], 4096, "{models}");
+}
