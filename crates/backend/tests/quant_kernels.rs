@@ -666,3 +666,79 @@ fn matmul_sees_activations_rewritten_in_place() {
         }
     }
 }
+
+/// Batch invariance: one activation row's results are bitwise the same whether it is multiplied alone or inside a
+/// batch of m rows (any position), and whatever row range the weight rows are split into.
+fn check_batch_invariance(ty: GgmlType, k: usize, seed: u64, failures: &mut Vec<String>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n = 37;
+    let fmt = act_format(ty).unwrap();
+    let w: Vec<u8> = (0..n).flat_map(|_| random_row(ty, k, &mut rng)).collect();
+    let max_m = 64;
+    let x = random_acts(k, max_m, &mut rng);
+    let arb = act_row_bytes(fmt, k);
+    for &level in &available_levels() {
+        let mut acts = vec![0u8; arb * max_m];
+        for t in 0..max_m {
+            quantize_act_row_at(level, fmt, &x[t * k..(t + 1) * k], &mut acts[t * arb..(t + 1) * arb]);
+        }
+        // Each row alone, all weight rows in one call.
+        let mut alone = vec![0f32; max_m * n];
+        for t in 0..max_m {
+            // SAFETY: writes n elements of row t.
+            unsafe {
+                matmul_rows_at(level, ty, &w, k, 0..n, &acts[t * arb..(t + 1) * arb], 1, alone[t * n..].as_mut_ptr(), n)
+            };
+        }
+        for m in [2usize, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64] {
+            for split in [n, 16, 5, 1] {
+                // Rows 1..=m of the batch start at offset `off` so the probe row sits at varied positions.
+                let off = (m * 7) % (max_m - m + 1);
+                let mut got = vec![f32::NAN; m * n];
+                let mut r0 = 0;
+                while r0 < n {
+                    let r1 = (r0 + split).min(n);
+                    // SAFETY: writes rows r0..r1 of m output rows of length n.
+                    unsafe {
+                        matmul_rows_at(
+                            level,
+                            ty,
+                            &w,
+                            k,
+                            r0..r1,
+                            &acts[off * arb..(off + m) * arb],
+                            m,
+                            got.as_mut_ptr(),
+                            n,
+                        )
+                    };
+                    r0 = r1;
+                }
+                let bad = (0..m * n).filter(|&i| got[i].to_bits() != alone[off * n + i].to_bits()).count();
+                if bad > 0 {
+                    let i = (0..m * n).find(|&i| got[i].to_bits() != alone[off * n + i].to_bits()).unwrap();
+                    failures.push(format!(
+                        "{ty} {level:?} k={k} m={m} split={split}: {bad}/{} differ, e.g. t={} r={}: batched {} vs alone {}",
+                        m * n,
+                        i / n,
+                        i % n,
+                        got[i],
+                        alone[off * n + i]
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn batch_invariance_all_types() {
+    use GgmlType::*;
+    let mut failures = Vec::new();
+    for (i, ty) in [Q4_K, Q6_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F32, F16, BF16].into_iter().enumerate() {
+        for k in ks_for(ty) {
+            check_batch_invariance(ty, k, 1000 + i as u64, &mut failures);
+        }
+    }
+    assert!(failures.is_empty(), "{} batch-invariance failures:\n{}", failures.len(), failures.join("\n"));
+}

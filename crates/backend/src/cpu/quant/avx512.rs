@@ -305,15 +305,29 @@ trait Panel {
     const RMAX: usize;
     /// Packs one unit of 16 rows (`src[i]` points at row `i`'s block).
     unsafe fn pack(src: &[*const u8; 16], dst: *mut u8);
-    /// `acc[r] += panel · activation row r` over `n` packed units; `a[r]` / `x[r]` point at the first unit's
-    /// activation block / trailer.
+    /// `acc[r][slot(u)] += unit u of panel · activation row r` over `n` packed units, in unit order, with the
+    /// canonical per-unit step (`NOTES.md`, "Batch invariance"); `u0` is the first unit's index in the row,
+    /// `slot(u) = (u0 + u) % SLOTS`; `a[r]` / `x[r]` point at the first unit's activation block / trailer.
     unsafe fn kernel<const R: usize>(
         pk: *const u8,
         n: usize,
+        u0: usize,
         a: &[*const u8; R],
         x: &[*const u8; R],
-        acc: &mut [__m512; R],
+        acc: *mut [__m512; SLOTS],
     );
+}
+
+/// Running sums per (weight row, activation row): block or super-block `u` of a row is added to sum `u % SLOTS`,
+/// and the sums are combined as `(s0 + s1) + (s2 + s3)` (the canonical order shared with the row kernels, so a
+/// result does not depend on the path, `m`, the row range or the thread count).
+pub(super) const SLOTS: usize = 4;
+
+/// The canonical combination of the `SLOTS` running sums.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn combine_slots(s: &[__m512; SLOTS]) -> __m512 {
+    _mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3]))
 }
 
 /// A 64-byte aligned line.
@@ -349,23 +363,19 @@ fn scratch(n: usize) -> *mut A64 {
 unsafe fn group<T: Panel, const R: usize>(
     pk: *const u8,
     n: usize,
+    u0: usize,
     a0: *const u8,
     x0: *const u8,
     act_rb: usize,
-    facc: *mut __m512,
+    facc: *mut [__m512; SLOTS],
 ) {
     let mut a = [a0; R];
     let mut x = [x0; R];
-    let mut acc = [_mm512_setzero_ps(); R];
     for r in 0..R {
         a[r] = a0.add(r * act_rb);
         x[r] = x0.add(r * act_rb);
-        acc[r] = *facc.add(r);
     }
-    T::kernel::<R>(pk, n, &a, &x, &mut acc);
-    for r in 0..R {
-        *facc.add(r) = acc[r];
-    }
+    T::kernel::<R>(pk, n, u0, &a, &x, facc);
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
@@ -384,10 +394,10 @@ unsafe fn drive<T: Panel>(
     let xoff = nu * T::ABYTES;
     let stage_lines = (16 * rb).div_ceil(64);
     let pk_lines = T::KC * T::PBYTES / 64;
-    let buf = scratch(stage_lines + pk_lines + MC);
+    let buf = scratch(stage_lines + pk_lines + MC * SLOTS);
     let stage = buf as *mut u8;
     let pk = buf.add(stage_lines) as *mut u8;
-    let facc = buf.add(stage_lines + pk_lines) as *mut __m512;
+    let facc = buf.add(stage_lines + pk_lines) as *mut [__m512; SLOTS];
     let mut t0 = 0;
     while t0 < m {
         let mc = MC.min(m - t0);
@@ -402,7 +412,7 @@ unsafe fn drive<T: Panel>(
                 *s = stage.add(i.min(nvalid - 1) * rb);
             }
             for t in 0..mc {
-                *facc.add(t) = _mm512_setzero_ps();
+                *facc.add(t) = [_mm512_setzero_ps(); SLOTS];
             }
             // Meanwhile, keep DRAM busy with the next panel, a slice per packed unit.
             // (Past `rows.end` too: the caller's next chunk of rows usually follows.)
@@ -433,12 +443,12 @@ unsafe fn drive<T: Panel>(
                     let x0 = acts.as_ptr().add((t0 + t) * act_rb + xoff + u0 * T::XBYTES);
                     let f = facc.add(t);
                     match r {
-                        1 => group::<T, 1>(pk, nc, a0, x0, act_rb, f),
-                        2 => group::<T, 2>(pk, nc, a0, x0, act_rb, f),
-                        3 => group::<T, 3>(pk, nc, a0, x0, act_rb, f),
-                        4 => group::<T, 4>(pk, nc, a0, x0, act_rb, f),
-                        5 => group::<T, 5>(pk, nc, a0, x0, act_rb, f),
-                        6 => group::<T, 6>(pk, nc, a0, x0, act_rb, f),
+                        1 => group::<T, 1>(pk, nc, u0, a0, x0, act_rb, f),
+                        2 => group::<T, 2>(pk, nc, u0, a0, x0, act_rb, f),
+                        3 => group::<T, 3>(pk, nc, u0, a0, x0, act_rb, f),
+                        4 => group::<T, 4>(pk, nc, u0, a0, x0, act_rb, f),
+                        5 => group::<T, 5>(pk, nc, u0, a0, x0, act_rb, f),
+                        6 => group::<T, 6>(pk, nc, u0, a0, x0, act_rb, f),
                         _ => unreachable!("RMAX is at most 6"),
                     }
                     t += r;
@@ -447,7 +457,7 @@ unsafe fn drive<T: Panel>(
             }
             let mask: __mmask16 = if nvalid == 16 { 0xFFFF } else { (1u16 << nvalid) - 1 };
             for t in 0..mc {
-                _mm512_mask_storeu_ps(out.add((t0 + t) * ldo + p0), mask, *facc.add(t));
+                _mm512_mask_storeu_ps(out.add((t0 + t) * ldo + p0), mask, combine_slots(&*facc.add(t)));
             }
             p0 += nvalid;
         }
@@ -527,9 +537,10 @@ impl Panel for Q4K {
     unsafe fn kernel<const R: usize>(
         pk: *const u8,
         n: usize,
+        u0: usize,
         a: &[*const u8; R],
         x: &[*const u8; R],
-        acc: &mut [__m512; R],
+        acc: *mut [__m512; SLOTS],
     ) {
         let m4 = _mm512_set1_epi8(0x0f);
         for u in 0..n {
@@ -567,8 +578,9 @@ impl Panel for Q4K {
                     im = _mm512_dpwssd_epi32(im, ld(p.add(Q4K_MN + 64 * q)), bc(xp.add(4 * q)));
                 }
                 let da = bcf(a[r].add(u * Q8_K_BYTES));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, da), acc[r]);
-                acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dmv, da), acc[r]);
+                let sl = &mut (*acc.add(r))[(u0 + u) % SLOTS];
+                *sl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, da), *sl);
+                *sl = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dmv, da), *sl);
             }
         }
     }
@@ -626,9 +638,10 @@ impl Panel for Q5K {
     unsafe fn kernel<const R: usize>(
         pk: *const u8,
         n: usize,
+        u0: usize,
         a: &[*const u8; R],
         x: &[*const u8; R],
-        acc: &mut [__m512; R],
+        acc: *mut [__m512; SLOTS],
     ) {
         for u in 0..n {
             let p = pk.add(u * Self::PBYTES);
@@ -656,8 +669,9 @@ impl Panel for Q5K {
                     im = _mm512_dpwssd_epi32(im, ld(p.add(Q5K_MN + 64 * q)), bc(xp.add(4 * q)));
                 }
                 let da = bcf(a[r].add(u * Q8_K_BYTES));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, da), acc[r]);
-                acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dmv, da), acc[r]);
+                let sl = &mut (*acc.add(r))[(u0 + u) % SLOTS];
+                *sl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, da), *sl);
+                *sl = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dmv, da), *sl);
             }
         }
     }
@@ -717,9 +731,10 @@ impl Panel for Q6K {
     unsafe fn kernel<const R: usize>(
         pk: *const u8,
         n: usize,
+        u0: usize,
         a: &[*const u8; R],
         x: &[*const u8; R],
-        acc: &mut [__m512; R],
+        acc: *mut [__m512; SLOTS],
     ) {
         for u in 0..n {
             let p = pk.add(u * Self::PBYTES);
@@ -745,7 +760,8 @@ impl Panel for Q6K {
             let dv = ldps(p.add(Q6K_D));
             for r in 0..R {
                 let da = bcf(a[r].add(u * Q8_K_BYTES));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, da), acc[r]);
+                let sl = &mut (*acc.add(r))[(u0 + u) % SLOTS];
+                *sl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, da), *sl);
             }
         }
     }
@@ -761,9 +777,10 @@ impl Panel for Q6K {
 unsafe fn legacy_kernel<const R: usize, const ZSHIFT: u32, const HAS_MIN: bool, const PB: usize, const AB: usize>(
     pk: *const u8,
     n: usize,
+    u0: usize,
     a: &[*const u8; R],
     x: &[*const u8; R],
-    acc: &mut [__m512; R],
+    acc: *mut [__m512; SLOTS],
 ) {
     for u in 0..n {
         let p = pk.add(u * PB);
@@ -783,10 +800,13 @@ unsafe fn legacy_kernel<const R: usize, const ZSHIFT: u32, const HAS_MIN: bool, 
         for r in 0..R {
             // Q8_0 trailer: (-Σq, d); Q8_1 trailer: (d, s).
             let da = if HAS_MIN { bcf(x[r].add(8 * u)) } else { bcf(x[r].add(8 * u + 4)) };
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[r]), _mm512_mul_ps(dv, da), acc[r]);
+            // The canonical per-block step shared with the row kernels (`NOTES.md`, "Batch invariance").
+            let mut v = _mm512_mul_ps(_mm512_cvtepi32_ps(ai[r]), _mm512_mul_ps(dv, da));
             if HAS_MIN {
-                acc[r] = _mm512_fmadd_ps(ldps(p.add(576)), bcf(x[r].add(8 * u + 4)), acc[r]);
+                v = _mm512_fmadd_ps(ldps(p.add(576)), bcf(x[r].add(8 * u + 4)), v);
             }
+            let sl = &mut (*acc.add(r))[(u0 + u) % SLOTS];
+            *sl = _mm512_add_ps(*sl, v);
         }
     }
 }
@@ -824,11 +844,12 @@ macro_rules! legacy_panel {
             unsafe fn kernel<const R: usize>(
                 pk: *const u8,
                 n: usize,
+                u0: usize,
                 a: &[*const u8; R],
                 x: &[*const u8; R],
-                acc: &mut [__m512; R],
+                acc: *mut [__m512; SLOTS],
             ) {
-                legacy_kernel::<R, $zshift, $has_min, { Self::PBYTES }, $abytes>(pk, n, a, x, acc)
+                legacy_kernel::<R, $zshift, $has_min, { Self::PBYTES }, $abytes>(pk, n, u0, a, x, acc)
             }
         }
     };

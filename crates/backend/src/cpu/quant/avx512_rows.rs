@@ -86,11 +86,36 @@ unsafe fn idx4(b: i16) -> __m512i {
     )
 }
 
+/// Every lane of each 128-bit chunk: the sum of that chunk's 4 lanes (exact integer sums).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn hsum128(v: __m128) -> f32 {
-    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+unsafe fn hsum4_epi32(v: __m512i) -> __m512i {
+    let v = _mm512_add_epi32(v, _mm512_shuffle_epi32::<0b01_00_11_10>(v));
+    _mm512_add_epi32(v, _mm512_shuffle_epi32::<0b10_11_00_01>(v))
+}
+
+/// One step of the canonical K-quant accumulation: `acc + fi·dd` then `- fm·dm`, each fused (one rounding),
+/// as `_mm512_fmadd_ps` / `_mm512_fnmadd_ps` do in the panel kernels.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn canon_k_step(acc: f32, fi: f32, dd: f32, fm: f32, dm: f32) -> f32 {
+    let a = _mm_fmadd_ss(_mm_set_ss(fi), _mm_set_ss(dd), _mm_set_ss(acc));
+    _mm_cvtss_f32(_mm_fnmadd_ss(_mm_set_ss(fm), _mm_set_ss(dm), a))
+}
+
+// The number of running sums of the canonical order and their combination (see `super::avx512::SLOTS`).
+use super::avx512::SLOTS;
+
+#[inline]
+fn combine_slots(s: &[f32; SLOTS]) -> f32 {
+    (s[0] + s[1]) + (s[2] + s[3])
+}
+
+/// One step of the canonical accumulation without a min term: `acc + fi·dd`, fused.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn canon_step(acc: f32, fi: f32, dd: f32) -> f32 {
+    _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(fi), _mm_set_ss(dd), _mm_set_ss(acc)))
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -123,8 +148,7 @@ unsafe fn prep_k4(a: *const u8, x: *const u8, nsb: usize, dst: *mut u8) {
 unsafe fn row_k4<const R: usize, const FIVE: bool>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [f32; R] {
     let m4 = _mm512_set1_epi8(0x0f);
     let idx = [idx2(0, 2), idx2(1, 3), idx2(4, 6), idx2(5, 7)];
-    let mut facc = [_mm512_setzero_ps(); R];
-    let mut fmin = [_mm_setzero_ps(); R];
+    let mut facc = [[0f32; SLOTS]; R];
     let bb = if FIVE { Q5_K_BYTES } else { Q4_K_BYTES };
     let qs_off = if FIVE { 48 } else { 16 };
     for s in 0..nsb {
@@ -168,16 +192,15 @@ unsafe fn row_k4<const R: usize, const FIVE: bool>(w: *const u8, nsb: usize, pa:
                 isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(v[j], ld(a.add(64 * j))), sv[j]);
             }
             let da = rd_f32p(a.add(PK4_D));
-            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dw * da), facc[r]);
             let prod = _mm_madd_epi16(mins, _mm_loadu_si128(a.add(PK4_BS) as *const __m128i));
-            fmin[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(prod), _mm_set1_ps(dmin * da), fmin[r]);
+            let p2 = _mm_add_epi32(prod, _mm_shuffle_epi32::<0b01_00_11_10>(prod));
+            let imin = _mm_cvtsi128_si32(_mm_add_epi32(p2, _mm_shuffle_epi32::<0b10_11_00_01>(p2)));
+            // Canonical order (`NOTES.md`, "Batch invariance"), as the panels.
+            let sl = &mut facc[r][s % SLOTS];
+            *sl = canon_k_step(*sl, _mm512_reduce_add_epi32(isum) as f32, dw * da, imin as f32, dmin * da);
         }
     }
-    let mut res = [0f32; R];
-    for r in 0..R {
-        res[r] = _mm512_reduce_add_ps(facc[r]) - hsum128(fmin[r]);
-    }
-    res
+    facc.map(|f| combine_slots(&f))
 }
 
 /// One Q6_K row against R Q8_K activation rows (used as they are).
@@ -188,7 +211,7 @@ unsafe fn row_q6k<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R])
     let sl42 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
     let sr02 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2));
     let idx = [idx4(0), idx4(4), idx4(8), idx4(12)];
-    let mut facc = [_mm512_setzero_ps(); R];
+    let mut facc = [[0f32; SLOTS]; R];
     for s in 0..nsb {
         let b = w.add(s * Q6_K_BYTES);
         let ql0 = ld(b);
@@ -228,14 +251,11 @@ unsafe fn row_q6k<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R])
             for j in 0..4 {
                 isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(v[j], ld(a.add(Q8K_QS + 64 * j))), sv[j]);
             }
-            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dw * rd_f32p(a)), facc[r]);
+            let sl = &mut facc[r][s % SLOTS];
+            *sl = canon_step(*sl, _mm512_reduce_add_epi32(isum) as f32, dw * rd_f32p(a));
         }
     }
-    let mut res = [0f32; R];
-    for r in 0..R {
-        res[r] = _mm512_reduce_add_ps(facc[r]);
-    }
-    res
+    facc.map(|f| combine_slots(&f))
 }
 
 /// Prepared Q8_K block for [`row_q6k_t`]: `a[d]` (lane 4p+L = quant dword d of sub-block 4p+L... see below), the
@@ -287,7 +307,7 @@ unsafe fn row_q6k_t<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R
     let sr02 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2));
     // Scale bytes in lane order: lane i <- sub-block 4(i%4) + i/4.
     let sc_order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    let mut facc = [_mm512_setzero_ps(); R];
+    let mut facc = [[0f32; SLOTS]; R];
     for s in 0..nsb {
         let b = w.add(s * Q6_K_BYTES);
         let ql0 = ld(b);
@@ -317,22 +337,20 @@ unsafe fn row_q6k_t<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R
             _mm512_unpackhi_epi64(t1, t3),
         ];
         let sc = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(_mm_loadu_si128(b.add(192) as *const __m128i), sc_order));
-        let dw = _mm512_set1_ps(f16x1(b.add(208)));
+        let dw = f16x1(b.add(208));
         for r in 0..R {
             let a = pa[r].add(s * PQ6);
             let mut acc = ld(a.add(PQ6_INIT));
             for (d, v) in tv.iter().enumerate() {
                 acc = _mm512_dpbusd_epi32(acc, *v, ld(a.add(64 * d)));
             }
-            let da = _mm512_set1_ps(rd_f32p(a.add(PQ6_D)));
-            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(acc, sc)), _mm512_mul_ps(dw, da), facc[r]);
+            let da = rd_f32p(a.add(PQ6_D));
+            let isum = _mm512_reduce_add_epi32(_mm512_mullo_epi32(acc, sc));
+            let sl = &mut facc[r][s % SLOTS];
+            *sl = canon_step(*sl, isum as f32, dw * da);
         }
     }
-    let mut res = [0f32; R];
-    for r in 0..R {
-        res[r] = _mm512_reduce_add_ps(facc[r]);
-    }
-    res
+    facc.map(|f| combine_slots(&f))
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -482,6 +500,16 @@ unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa:
             lo[2 * j + 1] = _mm512_and_si512(r1, m4);
             hi[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(r1), m4);
         }
+        // Chunks (super-blocks) of this group that belong to the first row (m1) and to the second (m2).
+        let (mut m1, mut m2) = (0u16, 0u16);
+        for g in 0..4 {
+            let i = 4 * grp + g;
+            if i < total.min(if PAIR { nsb } else { total }) {
+                m1 |= 0xF << (4 * g);
+            } else if PAIR && i < total {
+                m2 |= 0xF << (4 * g);
+            }
+        }
         for r in 0..R {
             let a = pa[r].add(grp * PG4);
             let mut al = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], ld(a));
@@ -493,27 +521,33 @@ unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa:
             let isum = _mm512_add_epi32(_mm512_mullo_epi32(al, sc_even), _mm512_mullo_epi32(ah, sc_odd));
             let imin = _mm512_madd_epi16(mins, ld(a.add(PG4_BS)));
             let da = _mm512_loadu_ps(a.add(PG4_D) as *const f32);
-            let v = _mm512_fmsub_ps(
-                _mm512_cvtepi32_ps(isum),
-                _mm512_mul_ps(dv, da),
-                _mm512_mul_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dmv, da)),
-            );
-            if !PAIR || 4 * grp + 4 <= nsb {
-                facc[r] = _mm512_add_ps(facc[r], v);
-            } else if 4 * grp >= nsb {
-                facc2[r] = _mm512_add_ps(facc2[r], v);
-            } else {
-                // The group where the first row ends (nsb % 4 == 2): lanes 0..8 are its last two super-blocks.
-                facc[r] = _mm512_mask_add_ps(facc[r], 0x00FF, facc[r], v);
-                facc2[r] = _mm512_mask_add_ps(facc2[r], 0xFF00, facc2[r], v);
+            // Canonical order (`NOTES.md`, "Batch invariance"): per super-block, the exact integer sums (the 4
+            // chunk lanes added) meet `d·da` and `dmin·da` in two fused steps on running sum `i % 4`, exactly as
+            // the 16-row panels do. Every lane of chunk g computes super-block g's step on slot g's sum.
+            let fi = _mm512_cvtepi32_ps(hsum4_epi32(isum));
+            let fm = _mm512_cvtepi32_ps(hsum4_epi32(imin));
+            let dd = _mm512_mul_ps(dv, da);
+            let dm = _mm512_mul_ps(dmv, da);
+            if m1 != 0 {
+                let nv = _mm512_fnmadd_ps(fm, dm, _mm512_fmadd_ps(fi, dd, facc[r]));
+                facc[r] = _mm512_mask_mov_ps(facc[r], m1, nv);
+            }
+            if PAIR && m2 != 0 {
+                let nv = _mm512_fnmadd_ps(fm, dm, _mm512_fmadd_ps(fi, dd, facc2[r]));
+                facc2[r] = _mm512_mask_mov_ps(facc2[r], m2, nv);
             }
         }
     }
     let mut res = [[0f32; R]; 2];
     for r in 0..R {
-        res[0][r] = _mm512_reduce_add_ps(facc[r]);
+        let mut l = [0f32; 16];
+        _mm512_storeu_ps(l.as_mut_ptr(), facc[r]);
+        // Slot j of the first row is in chunk j.
+        res[0][r] = (l[0] + l[4]) + (l[8] + l[12]);
         if PAIR {
-            res[1][r] = _mm512_reduce_add_ps(facc2[r]);
+            // The second row starts at virtual super-block nsb (nsb % 4 == 2): slot j is in chunk (j + 2) % 4.
+            _mm512_storeu_ps(l.as_mut_ptr(), facc2[r]);
+            res[1][r] = (l[8] + l[12]) + (l[0] + l[4]);
         }
     }
     res
@@ -691,7 +725,8 @@ impl LegacyW for LQ80 {
 /// One legacy row (nb blocks) against R prepared activation rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn row_legacy<T: LegacyW, const R: usize>(w: *const u8, nb: usize, pa: &[*const u8; R]) -> [f32; R] {
-    let mut facc = [_mm512_setzero_ps(); R];
+    let mut even = [_mm512_setzero_ps(); R];
+    let mut odd = [_mm512_setzero_ps(); R];
     for p in 0..nb.div_ceil(2) {
         let two = 2 * p + 1 < nb;
         let (q, dw, mw) = T::pair(w.add(2 * p * T::BYTES), two);
@@ -699,16 +734,32 @@ unsafe fn row_legacy<T: LegacyW, const R: usize>(w: *const u8, nb: usize, pa: &[
             let a = pa[r].add(p * PL);
             let init = if T::HAS_MIN { _mm512_setzero_si512() } else { ld(a.add(64)) };
             let acc = _mm512_dpbusd_epi32(init, q, ld(a));
+            // Canonical order (`NOTES.md`, "Batch invariance"): per block, the exact integer sum (8 lanes added)
+            // times `d·da` (rounded), plus `m·s` fused for the types with a min, added to one running sum in
+            // block order, exactly as the 16-row panels do.
+            let t = _mm512_add_epi32(acc, _mm512_shuffle_epi32::<0b01_00_11_10>(acc));
+            let t = _mm512_add_epi32(t, _mm512_shuffle_epi32::<0b10_11_00_01>(t));
+            let t = _mm512_add_epi32(t, _mm512_shuffle_i32x4::<0b10_11_00_01>(t, t));
             let da = _mm512_loadu_ps(a.add(128) as *const f32);
-            facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dw, da), facc[r]);
+            let mut v = _mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, da));
             if T::HAS_MIN {
-                facc[r] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a.add(64) as *const f32), facc[r]);
+                v = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a.add(64) as *const f32), v);
+            }
+            // Blocks 2p, 2p+1 go to sums (2p % 4, 2p % 4 + 1): lanes 0 and 8 of `even` (p even) or `odd`. A
+            // missing block 2p+1 adds +0 (zero weights and scale), which leaves a sum unchanged (never -0).
+            if p % 2 == 0 {
+                even[r] = _mm512_add_ps(even[r], v);
+            } else {
+                odd[r] = _mm512_add_ps(odd[r], v);
             }
         }
     }
     let mut res = [0f32; R];
     for r in 0..R {
-        res[r] = _mm512_reduce_add_ps(facc[r]);
+        let (mut e, mut o) = ([0f32; 16], [0f32; 16]);
+        _mm512_storeu_ps(e.as_mut_ptr(), even[r]);
+        _mm512_storeu_ps(o.as_mut_ptr(), odd[r]);
+        res[r] = combine_slots(&[e[0], e[8], o[0], o[8]]);
     }
     res
 }
