@@ -2,6 +2,7 @@
 
 mod bench;
 mod load;
+mod ls;
 mod plan;
 mod pull;
 mod run;
@@ -24,6 +25,10 @@ enum Command {
     Bench(bench::Args),
     /// Fetch models into the cache ($SPLASH_HOME, default ~/.cache/splash).
     Pull(pull::Args),
+    /// List the built-in packs and whether their files are in the cache.
+    Ls(ls::LsArgs),
+    /// Delete a pack's model file from the cache.
+    Rm(ls::RmArgs),
     /// Print the memory plan (context, sequences, KV pages) for a model on this or a simulated machine.
     Plan(plan::Args),
     /// Serve the model over HTTP (OpenAI-compatible API).
@@ -36,6 +41,8 @@ fn main() {
         Command::Run(a) => run::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Pull(a) => pull::main(a),
+        Command::Ls(a) => ls::ls(a),
+        Command::Rm(a) => ls::rm(a),
         Command::Plan(a) => plan::main(a),
         Command::Serve(a) => serve::main(a),
     };

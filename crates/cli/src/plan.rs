@@ -52,12 +52,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     plan::parse_bytes(s).map_err(|e| e.to_string())
 }
 
-/// The built-in pairing of a target with its draft (until pack manifests carry it).
+/// The catalog name of a pack's draft file (from its manifest), if the pack has one.
 pub fn default_draft(model: &str) -> Option<&'static str> {
-    match model {
-        "qwen2.5-coder-1.5b" => Some("qwen2.5-coder-0.5b"),
-        _ => None,
-    }
+    let file = &pack::pack(model)?.draft.as_ref()?.file;
+    pack::catalog().entries.iter().find(|e| &e.file == file).map(|e| e.name.as_str())
 }
 
 /// A catalog name or path, resolved without fetching: planning must not download gigabytes.
