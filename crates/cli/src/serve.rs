@@ -94,6 +94,22 @@ fn memory_plan(a: &Args) -> Result<plan::Plan> {
     Ok(plan::plan(&input)?)
 }
 
+/// A pack's sampling defaults over the server's, field by field (what the manifest leaves out stays).
+fn apply_pack_sampling(dst: &mut engine::SamplingParams, src: &pack::Sampling) {
+    if let Some(t) = src.temperature {
+        dst.temperature = t;
+    }
+    if let Some(p) = src.top_p {
+        dst.top_p = p;
+    }
+    if let Some(k) = src.top_k {
+        dst.top_k = k as usize;
+    }
+    if let Some(r) = src.repetition_penalty {
+        dst.repetition_penalty = r;
+    }
+}
+
 pub fn main(a: Args) -> Result<()> {
     let plan = memory_plan(&a)?;
     eprintln!(
@@ -128,13 +144,16 @@ pub fn main(a: Args) -> Result<()> {
     if !matches!(a.host.as_str(), "0.0.0.0" | "::" | "[::]") {
         allowed_hosts.push(a.host.clone());
     }
-    let config = ServerConfig {
+    let mut config = ServerConfig {
         api_key: a.api_key.filter(|k| !k.is_empty()),
         allowed_hosts,
         default_max_tokens: a.default_max_tokens,
         max_repeated_chars: (a.repetition_guard > 0).then_some(a.repetition_guard),
         ..Default::default()
     };
+    if let Some(m) = pack::pack(&a.model) {
+        apply_pack_sampling(&mut config.default_sampling, &m.sampling);
+    }
     let max_context = handle.limits().max_context;
     let mut state = AppState::new(handle, tokenizer, template, model_id.clone(), config);
     state.aliases = names.collect();
@@ -195,5 +214,14 @@ mod tests {
         assert!(parse_tokens("0").is_err() && parse_tokens("lots").is_err());
         assert_eq!(default_model_id("qwen2.5-coder-0.5b"), "qwen2.5-coder-0.5b");
         assert_eq!(default_model_id("/m/SmolLM2-135M-Instruct.Q4_1.gguf"), "SmolLM2-135M-Instruct.Q4_1");
+    }
+
+    #[test]
+    fn pack_sampling_overrides_only_what_it_sets() {
+        let mut s = engine::SamplingParams { temperature: 0.7, top_p: 0.8, top_k: 20, ..Default::default() };
+        apply_pack_sampling(&mut s, &pack::pack("smollm2-135m").expect("built in").sampling);
+        assert_eq!((s.temperature, s.top_p, s.top_k, s.repetition_penalty), (0.2, 0.9, 20, 1.0));
+        apply_pack_sampling(&mut s, &pack::pack("qwen2.5-coder-1.5b").expect("built in").sampling);
+        assert_eq!((s.temperature, s.top_p, s.top_k, s.repetition_penalty), (0.7, 0.8, 20, 1.05));
     }
 }
