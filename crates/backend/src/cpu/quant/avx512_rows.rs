@@ -296,61 +296,107 @@ unsafe fn prep_q6k_t(a: *const u8, x: *const u8, nsb: usize, dst: *mut u8) {
     }
 }
 
-/// One Q6_K row against R activation rows prepared by [`prep_q6k_t`]: the 4 unpacked value vectors (lane i =
-/// dword i%4 of sub-block 4q + i/4 in vector q) are transposed within 128-bit lanes, so that lane i of every vector
-/// belongs to sub-block `q6_lane_sub_block(i)` and one `vpmulld` applies all 16 scales.
+/// Q6_K super-block `b` unpacked for [`row_q6k_t`]: the 4 value vectors (lane i of every vector belongs to
+/// sub-block `q6_lane_sub_block(i)`), the scales in the same lane order (i32), and `d`.
+#[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn row_q6k_t<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [f32; R] {
+unsafe fn q6t_unpack(b: *const u8) -> ([__m512i; 4], __m512i, f32) {
     let m0f = _mm512_set1_epi8(0x0f);
     let m30 = _mm512_set1_epi8(0x30);
     let sl42 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(2));
     let sr02 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(0), _mm256_set1_epi16(2));
     // Scale bytes in lane order: lane i <- sub-block 4(i%4) + i/4.
     let sc_order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    let mut facc = [[0f32; SLOTS]; R];
-    for s in 0..nsb {
-        let b = w.add(s * Q6_K_BYTES);
-        let ql0 = ld(b);
-        let ql1 = ld(b.add(64));
-        let qha = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(128) as *const __m256i));
-        let qhb = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(160) as *const __m256i));
-        let v0 = _mm512_ternarylogic_epi32::<0xEC>(ql0, _mm512_and_si512(_mm512_sllv_epi16(qha, sl42), m30), m0f);
-        let v1 = _mm512_ternarylogic_epi32::<0xEC>(
-            _mm512_srli_epi16::<4>(ql0),
-            _mm512_and_si512(_mm512_srlv_epi16(qha, sr02), m30),
-            m0f,
-        );
-        let v2 = _mm512_ternarylogic_epi32::<0xEC>(ql1, _mm512_and_si512(_mm512_sllv_epi16(qhb, sl42), m30), m0f);
-        let v3 = _mm512_ternarylogic_epi32::<0xEC>(
-            _mm512_srli_epi16::<4>(ql1),
-            _mm512_and_si512(_mm512_srlv_epi16(qhb, sr02), m30),
-            m0f,
-        );
-        let t0 = _mm512_unpacklo_epi32(v0, v1);
-        let t1 = _mm512_unpackhi_epi32(v0, v1);
-        let t2 = _mm512_unpacklo_epi32(v2, v3);
-        let t3 = _mm512_unpackhi_epi32(v2, v3);
-        let tv = [
-            _mm512_unpacklo_epi64(t0, t2),
-            _mm512_unpackhi_epi64(t0, t2),
-            _mm512_unpacklo_epi64(t1, t3),
-            _mm512_unpackhi_epi64(t1, t3),
-        ];
-        let sc = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(_mm_loadu_si128(b.add(192) as *const __m128i), sc_order));
-        let dw = f16x1(b.add(208));
-        for r in 0..R {
-            let a = pa[r].add(s * PQ6);
-            let mut acc = ld(a.add(PQ6_INIT));
-            for (d, v) in tv.iter().enumerate() {
-                acc = _mm512_dpbusd_epi32(acc, *v, ld(a.add(64 * d)));
-            }
-            let da = rd_f32p(a.add(PQ6_D));
-            let isum = _mm512_reduce_add_epi32(_mm512_mullo_epi32(acc, sc));
-            let sl = &mut facc[r][s % SLOTS];
-            *sl = canon_step(*sl, isum as f32, dw * da);
-        }
+    let ql0 = ld(b);
+    let ql1 = ld(b.add(64));
+    let qha = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(128) as *const __m256i));
+    let qhb = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(160) as *const __m256i));
+    let v0 = _mm512_ternarylogic_epi32::<0xEC>(ql0, _mm512_and_si512(_mm512_sllv_epi16(qha, sl42), m30), m0f);
+    let v1 = _mm512_ternarylogic_epi32::<0xEC>(
+        _mm512_srli_epi16::<4>(ql0),
+        _mm512_and_si512(_mm512_srlv_epi16(qha, sr02), m30),
+        m0f,
+    );
+    let v2 = _mm512_ternarylogic_epi32::<0xEC>(ql1, _mm512_and_si512(_mm512_sllv_epi16(qhb, sl42), m30), m0f);
+    let v3 = _mm512_ternarylogic_epi32::<0xEC>(
+        _mm512_srli_epi16::<4>(ql1),
+        _mm512_and_si512(_mm512_srlv_epi16(qhb, sr02), m30),
+        m0f,
+    );
+    let t0 = _mm512_unpacklo_epi32(v0, v1);
+    let t1 = _mm512_unpackhi_epi32(v0, v1);
+    let t2 = _mm512_unpacklo_epi32(v2, v3);
+    let t3 = _mm512_unpackhi_epi32(v2, v3);
+    let tv = [
+        _mm512_unpacklo_epi64(t0, t2),
+        _mm512_unpackhi_epi64(t0, t2),
+        _mm512_unpacklo_epi64(t1, t3),
+        _mm512_unpackhi_epi64(t1, t3),
+    ];
+    let sc = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(_mm_loadu_si128(b.add(192) as *const __m128i), sc_order));
+    (tv, sc, f16x1(b.add(208)))
+}
+
+/// The integer dot of one unpacked Q6_K super-block with a prepared activation block, before the lane sum.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6t_dot(tv: &[__m512i; 4], sc: __m512i, a: *const u8) -> __m512i {
+    let mut acc = ld(a.add(PQ6_INIT));
+    for (d, v) in tv.iter().enumerate() {
+        acc = _mm512_dpbusd_epi32(acc, *v, ld(a.add(64 * d)));
     }
-    facc.map(|f| combine_slots(&f))
+    _mm512_mullo_epi32(acc, sc)
+}
+
+/// One Q6_K row against R activation rows prepared by [`prep_q6k_t`]: the 4 unpacked value vectors (lane i =
+/// dword i%4 of sub-block 4q + i/4 in vector q) are transposed within 128-bit lanes, so that lane i of every vector
+/// belongs to sub-block `q6_lane_sub_block(i)` and one `vpmulld` applies all 16 scales.
+///
+/// Canonical order (`NOTES.md`, "Batch invariance"): super-block s's exact integer sum meets `d·da` in one fused
+/// step on running sum `s % 4`. Super-blocks go two at a time (2q to sums 2q%4 and 2q%4+1, lanes 0 and 1 of
+/// `sums[q % 2]`), so that one lane reduction serves both.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn row_q6k_t<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [f32; R] {
+    let mut sums = [[_mm_setzero_ps(); 2]; R];
+    let mut s = 0;
+    while s + 2 <= nsb {
+        let (tv0, sc0, dw0) = q6t_unpack(w.add(s * Q6_K_BYTES));
+        let (tv1, sc1, dw1) = q6t_unpack(w.add((s + 1) * Q6_K_BYTES));
+        let dwv = _mm_unpacklo_ps(_mm_set_ss(dw0), _mm_set_ss(dw1));
+        let h = (s / 2) % 2;
+        for r in 0..R {
+            let a0 = pa[r].add(s * PQ6);
+            let a1 = a0.add(PQ6);
+            let p0 = q6t_dot(&tv0, sc0, a0);
+            let p1 = q6t_dot(&tv1, sc1, a1);
+            // Lane 0: Σ p0, lane 1: Σ p1 (exact).
+            let s1 = _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1), _mm512_unpackhi_epi32(p0, p1));
+            let s2 = _mm512_add_epi32(s1, _mm512_shuffle_epi32::<0b01_00_11_10>(s1));
+            let s3 = _mm512_add_epi32(s2, _mm512_shuffle_i32x4::<0b01_00_11_10>(s2, s2));
+            let s4 = _mm512_add_epi32(s3, _mm512_shuffle_i32x4::<0b10_11_00_01>(s3, s3));
+            let fi = _mm_cvtepi32_ps(_mm512_castsi512_si128(s4));
+            let dav =
+                _mm_unpacklo_ps(_mm_load_ss(a0.add(PQ6_D) as *const f32), _mm_load_ss(a1.add(PQ6_D) as *const f32));
+            sums[r][h] = _mm_fmadd_ps(fi, _mm_mul_ps(dwv, dav), sums[r][h]);
+        }
+        s += 2;
+    }
+    let mut res = [0f32; R];
+    for r in 0..R {
+        let mut sl = [0f32; SLOTS];
+        sl[0] = _mm_cvtss_f32(sums[r][0]);
+        sl[1] = _mm_cvtss_f32(_mm_movehdup_ps(sums[r][0]));
+        sl[2] = _mm_cvtss_f32(sums[r][1]);
+        sl[3] = _mm_cvtss_f32(_mm_movehdup_ps(sums[r][1]));
+        if s < nsb {
+            let (tv, sc, dw) = q6t_unpack(w.add(s * Q6_K_BYTES));
+            let a = pa[r].add(s * PQ6);
+            let isum = _mm512_reduce_add_epi32(q6t_dot(&tv, sc, a));
+            sl[s % SLOTS] = canon_step(sl[s % SLOTS], isum as f32, dw * rd_f32p(a.add(PQ6_D)));
+        }
+        res[r] = combine_slots(&sl);
+    }
+    res
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -601,6 +647,20 @@ unsafe fn prep_legacy<const HAS_MIN: bool>(a: *const u8, x: *const u8, nb: usize
         let first = _mm512_maskz_permutexvar_epi32(0x0101, firsts, t);
         _mm512_storeu_si512(d.add(64) as *mut _, _mm512_sll_epi32(first, shift));
     }
+    // Pairs 2q and 2q+1 are reduced together by `row_legacy`: pair 2q's trailer vectors become the quad layout of
+    // the reduced sums (lanes 0, 8, 1, 9 = blocks 4q, 4q+1, 4q+2, 4q+3; the rest unused).
+    let np = nb.div_ceil(2);
+    for p in (0..np).step_by(2) {
+        let d = dst.add(p * PL);
+        let (fb, db) = if p + 1 < np {
+            let e = dst.add((p + 1) * PL);
+            (ld(e.add(64)), ld(e.add(128)))
+        } else {
+            (_mm512_setzero_si512(), _mm512_setzero_si512())
+        };
+        _mm512_storeu_si512(d.add(64) as *mut _, _mm512_unpacklo_epi32(ld(d.add(64)), fb));
+        _mm512_storeu_si512(d.add(128) as *mut _, _mm512_unpacklo_epi32(ld(d.add(128)), db));
+    }
 }
 
 /// Weight pair unpacking for the legacy types: 64 unsigned values (block 2p in the low half) and, for the types
@@ -723,43 +783,49 @@ impl LegacyW for LQ80 {
 }
 
 /// One legacy row (nb blocks) against R prepared activation rows.
+///
+/// Canonical order (`NOTES.md`, "Batch invariance"): per block, the exact integer sum times `d·da` (rounded),
+/// plus `m·s` fused for the types with a min, added to running sum `block % 4`, exactly as the 16-row panels do.
+/// Two pairs (4 blocks) are reduced together: lanes 0, 8, 1, 9 of the result hold blocks 4q, 4q+1, 4q+2, 4q+3
+/// (sums 0, 1, 2, 3). A missing block adds +0 (zero weights and scale), which leaves a sum unchanged (never -0).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn row_legacy<T: LegacyW, const R: usize>(w: *const u8, nb: usize, pa: &[*const u8; R]) -> [f32; R] {
-    let mut even = [_mm512_setzero_ps(); R];
-    let mut odd = [_mm512_setzero_ps(); R];
-    for p in 0..nb.div_ceil(2) {
-        let two = 2 * p + 1 < nb;
-        let (q, dw, mw) = T::pair(w.add(2 * p * T::BYTES), two);
+    let mut facc = [_mm512_setzero_ps(); R];
+    let np = nb.div_ceil(2);
+    let zi = _mm512_setzero_si512();
+    let zf = _mm512_setzero_ps();
+    let mut p = 0;
+    while p < np {
+        let has_b = p + 1 < np;
+        let (qa, dwa, mwa) = T::pair(w.add(2 * p * T::BYTES), 2 * p + 1 < nb);
+        let (qb, dwb, mwb) = if has_b { T::pair(w.add(2 * (p + 1) * T::BYTES), 2 * p + 3 < nb) } else { (zi, zf, zf) };
+        let dwq = _mm512_unpacklo_ps(dwa, dwb);
+        let mwq = _mm512_unpacklo_ps(mwa, mwb);
         for r in 0..R {
             let a = pa[r].add(p * PL);
-            let init = if T::HAS_MIN { _mm512_setzero_si512() } else { ld(a.add(64)) };
-            let acc = _mm512_dpbusd_epi32(init, q, ld(a));
-            // Canonical order (`NOTES.md`, "Batch invariance"): per block, the exact integer sum (8 lanes added)
-            // times `d·da` (rounded), plus `m·s` fused for the types with a min, added to one running sum in
-            // block order, exactly as the 16-row panels do.
-            let t = _mm512_add_epi32(acc, _mm512_shuffle_epi32::<0b01_00_11_10>(acc));
-            let t = _mm512_add_epi32(t, _mm512_shuffle_epi32::<0b10_11_00_01>(t));
-            let t = _mm512_add_epi32(t, _mm512_shuffle_i32x4::<0b10_11_00_01>(t, t));
-            let da = _mm512_loadu_ps(a.add(128) as *const f32);
-            let mut v = _mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, da));
+            let va = _mm512_dpbusd_epi32(zi, qa, ld(a));
+            let vb = if has_b { _mm512_dpbusd_epi32(zi, qb, ld(a.add(PL))) } else { zi };
+            let s1 = _mm512_add_epi32(_mm512_unpacklo_epi32(va, vb), _mm512_unpackhi_epi32(va, vb));
+            let s2 = _mm512_add_epi32(s1, _mm512_shuffle_epi32::<0b01_00_11_10>(s1));
+            let mut s3 = _mm512_add_epi32(s2, _mm512_shuffle_i32x4::<0b10_11_00_01>(s2, s2));
+            let first = ld(a.add(64));
+            if !T::HAS_MIN {
+                s3 = _mm512_add_epi32(s3, first);
+            }
+            let daq = _mm512_loadu_ps(a.add(128) as *const f32);
+            let mut v = _mm512_mul_ps(_mm512_cvtepi32_ps(s3), _mm512_mul_ps(dwq, daq));
             if T::HAS_MIN {
-                v = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a.add(64) as *const f32), v);
+                v = _mm512_fmadd_ps(mwq, _mm512_castsi512_ps(first), v);
             }
-            // Blocks 2p, 2p+1 go to sums (2p % 4, 2p % 4 + 1): lanes 0 and 8 of `even` (p even) or `odd`. A
-            // missing block 2p+1 adds +0 (zero weights and scale), which leaves a sum unchanged (never -0).
-            if p % 2 == 0 {
-                even[r] = _mm512_add_ps(even[r], v);
-            } else {
-                odd[r] = _mm512_add_ps(odd[r], v);
-            }
+            facc[r] = _mm512_add_ps(facc[r], v);
         }
+        p += 2;
     }
     let mut res = [0f32; R];
     for r in 0..R {
-        let (mut e, mut o) = ([0f32; 16], [0f32; 16]);
-        _mm512_storeu_ps(e.as_mut_ptr(), even[r]);
-        _mm512_storeu_ps(o.as_mut_ptr(), odd[r]);
-        res[r] = combine_slots(&[e[0], e[8], o[0], o[8]]);
+        let mut l = [0f32; 16];
+        _mm512_storeu_ps(l.as_mut_ptr(), facc[r]);
+        res[r] = combine_slots(&[l[0], l[8], l[1], l[9]]);
     }
     res
 }
