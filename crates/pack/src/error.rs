@@ -96,6 +96,10 @@ pub enum Error {
     #[error("wheel {wheel} has no member `{member}`")]
     MissingMember { wheel: PathBuf, member: String },
 
+    /// An HTTP download failed (status, connection, or a body of the wrong length).
+    #[error("downloading {url}: {message}")]
+    Http { url: String, message: String },
+
     /// A pack manifest is malformed.
     #[error("pack manifest {name}: {message}")]
     Manifest { name: String, message: String },

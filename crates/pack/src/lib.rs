@@ -8,6 +8,7 @@
 
 mod catalog;
 mod error;
+pub mod hf;
 mod manifest;
 mod source;
 mod store;

@@ -1,0 +1,154 @@
+//! `hf::download` against a local imitation of the Hugging Face resolve API: a plain download, a redirect to a "CDN",
+//! an interrupted download that resumes with a Range request, and a hash mismatch that is refused and deleted.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+
+const SIZE: usize = 300_000;
+
+fn content() -> Vec<u8> {
+    let mut x: u32 = 12345;
+    (0..SIZE)
+        .map(|_| {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            (x >> 16) as u8
+        })
+        .collect()
+}
+
+fn sha(b: &[u8]) -> String {
+    hex::encode(Sha256::digest(b))
+}
+
+/// Serves forever on a free port; returns the endpoint and the log of `(path, range header)` requests.
+fn hub() -> (String, Arc<Mutex<Vec<(String, Option<String>)>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let log2 = log.clone();
+    std::thread::spawn(move || {
+        let good = content();
+        let mut flaky_calls = 0;
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut first = String::new();
+            if reader.read_line(&mut first).is_err() {
+                continue;
+            }
+            let path = first.split_whitespace().nth(1).unwrap_or("").to_string();
+            let mut range = None;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("range:") {
+                    range = Some(v.trim().to_string());
+                }
+            }
+            log2.lock().expect("log").push((path.clone(), range.clone()));
+            let start: usize = range
+                .as_deref()
+                .and_then(|r| r.strip_prefix("bytes="))
+                .and_then(|r| r.trim_end_matches('-').parse().ok())
+                .unwrap_or(0);
+            let mut body = good.clone();
+            let mut cut = None;
+            match path.as_str() {
+                "/org/model-GGUF/resolve/abc123/redirect.gguf" => {
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.1 302 Found\r\nLocation: /cdn/good\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    );
+                    continue;
+                }
+                "/org/model-GGUF/resolve/abc123/good.gguf" | "/cdn/good" => {}
+                "/org/model-GGUF/resolve/abc123/flaky.gguf" => {
+                    flaky_calls += 1;
+                    if flaky_calls == 1 {
+                        cut = Some(SIZE / 3);
+                    }
+                }
+                "/org/model-GGUF/resolve/abc123/bad.gguf" => body[SIZE / 2] ^= 1,
+                _ => {
+                    let _ = write!(stream, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                    continue;
+                }
+            }
+            let (status, head) = if start > 0 {
+                ("206 Partial Content", format!("Content-Range: bytes {start}-{}/{SIZE}\r\n", SIZE - 1))
+            } else {
+                ("200 OK", String::new())
+            };
+            let rest = &body[start..];
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\n{head}Content-Length: {}\r\nConnection: close\r\n\r\n",
+                rest.len()
+            );
+            let _ = stream.write_all(&rest[..cut.unwrap_or(rest.len())]);
+            let _ = stream.flush();
+        }
+    });
+    (format!("http://{addr}"), log)
+}
+
+fn url(endpoint: &str, file: &str) -> String {
+    pack::Source::Huggingface { repo: "org/model-GGUF".into(), revision: "abc123".into(), path: file.into() }
+        .url(endpoint)
+        .expect("a URL")
+}
+
+#[test]
+fn downloads_resumes_and_refuses_bad_hashes() {
+    let (endpoint, log) = hub();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let want = content();
+    let hash = sha(&want);
+
+    // Plain, and through a redirect.
+    for file in ["good.gguf", "redirect.gguf"] {
+        let dest = dir.path().join(file);
+        let mut last = None;
+        pack::hf::download(&url(&endpoint, file), &dest, SIZE as u64, &hash, &mut |p| last = Some(p)).expect(file);
+        assert_eq!(std::fs::read(&dest).expect("read"), want);
+        assert_eq!(last.map(|p| p.done_bytes), Some(SIZE as u64));
+    }
+
+    // Interrupted: the first attempt fails and leaves a partial file that is not the destination.
+    let dest = dir.path().join("flaky.gguf");
+    let err = pack::hf::download(&url(&endpoint, "flaky.gguf"), &dest, SIZE as u64, &hash, &mut |_| {}).unwrap_err();
+    assert!(err.to_string().contains("flaky.gguf"), "{err}");
+    assert!(!dest.exists());
+    let partial = dir.path().join("flaky.gguf.download");
+    let have = std::fs::metadata(&partial).expect("partial kept").len();
+    assert!(have > 0 && have < SIZE as u64, "{have}");
+    // The second asks for the rest only and completes.
+    let mut resumed = None;
+    pack::hf::download(&url(&endpoint, "flaky.gguf"), &dest, SIZE as u64, &hash, &mut |p| {
+        resumed = Some(p.resumed_from_bytes)
+    })
+    .expect("resumes");
+    assert_eq!(std::fs::read(&dest).expect("read"), want);
+    assert!(!partial.exists());
+    assert_eq!(resumed, Some(have));
+    let ranges: Vec<_> =
+        log.lock().expect("log").iter().filter(|(p, _)| p.ends_with("flaky.gguf")).map(|(_, r)| r.clone()).collect();
+    assert_eq!(ranges, [None, Some(format!("bytes={have}-"))]);
+
+    // A wrong hash is refused and nothing is left behind.
+    let dest = dir.path().join("bad.gguf");
+    let err = pack::hf::download(&url(&endpoint, "bad.gguf"), &dest, SIZE as u64, &hash, &mut |_| {}).unwrap_err();
+    assert!(matches!(err, pack::Error::HashMismatch { .. }), "{err}");
+    assert!(!dest.exists() && !dir.path().join("bad.gguf.download").exists());
+
+    // Not found is an HTTP error naming the URL.
+    let err = pack::hf::download(&url(&endpoint, "missing.gguf"), &dir.path().join("m"), 1, &hash, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("HTTP 404") && err.contains("missing.gguf"), "{err}");
+}
