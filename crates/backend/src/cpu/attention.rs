@@ -4,9 +4,9 @@
 //! rows of one sequence (a prefill chunk, one decode token, or k+1 rows to verify) and that sequence's cache, which
 //! already holds the keys and values of those rows. Out: `[m, num_heads * head_dim]`.
 //!
-//! Query heads that share a KV head are processed together, so each cached row is read once per group. A run of
-//! several rows becomes two small matrix products per (block of rows, KV head) — scores `Q·Kᵀ` and output `P·V` —
-//! over keys converted once to f32; a single row takes the direct path.
+//! Query heads that share a KV head are processed together, so each cached row is read once per group: every
+//! (block of up to 64 rows, KV head) becomes two small matrix products — scores `Q·Kᵀ` and output `P·V` — over the
+//! block's keys converted once to f32. A decode row is a block of one row (its group's heads are the matrix rows).
 //!
 //! The cache holds f16 values. As in llama.cpp's (non flash-attention) CPU path, queries are rounded to f16 before
 //! the key dot products and attention weights are rounded to f16 before they multiply the values.
@@ -37,8 +37,8 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// Query rows per task on the matrix-product path.
-const ROW_BLOCK: usize = 16;
+/// Query rows per task: the keys are converted once per task, so longer blocks convert less in long prefills.
+const ROW_BLOCK: usize = 64;
 
 /// A unit of work: rows `row0..row0 + num_rows` of the batch, all of sequence `seq`, for KV head `g`.
 struct Task {
@@ -60,7 +60,7 @@ pub fn attention(pool: &ThreadPool, shape: AttnShape, q: &[f32], seqs: &[SeqAttn
         assert!(s.k.len() >= (s.start_pos + s.num_rows) * kv_dim && s.v.len() >= (s.start_pos + s.num_rows) * kv_dim);
         let mut first = 0;
         while first < s.num_rows {
-            let n = if s.num_rows >= 4 { ROW_BLOCK.min(s.num_rows - first) } else { 1 };
+            let n = ROW_BLOCK.min(s.num_rows - first);
             for g in 0..shape.num_kv_heads {
                 tasks.push(Task { seq: si, row0: row0 + first, first, num_rows: n, g });
             }
@@ -75,11 +75,7 @@ pub fn attention(pool: &ThreadPool, shape: AttnShape, q: &[f32], seqs: &[SeqAttn
         let mut scratch = Scratch::default();
         for t in &tasks[range] {
             let s = &seqs[t.seq];
-            if t.num_rows == 1 {
-                row_task(shape, q, s, t, out_ptr, &mut scratch);
-            } else {
-                block_task(shape, q, s, t, out_ptr, &mut scratch);
-            }
+            block_task(shape, q, s, t, out_ptr, &mut scratch);
         }
     });
 }
@@ -93,36 +89,7 @@ struct Scratch {
     o: Vec<f32>,
 }
 
-/// One query row, all heads of KV group `t.g`: direct dot products against the f16 cache.
-fn row_task(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-    let AttnShape { num_heads, num_kv_heads, head_dim, scale } = shape;
-    let (q_dim, kv_dim, group) = (num_heads * head_dim, num_kv_heads * head_dim, num_heads / num_kv_heads);
-    let n = s.start_pos + t.first + 1;
-    sc.qh.resize(head_dim, 0.0);
-    sc.scores.resize(group * n, 0.0);
-    for h in 0..group {
-        let head = t.g * group + h;
-        sc.qh.copy_from_slice(&q[t.row0 * q_dim + head * head_dim..][..head_dim]);
-        simd::round_to_f16(&mut sc.qh);
-        let sr = &mut sc.scores[h * n..(h + 1) * n];
-        for (j, sj) in sr.iter_mut().enumerate() {
-            *sj = simd::dot_f16(&sc.qh, &s.k[j * kv_dim + t.g * head_dim..][..head_dim]) * scale;
-        }
-        ops::softmax(sr);
-        simd::round_to_f16(sr);
-    }
-    for h in 0..group {
-        let head = t.g * group + h;
-        // SAFETY: (row, head) is written by this task alone.
-        let oh = unsafe { std::slice::from_raw_parts_mut(out.0.add(t.row0 * q_dim + head * head_dim), head_dim) };
-        oh.fill(0.0);
-        for (j, &p) in sc.scores[h * n..(h + 1) * n].iter().enumerate() {
-            simd::axpy_f16(oh, p, &s.v[j * kv_dim + t.g * head_dim..][..head_dim]);
-        }
-    }
-}
-
-/// Several consecutive query rows of one sequence, all heads of KV group `t.g`, as two matrix products.
+/// Consecutive query rows of one sequence, all heads of KV group `t.g`, as two matrix products.
 fn block_task(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
     let AttnShape { num_heads, num_kv_heads, head_dim: hd, scale } = shape;
     let (q_dim, kv_dim, group) = (num_heads * hd, num_kv_heads * hd, num_heads / num_kv_heads);

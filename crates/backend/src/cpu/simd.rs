@@ -12,6 +12,7 @@ struct Table {
     dot_f16: fn(&[f32], &[u16]) -> f32,
     axpy_f16: fn(&mut [f32], f32, &[u16]),
     silu_mul: fn(&mut [f32], &[f32]),
+    round_to_f16: fn(&mut [f32]),
 }
 
 fn table() -> &'static Table {
@@ -27,6 +28,7 @@ fn table() -> &'static Table {
                     dot_f16: x86::dot_f16_avx512,
                     axpy_f16: x86::axpy_f16_avx512,
                     silu_mul: x86::silu_mul_avx512,
+                    round_to_f16: x86::round_to_f16_avx512,
                 };
             }
             if forced != "scalar"
@@ -40,6 +42,7 @@ fn table() -> &'static Table {
                     dot_f16: x86::dot_f16_avx2,
                     axpy_f16: x86::axpy_f16_avx2,
                     silu_mul: x86::silu_mul_avx2,
+                    round_to_f16: x86::round_to_f16_f16c,
                 };
             }
         }
@@ -49,6 +52,7 @@ fn table() -> &'static Table {
             dot_f16: dot_f16_portable,
             axpy_f16: axpy_f16_portable,
             silu_mul: silu_mul_portable,
+            round_to_f16: round_to_f16_portable,
         }
     })
 }
@@ -118,7 +122,12 @@ fn silu_mul_generic(gate: &mut [f32], up: &[f32]) {
 }
 
 /// Rounds every value to the nearest f16 (what storing into an f16 buffer and reading back gives).
+#[inline]
 pub fn round_to_f16(x: &mut [f32]) {
+    (table().round_to_f16)(x)
+}
+
+fn round_to_f16_portable(x: &mut [f32]) {
     for v in x {
         *v = half::f16::from_f32(*v).to_f32();
     }
@@ -279,7 +288,40 @@ mod x86 {
     unsafe fn silu_mul_256(gate: &mut [f32], up: &[f32]) {
         super::silu_mul_generic(gate, up)
     }
-    // SAFETY (both): installed only after the features were detected at run time.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn round_to_f16_512(x: &mut [f32]) {
+        let mut chunks = x.chunks_exact_mut(16);
+        for c in &mut chunks {
+            // SAFETY: the chunk holds exactly 16 floats.
+            unsafe {
+                let v = _mm512_loadu_ps(c.as_ptr());
+                let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+                _mm512_storeu_ps(c.as_mut_ptr(), _mm512_cvtph_ps(h));
+            }
+        }
+        super::round_to_f16_portable(chunks.into_remainder());
+    }
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn round_to_f16_256(x: &mut [f32]) {
+        let mut chunks = x.chunks_exact_mut(8);
+        for c in &mut chunks {
+            // SAFETY: the chunk holds exactly 8 floats.
+            unsafe {
+                let v = _mm256_loadu_ps(c.as_ptr());
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
+            }
+        }
+        super::round_to_f16_portable(chunks.into_remainder());
+    }
+    pub fn round_to_f16_avx512(x: &mut [f32]) {
+        unsafe { round_to_f16_512(x) }
+    }
+    pub fn round_to_f16_f16c(x: &mut [f32]) {
+        unsafe { round_to_f16_256(x) }
+    }
+
+    // SAFETY (all four above and these two): installed only after the features were detected at run time.
     pub fn silu_mul_avx512(gate: &mut [f32], up: &[f32]) {
         unsafe { silu_mul_512(gate, up) }
     }
@@ -335,6 +377,15 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn round_to_f16_matches_half() {
+        let mut x: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 1.37e-3 + (i as f32).sin() * 3e4).collect();
+        x.extend([0.0, -0.0, 65504.0, 70000.0, 1e-8, f32::INFINITY, 2.0f32.powi(-15) * 1.5]);
+        let want: Vec<u32> = x.iter().map(|&v| half::f16::from_f32(v).to_f32().to_bits()).collect();
+        round_to_f16(&mut x);
+        assert_eq!(x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want);
+    }
 
     #[test]
     fn silu_mul_matches_libm() {
