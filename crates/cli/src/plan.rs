@@ -63,6 +63,33 @@ fn resolve(model: &str) -> Result<std::path::PathBuf> {
     pack::resolve(model).with_context(|| format!("planning needs the GGUF header of {model}"))
 }
 
+/// The plan input of a model: from its GGUF header when the file is in the cache; for a pack file not pulled yet,
+/// from the shapes its manifest records (`spec`). The flag says the manifest was used.
+fn input_for(name: &str, spec: Option<&pack::FileSpec>) -> Result<(ModelInput, bool)> {
+    match resolve(name) {
+        Ok(path) => Ok((model_input(&path)?, false)),
+        Err(e) => match spec.and_then(|f| f.shapes) {
+            Some(s) => Ok((
+                ModelInput {
+                    shapes: ModelShapes {
+                        num_layers: s.num_layers,
+                        hidden_size: s.hidden_size,
+                        ffn_size: s.ffn_size,
+                        num_heads: s.num_heads,
+                        num_kv_heads: s.num_kv_heads,
+                        head_dim: s.head_dim,
+                        vocab_size: s.vocab_size,
+                        max_context: s.max_context,
+                    },
+                    weight_bytes: s.weight_bytes,
+                },
+                true,
+            )),
+            None => Err(e),
+        },
+    }
+}
+
 /// Shapes and weight bytes from a GGUF header.
 pub fn model_input(path: &Path) -> Result<ModelInput> {
     let file = gguf::GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
@@ -105,9 +132,22 @@ pub fn main(a: Args) -> Result<()> {
     if device == Device::Cuda && a.memory.is_none() {
         bail!("--device cuda needs --memory (reading free CUDA memory is not built yet)");
     }
-    let target = model_input(&resolve(&a.model)?)?;
+    let manifest = pack::pack(&a.model);
+    let (target, mut from_manifest) = input_for(&a.model, manifest.map(|m| &m.target))?;
     let draft_name = if a.no_draft { None } else { a.draft.as_deref().or(default_draft(&a.model)) };
-    let draft = draft_name.map(|d| resolve(d).and_then(|p| model_input(&p))).transpose()?;
+    let draft = match draft_name {
+        None => None,
+        Some(d) => {
+            // The pack's own draft spec, or the named pack's target.
+            let spec = match a.draft.as_deref() {
+                Some(name) => pack::pack(name).map(|m| &m.target),
+                None => manifest.and_then(|m| m.draft.as_ref()),
+            };
+            let (input, m) = input_for(d, spec)?;
+            from_manifest |= m;
+            Some(input)
+        }
+    };
     let mut input = PlanInput::new(target, device_memory(a.memory)?, device);
     input.draft = draft;
     input.max_memory_bytes = a.max_memory;
@@ -119,6 +159,9 @@ pub fn main(a: Args) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&p)?);
     } else {
         println!("model            {}{}", a.model, draft_name.map_or(String::new(), |d| format!(" (draft {d})")));
+        if from_manifest {
+            println!("shapes           from the pack manifest (not pulled yet)");
+        }
         println!("{p}");
     }
     Ok(())

@@ -178,3 +178,36 @@ fn serve_uses_the_plan() {
     assert_eq!(status["limits"]["max_running_requests"], plan["max_sequences"]);
     assert_eq!(models["data"][0]["context_length"], 4096, "{models}");
 }
+
+/// Before a pack is pulled, `splash plan` uses the shapes its manifest records; they must be the GGUF header's, so
+/// the plan is the same as from the real files.
+#[test]
+fn manifest_shapes_match_the_files() {
+    let files = [
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+    ];
+    if !files.iter().all(|f| have(f)) {
+        return;
+    }
+    let empty = tempfile::tempdir().expect("temp dir");
+    for model in ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"] {
+        let args = ["plan", "-m", model, "--memory", "8G", "--threads", "2", "--json"];
+        let from_files = json(&args);
+        let o = Command::new(env!("CARGO_BIN_EXE_splash"))
+            .args(args)
+            .env("SPLASH_HOME", empty.path())
+            .output()
+            .expect("runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let from_manifest: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        assert_eq!(from_manifest, from_files, "{model}");
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_splash"))
+        .args(["plan", "--memory", "8G"])
+        .env("SPLASH_HOME", empty.path())
+        .output()
+        .expect("runs");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("from the pack manifest"));
+}

@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 
 pub use catalog::{Catalog, Entry, Part};
 pub use error::{Error, Result};
-pub use manifest::{Context, FileSpec, Manifest, Sampling, Source, Speculation, builtin_packs, default_pack, pack};
+pub use manifest::{Context, FileSpec, Manifest, Sampling, Shapes, Source, Speculation, builtin_packs, default_pack, pack};
 pub use pull::pull_pack;
 pub use source::{Pip, WheelSource};
 pub use store::{Progress, Store};

@@ -46,6 +46,24 @@ pub struct FileSpec {
     pub sha256: String,
     /// Where to get it, tried in order.
     pub sources: Vec<Source>,
+    /// The model's numbers, for planning before the file is pulled.
+    pub shapes: Option<Shapes>,
+}
+
+/// What the memory plan needs of a model, as its GGUF header says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shapes {
+    pub num_layers: usize,
+    pub hidden_size: usize,
+    pub ffn_size: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub max_context: usize,
+    /// Bytes of tensor data (the file minus its header).
+    pub weight_bytes: u64,
 }
 
 /// A place a file can come from.
@@ -112,6 +130,9 @@ impl Manifest {
             }
             if f.size_bytes == 0 || f.sources.is_empty() {
                 return Err(err(format!("{role}: needs a size and at least one source")));
+            }
+            if f.shapes.is_some_and(|s| s.weight_bytes > f.size_bytes) {
+                return Err(err(format!("{role}: shapes.weight_bytes exceeds the file size")));
             }
         }
         if m.context.default == 0 || m.context.default > m.context.max {
@@ -195,6 +216,7 @@ mod tests {
         assert!(Manifest::parse("x", good).is_ok());
         let cases = [
             (good.replace("b179c952", "B179C952"), "sha256"),
+            (good.replace("weight_bytes = 96576768", "weight_bytes = 98362433"), "weight_bytes exceeds"),
             (good.replace("default = 8192", "default = 9000"), "context default"),
             (good.replace("\"SmolLM2-135M-Instruct.Q4_1.gguf\"\nsize", "\"../x.gguf\"\nsize"), "bad file name"),
             (format!("{good}\nflavour = 1\n"), "unknown field"),
