@@ -2,7 +2,8 @@
 //!
 //! Several matrices that share one input (Q, K and V; gate and up) run as one pool job, and the input is quantized
 //! once per activation format. Work is split into chunks of weight rows handed out dynamically; inside a chunk the
-//! kernel walks the input rows in blocks that stay in cache.
+//! kernel walks the input rows in blocks that stay in cache. Each output element is bitwise independent of `m`, the
+//! chunking and the thread count (the kernels' canonical order), so batching never changes a sequence's results.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -95,6 +96,8 @@ pub fn matmul(pool: &ThreadPool, ws: &[&QMatrix], x: &[f32], m: usize, outs: &mu
             let mut buf = vec![0u8; rb * m];
             let ptr = OutPtr(buf.as_mut_ptr() as *mut f32);
             pool.for_each_chunk(m, 16, &|rows| {
+                // Captures the whole `OutPtr` (Sync), not its raw pointer field.
+                #[allow(clippy::redundant_locals)]
                 let ptr = ptr;
                 for t in rows {
                     // SAFETY: each input row is written by exactly one chunk.

@@ -10,6 +10,10 @@
 //! back and its unpacked blocks meet all activation rows in registers; for many rows (prefill) AVX-512 regroups 16
 //! weight rows into a panel so that `vpdpbusd` works on 16 rows per instruction.
 //!
+//! Results are batch-invariant: at a given level every output element is computed with one canonical f32 operation
+//! sequence whatever `m`, the row range or the caller's thread split (`NOTES.md`, "Batch invariance"), so a
+//! sequence's logits do not depend on the other rows that share a call.
+//!
 //! Callers should hand each call a long run of rows when `m` is small (a few hundred rows, or one contiguous share
 //! per thread): the activations are rearranged once per call, and DRAM streams best from one contiguous run.
 //!
