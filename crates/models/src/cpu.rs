@@ -149,11 +149,13 @@ impl Runner for CpuRunner {
                 kv.k = vec![Vec::new(); cfg.num_layers];
                 kv.v = vec![Vec::new(); cfg.num_layers];
             }
-            // Grow geometrically ahead of time so appending a layer's rows never copies the cache mid-forward.
+            // Grow geometrically ahead of time so appending a layer's rows never copies the cache mid-forward, but never
+            // past the model's context: the memory plan counts exactly that much per sequence.
             let need = (c.start_pos + c.tokens.len()) * kvd;
+            let most = cfg.max_context * kvd;
             for l in kv.k.iter_mut().chain(kv.v.iter_mut()) {
                 if l.capacity() < need {
-                    l.reserve(need.max(2 * l.capacity()) - l.len());
+                    l.reserve_exact(need.max(2 * l.capacity()).min(most) - l.len());
                 }
             }
         }

@@ -159,13 +159,11 @@ fn qwen_1_5b_batched_decode_matches_alone() {
 }
 
 #[test]
-#[ignore = "attention's multi-row path (the gemm crate) rounds differently from one row; the matmuls are invariant"]
 fn qwen_0_5b_verification_rows_match_decode() {
     check_verification("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
 }
 
 #[test]
-#[ignore = "attention's multi-row path (the gemm crate) rounds differently from one row; the matmuls are invariant"]
 fn qwen_1_5b_verification_rows_match_decode() {
     check_verification("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
 }

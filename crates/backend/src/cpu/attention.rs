@@ -4,9 +4,12 @@
 //! rows of one sequence (a prefill chunk, one decode token, or k+1 rows to verify) and that sequence's cache, which
 //! already holds the keys and values of those rows. Out: `[m, num_heads * head_dim]`.
 //!
-//! Query heads that share a KV head are processed together, so each cached row is read once per group: every
-//! (block of up to 64 rows, KV head) becomes two small matrix products — scores `Q·Kᵀ` and output `P·V` — over the
-//! block's keys converted once to f32. A decode row is a block of one row (its group's heads are the matrix rows).
+//! Query heads that share a KV head are processed together, so each cached row is read once per group. A task is a
+//! block of up to 64 rows of one sequence and one KV head: the block's keys and values are converted to f32 once, and
+//! each row then takes two small matrix products — scores `Q·Kᵀ` and output `P·V` over exactly the keys it sees, with
+//! its group's heads as matrix rows. A row's result therefore does not depend on the block it came in: prefill,
+//! decode and the k+1 rows of a speculative verification all compute a position identically (tested bitwise in
+//! crates/models/tests/batch_invariance.rs).
 //!
 //! The cache holds f16 values. As in llama.cpp's (non flash-attention) CPU path, queries are rounded to f16 before
 //! the key dot products and attention weights are rounded to f16 before they multiply the values.
@@ -86,7 +89,6 @@ struct Scratch {
     scores: Vec<f32>,
     kf: Vec<f32>,
     vf: Vec<f32>,
-    o: Vec<f32>,
 }
 
 /// Consecutive query rows of one sequence, all heads of KV group `t.g`, as two matrix products.
@@ -108,72 +110,66 @@ fn block_task(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPt
             half_to_f32(&src[j * kv_dim + t.g * hd..][..hd], &mut dst[j * hd..(j + 1) * hd]);
         }
     }
-    // Scores: [r, n] = Q [r, hd] · Kᵀ [hd, n].
-    sc.scores.resize(r * n, 0.0);
-    // SAFETY: all pointers cover the stated extents (r*hd, n*hd, r*n) with the given unit/row strides.
-    unsafe {
-        gemm::gemm(
-            r,
-            n,
-            hd,
-            sc.scores.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            sc.qh.as_ptr(),
-            1,
-            hd as isize,
-            sc.kf.as_ptr(),
-            hd as isize,
-            1,
-            0.0,
-            scale,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
+    // Row by row, each over exactly the keys it sees: the same two products, of the same shapes, as when that row
+    // is decoded alone, so a row's output does not depend on which block (or verification run) it came in.
     for i in 0..t.num_rows {
         let visible = s.start_pos + t.first + i + 1;
-        for h in 0..group {
-            let row = &mut sc.scores[(i * group + h) * n..][..n];
-            row[visible..].fill(f32::NEG_INFINITY);
+        let qi = &sc.qh[i * group * hd..(i + 1) * group * hd];
+        // Scores: [group, visible] = Q [group, hd] · Kᵀ [hd, visible].
+        sc.scores.resize(group * visible, 0.0);
+        gemm_f32(group, visible, hd, qi, (1, hd), &sc.kf, (hd, 1), &mut sc.scores, visible, scale);
+        for row in sc.scores.chunks_exact_mut(visible) {
             ops::softmax(row);
             simd::round_to_f16(row);
         }
+        // Output: [group, hd] = P [group, visible] · V [visible, hd], written in place.
+        // SAFETY: rows t.row0.., heads of group g are written by this task alone.
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(out.0.add((t.row0 + i) * q_dim + t.g * group * hd), group * hd) };
+        gemm_f32(group, hd, visible, &sc.scores, (1, visible), &sc.vf, (1, hd), dst, hd, 1.0);
     }
-    // Output: [r, hd] = P [r, n] · V [n, hd].
-    sc.o.resize(r * hd, 0.0);
-    // SAFETY: as above.
+}
+
+/// `c[m, n] = alpha · a[m, k] · b[k, n]` in f32, single-threaded. Strides are (column, row) in elements; `c` is
+/// row-major with row stride `ldc`.
+#[allow(clippy::too_many_arguments)]
+fn gemm_f32(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    a_strides: (usize, usize),
+    b: &[f32],
+    b_strides: (usize, usize),
+    c: &mut [f32],
+    ldc: usize,
+    alpha: f32,
+) {
+    let extent = |rows: usize, cols: usize, (cs, rs): (usize, usize)| (rows - 1) * rs + (cols - 1) * cs + 1;
+    assert!(a.len() >= extent(m, k, a_strides) && b.len() >= extent(k, n, b_strides) && c.len() >= (m - 1) * ldc + n);
+    // SAFETY: the assertion above bounds every element the strides reach.
     unsafe {
         gemm::gemm(
-            r,
-            hd,
+            m,
             n,
-            sc.o.as_mut_ptr(),
+            k,
+            c.as_mut_ptr(),
             1,
-            hd as isize,
+            ldc as isize,
             false,
-            sc.scores.as_ptr(),
-            1,
-            n as isize,
-            sc.vf.as_ptr(),
-            1,
-            hd as isize,
+            a.as_ptr(),
+            a_strides.0 as isize,
+            a_strides.1 as isize,
+            b.as_ptr(),
+            b_strides.0 as isize,
+            b_strides.1 as isize,
             0.0,
-            1.0,
+            alpha,
             false,
             false,
             false,
             gemm::Parallelism::None,
         );
-    }
-    for i in 0..t.num_rows {
-        // SAFETY: rows t.row0.., heads of group g are written by this task alone.
-        let dst =
-            unsafe { std::slice::from_raw_parts_mut(out.0.add((t.row0 + i) * q_dim + t.g * group * hd), group * hd) };
-        dst.copy_from_slice(&sc.o[i * group * hd..(i + 1) * group * hd]);
     }
 }
 
