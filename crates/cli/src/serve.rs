@@ -123,7 +123,8 @@ pub fn main(a: Args) -> Result<()> {
         plan::human_bytes(plan.breakdown.budget_bytes),
         plan::human_bytes(plan.breakdown.available_bytes),
     );
-    let Loaded { runner, tokenizer, template, load_s } = load(&a.model, a.threads)?;
+    let Loaded { mut runner, tokenizer, template, load_s } = load(&a.model, a.threads)?;
+    runner.limit_context(plan.max_context);
     if template.is_none() {
         eprintln!("warning: {} has no chat template; chat requests will be refused", a.model);
     }

@@ -85,6 +85,12 @@ impl CpuRunner {
         })
     }
 
+    /// Lowers the context a sequence may reach (the memory plan's), which also bounds its KV cache. Never raises it
+    /// past the model's own.
+    pub fn limit_context(&mut self, max_context: usize) {
+        self.cfg.max_context = self.cfg.max_context.min(max_context.max(1));
+    }
+
     pub fn weights(&self) -> &Weights {
         &self.weights
     }
