@@ -7,36 +7,13 @@
 //!
 //! `cargo test -p splash-models --release --test batch_invariance`
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
+mod common;
+
+use common::{argmax, model_path};
 use models::cpu::CpuRunner;
 use models::{Batch, LogitsWanted, Runner, SeqChunk, SeqId};
-
-fn model_path(file: &str) -> Option<PathBuf> {
-    let home = std::env::var_os("SPLASH_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/splash"));
-    let p = home.join("models").join(file);
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var("SPLASH_SKIP_MODEL_TESTS").is_ok_and(|v| v == "1") {
-        eprintln!("skipping: {} is missing and SPLASH_SKIP_MODEL_TESTS=1", p.display());
-        return None;
-    }
-    panic!("{} is missing: run `splash pull` first (scripts/test does), or set SPLASH_SKIP_MODEL_TESTS=1", p.display());
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
 
 /// Prompts of 5, 17, 3 and 40 tokens (arbitrary ids from the ordinary vocabulary): short ones take the
 /// row-streaming kernels when alone, and every batch here is large enough for the 16-row panels.

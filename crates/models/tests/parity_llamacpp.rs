@@ -23,36 +23,14 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod common;
+
+use common::{argmax, model_path};
 use models::cpu::CpuRunner;
 use models::{Arch, Batch, LogitsWanted, Runner, SeqChunk, SeqId};
 
 /// Top-1/top-2 logit gap under which two correct 8-bit-activation engines may pick different tokens.
 const NEAR_TIE: f64 = 0.5;
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn model_path(file: &str) -> Option<PathBuf> {
-    let home = std::env::var_os("SPLASH_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/splash"));
-    let p = home.join("models").join(file);
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var("SPLASH_SKIP_MODEL_TESTS").is_ok_and(|v| v == "1") {
-        eprintln!("skipping: {} is missing and SPLASH_SKIP_MODEL_TESTS=1", p.display());
-        return None;
-    }
-    panic!("{} is missing: run `splash pull` first (scripts/test does), or set SPLASH_SKIP_MODEL_TESTS=1", p.display());
-}
 
 struct Case {
     name: String,
