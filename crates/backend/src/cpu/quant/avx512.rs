@@ -579,8 +579,12 @@ impl Panel for Q4K {
                 }
                 let da = bcf(a[r].add(u * Q8_K_BYTES));
                 let sl = &mut (*acc.add(r))[(u0 + u) % SLOTS];
-                *sl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, da), *sl);
-                *sl = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dmv, da), *sl);
+                let v = _mm512_fmsub_ps(
+                    _mm512_cvtepi32_ps(isum[r]),
+                    _mm512_mul_ps(dv, da),
+                    _mm512_mul_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dmv, da)),
+                );
+                *sl = _mm512_add_ps(*sl, v);
             }
         }
     }
@@ -670,8 +674,12 @@ impl Panel for Q5K {
                 }
                 let da = bcf(a[r].add(u * Q8_K_BYTES));
                 let sl = &mut (*acc.add(r))[(u0 + u) % SLOTS];
-                *sl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dv, da), *sl);
-                *sl = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dmv, da), *sl);
+                let v = _mm512_fmsub_ps(
+                    _mm512_cvtepi32_ps(isum[r]),
+                    _mm512_mul_ps(dv, da),
+                    _mm512_mul_ps(_mm512_cvtepi32_ps(im), _mm512_mul_ps(dmv, da)),
+                );
+                *sl = _mm512_add_ps(*sl, v);
             }
         }
     }
