@@ -478,8 +478,8 @@ unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa:
     let zero = ZERO_BLOCK.as_ptr();
     for grp in 0..total.div_ceil(4) {
         // Long rows: prefetch four groups ahead (past the row end too: the next row usually follows; a prefetch
-        // never faults). Measured from DRAM: k = 8960 GEMV 16 -> 18-20 GB/s per thread (before the canonical order: ~23); it slows the paired
-        // k = 1536 rows (23 -> 19 GB/s), so those go without.
+        // never faults). Measured from DRAM: k = 8960 GEMV 16 -> 18-20 GB/s per thread (before the canonical
+        // order: ~23); it slows the paired k = 1536 rows (23 -> 19 GB/s), so those go without.
         if !PAIR {
             let ahead = (w as *const i8).wrapping_add((4 * grp + 16) * Q4_K_BYTES);
             for l in 0..(4 * Q4_K_BYTES).div_ceil(64) {
