@@ -139,14 +139,18 @@ impl GgufFile {
             let name = c.string(&format!("tensor #{i} name"))?;
             let n_dims = c.u32(&format!("tensor {name:?} dimension count"))?;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(Error::BadTensor { name, reason: format!("has {n_dims} dimensions (1 to {MAX_DIMS} allowed)") });
+                return Err(Error::BadTensor {
+                    name,
+                    reason: format!("has {n_dims} dimensions (1 to {MAX_DIMS} allowed)"),
+                });
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for d in 0..n_dims {
                 dims.push(c.u64(&format!("tensor {name:?} dimension {d}"))?);
             }
             let ty_raw = c.u32(&format!("tensor {name:?} type"))?;
-            let ty = GgmlType::from_u32(ty_raw).ok_or_else(|| Error::UnknownTensorType { name: name.clone(), ty: ty_raw })?;
+            let ty = GgmlType::from_u32(ty_raw)
+                .ok_or_else(|| Error::UnknownTensorType { name: name.clone(), ty: ty_raw })?;
             let offset = c.u64(&format!("tensor {name:?} offset"))?;
             let size_bytes = tensor_size(&name, &dims, ty)?;
             if offset % alignment != 0 {
@@ -271,11 +275,11 @@ impl GgufFile {
 fn tensor_size(name: &str, dims: &[u64], ty: GgmlType) -> Result<u64> {
     let bad = |reason: String| Error::BadTensor { name: name.into(), reason };
     let row = dims[0];
-    if dims.iter().any(|&d| d == 0) {
+    if dims.contains(&0) {
         return Err(bad(format!("has a zero dimension {dims:?}")));
     }
     let block = ty.block_len() as u64;
-    if row % block != 0 {
+    if !row.is_multiple_of(block) {
         return Err(bad(format!("row length {row} is not a multiple of the {ty} block size {block}")));
     }
     let mut size = (row / block).checked_mul(ty.block_bytes() as u64);
@@ -357,7 +361,10 @@ impl Cursor<'_> {
             ValueType::String => Value::String(self.string(&what())?),
             ValueType::Array => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(Error::Metadata { key: key.into(), reason: format!("arrays nested deeper than {MAX_ARRAY_DEPTH}") });
+                    return Err(Error::Metadata {
+                        key: key.into(),
+                        reason: format!("arrays nested deeper than {MAX_ARRAY_DEPTH}"),
+                    });
                 }
                 let raw = self.u32(&format!("element type of metadata {key:?}"))?;
                 let elem = ValueType::from_u32(raw).ok_or_else(|| Error::BadValueType { key: key.into(), ty: raw })?;

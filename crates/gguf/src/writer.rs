@@ -24,10 +24,10 @@ impl GgufWriter {
     /// Sets a metadata value; `general.alignment` also sets the alignment used for tensor data.
     pub fn add(&mut self, key: impl Into<String>, value: Value) {
         let key = key.into();
-        if key == "general.alignment" {
-            if let Some(a) = value.as_u64().filter(|a| a.is_power_of_two()) {
-                self.alignment = a;
-            }
+        if key == "general.alignment"
+            && let Some(a) = value.as_u64().filter(|a| a.is_power_of_two())
+        {
+            self.alignment = a;
         }
         self.metadata.retain(|(k, _)| *k != key);
         self.metadata.push((key, value));

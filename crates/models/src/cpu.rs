@@ -266,12 +266,12 @@ impl Runner for CpuRunner {
 
     fn truncate(&mut self, seq: SeqId, len: usize) {
         let kvd = self.cfg.kv_dim();
-        if let Some(s) = self.seqs.get_mut(&seq) {
-            if len < s.len {
-                s.len = len;
-                for l in s.k.iter_mut().chain(s.v.iter_mut()) {
-                    l.truncate(len * kvd);
-                }
+        if let Some(s) = self.seqs.get_mut(&seq)
+            && len < s.len
+        {
+            s.len = len;
+            for l in s.k.iter_mut().chain(s.v.iter_mut()) {
+                l.truncate(len * kvd);
             }
         }
     }
