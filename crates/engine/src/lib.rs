@@ -276,6 +276,11 @@ impl<R: Runner> Engine<R> {
         &self.config
     }
 
+    /// Changes the speculation settings; running sequences pick them up at their next step.
+    pub fn set_spec(&mut self, spec: SpecConfig) {
+        self.config.spec = spec;
+    }
+
     pub fn spec_stats(&self) -> SpecStats {
         self.stats
     }
