@@ -79,4 +79,9 @@ pub trait Runner: Send {
     fn attach_prefix(&mut self, _seq: SeqId, _tokens: &[u32]) -> usize {
         0
     }
+
+    /// KV cache occupancy and prefix-cache counters.
+    fn kv_usage(&self) -> crate::KvUsage {
+        crate::KvUsage::default()
+    }
 }
