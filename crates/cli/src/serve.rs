@@ -55,6 +55,8 @@ pub struct Args {
     /// Threads for the model (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
+    #[command(flatten)]
+    spec: crate::spec::SpecArgs,
 }
 
 /// `16384`, `16K` or `16k` (×1024).
@@ -81,12 +83,15 @@ fn default_model_id(model: &str) -> String {
     }
 }
 
-/// The memory plan for serving `model` (no draft: the engine does not run one yet) on this machine; refuses with the
+/// The memory plan for serving `model` (with its draft, when speculation uses one) on this machine; refuses with the
 /// breakdown when not even a minimal context fits.
 fn memory_plan(a: &Args) -> Result<plan::Plan> {
     let path = crate::load::model_path(&a.model)?;
     let mut input =
         plan::PlanInput::new(crate::plan::model_input(&path)?, crate::plan::device_memory(None)?, plan::Device::Cpu);
+    if let Some(draft) = a.spec.draft_model(&a.model) {
+        input.draft = Some(crate::plan::model_input(&crate::load::model_path(&draft)?)?);
+    }
     input.max_memory_bytes = a.max_memory;
     input.max_context = a.max_context;
     input.max_sequences = a.max_sequences;
@@ -123,16 +128,23 @@ pub fn main(a: Args) -> Result<()> {
         plan::human_bytes(plan.breakdown.budget_bytes),
         plan::human_bytes(plan.breakdown.available_bytes),
     );
-    let Loaded { mut runner, tokenizer, template, load_s } = load(&a.model, a.threads)?;
+    let t0 = std::time::Instant::now();
+    let Loaded { mut runner, tokenizer, template, .. } = load(&a.model, a.threads)?;
     runner.limit_context(plan.max_context);
+    runner.set_kv_blocks(plan.num_kv_pages);
     if template.is_none() {
         eprintln!("warning: {} has no chat template; chat requests will be refused", a.model);
     }
-    let engine = Engine::new(
+    let mut engine = Engine::new(
         runner,
         tokenizer.clone(),
         EngineConfig { max_batch_tokens: plan.max_batch_tokens, ..EngineConfig::default() },
     );
+    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads)?;
+    if let Some(name) = &draft {
+        eprintln!("speculation: {:?}, draft {name}", a.spec.mode);
+    }
+    let load_s = t0.elapsed().as_secs_f64();
     let service = ServiceConfig {
         max_running: plan.max_sequences,
         max_waiting: a.max_queue,

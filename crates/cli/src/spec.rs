@@ -75,6 +75,8 @@ pub fn setup(engine: &mut Engine<CpuRunner>, model: &str, args: &SpecArgs, threa
         let loaded = crate::load::load(name, threads).with_context(|| format!("loading the draft model {name}"))?;
         let mut runner = loaded.runner;
         runner.limit_context(engine.runner().config().max_context);
+        // Draft and target hold the same positions; the plan's pages count both.
+        runner.set_kv_blocks(engine.runner().kv_usage().capacity_blocks);
         engine.set_draft(runner).with_context(|| format!("using {name} as draft"))?;
     }
     if args.mode != SpecMode::Off {
