@@ -57,6 +57,10 @@ pub struct Args {
     threads: usize,
     #[command(flatten)]
     spec: crate::spec::SpecArgs,
+    /// Keep cached prompt prefixes on disk (in $SPLASH_HOME/prefix-cache) up to this size, so they are warm after a
+    /// restart (per model: target and draft each); 0 turns it off.
+    #[arg(long, default_value = "4G", value_parser = crate::plan::parse_size)]
+    prefix_cache_disk: u64,
 }
 
 /// `16384`, `16K` or `16k` (×1024).
@@ -141,6 +145,19 @@ pub fn main(a: Args) -> Result<()> {
         EngineConfig { max_batch_tokens: plan.max_batch_tokens, ..EngineConfig::default() },
     );
     let draft = crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads)?;
+    if a.prefix_cache_disk > 0 {
+        let root = pack::home().join("prefix-cache");
+        let store = engine.runner_mut().enable_prefix_store(&root, a.prefix_cache_disk);
+        match store {
+            Ok(s) => eprintln!("prefix cache on disk: {} ({} blocks)", s.dir().display(), s.num_blocks()),
+            Err(e) => eprintln!("warning: no prefix cache on disk ({}): {e}", root.display()),
+        }
+        if let Some(d) = engine.draft_mut() {
+            if let Err(e) = d.enable_prefix_store(&root, a.prefix_cache_disk) {
+                eprintln!("warning: no draft prefix cache on disk: {e}");
+            }
+        }
+    }
     if let Some(name) = &draft {
         eprintln!("speculation: {:?}, draft {name}", a.spec.mode);
     }

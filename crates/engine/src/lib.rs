@@ -262,6 +262,10 @@ impl<R: Runner> Engine<R> {
         self.draft.as_ref()
     }
 
+    pub fn draft_mut(&mut self) -> Option<&mut R> {
+        self.draft.as_mut()
+    }
+
     pub fn runner(&self) -> &R {
         &self.runner
     }
@@ -401,6 +405,13 @@ impl<R: Runner> Engine<R> {
         self.release(&s);
         let text = s.stops.flush();
         Some(Event::Finished { reason: FinishReason::Aborted, text, usage: s.usage(), matched_stop: None })
+    }
+
+    /// Background work of the runners while no request runs (see `Runner::idle_work`); true if more remains.
+    pub fn idle_work(&mut self) -> bool {
+        let target = self.runner.idle_work();
+        let draft = self.draft.as_mut().is_some_and(|d| d.idle_work());
+        target || draft
     }
 
     pub fn has_work(&self) -> bool {

@@ -331,9 +331,26 @@ impl<R: Runner> Worker<R> {
     /// Takes new commands: blocks while there is nothing else to do. Returns false when the service is over.
     fn receive(&mut self) -> bool {
         if self.running.is_empty() && self.waiting.is_empty() {
-            match self.commands.recv() {
-                Ok(command) => self.handle(command),
-                Err(_) => return false,
+            // Idle: do the runners' background work in small steps, looking for requests in between.
+            loop {
+                match self.commands.try_recv() {
+                    Ok(command) => {
+                        self.handle(command);
+                        break;
+                    }
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        while self.engine.idle_work() {}
+                        return false;
+                    }
+                    Err(mpsc::TryRecvError::Empty) if self.engine.idle_work() => continue,
+                    Err(mpsc::TryRecvError::Empty) => match self.commands.recv() {
+                        Ok(command) => {
+                            self.handle(command);
+                            break;
+                        }
+                        Err(_) => return false,
+                    },
+                }
             }
         }
         loop {

@@ -12,7 +12,8 @@ use backend::cpu::ops::{self, Rope};
 use backend::cpu::{ThreadPool, matmul};
 use gguf::GgufFile;
 
-use crate::kv_cache::{BLOCK_TOKENS, BlockTable, KvUsage};
+use crate::kv_cache::{self, BLOCK_TOKENS, BlockTable, KvUsage};
+use crate::prefix_store::{PrefixStore, model_identity};
 use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId, Weights};
 
 fn write_f16(dst: &mut [u16], src: &[f32]) {
@@ -60,6 +61,8 @@ pub struct CpuRunner {
     table: BlockTable,
     /// Storage of block `b`: `[layer][k | v][BLOCK_TOKENS][kv_dim]`.
     blocks: Vec<Box<[u16]>>,
+    /// Cached prefix blocks on disk, when enabled.
+    store: Option<PrefixStore>,
     scratch: Scratch,
     /// Keeps the mapping alive for the matrices that borrow it.
     _file: Arc<GgufFile>,
@@ -81,6 +84,7 @@ impl CpuRunner {
             pool: ThreadPool::new(num_threads),
             table,
             blocks: Vec::new(),
+            store: None,
             scratch: Scratch::default(),
             _file: file,
         })
@@ -104,6 +108,13 @@ impl CpuRunner {
 
     fn block_len(&self) -> usize {
         self.cfg.num_layers * 2 * BLOCK_TOKENS * self.cfg.kv_dim()
+    }
+
+    /// Keeps cached prefix blocks on disk under `root` (at most `max_bytes`), in a directory of this model's own:
+    /// written while idle, read back when a prompt's prefix is not in memory.
+    pub fn enable_prefix_store(&mut self, root: &std::path::Path, max_bytes: u64) -> std::io::Result<&PrefixStore> {
+        let identity = model_identity(self._file.bytes());
+        Ok(self.store.insert(PrefixStore::open(root, &identity, max_bytes)?))
     }
 
     /// Drops every cached prefix block no sequence is using.
@@ -309,7 +320,44 @@ impl Runner for CpuRunner {
     }
 
     fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
-        self.table.attach_prefix(seq, tokens)
+        let mut n = self.table.attach_prefix(seq, tokens);
+        let Some(store) = self.store.as_mut() else { return n };
+        // Continue from disk, block by block, while the next block is there and intact.
+        let block_len = self.cfg.num_layers * 2 * BLOCK_TOKENS * self.cfg.kv_dim();
+        let mut buf = Vec::new();
+        while n + BLOCK_TOKENS <= tokens.len() {
+            let chunk = &tokens[n..n + BLOCK_TOKENS];
+            let h = kv_cache::chain_hash(&self.table.last_hash(seq), chunk);
+            if !store.contains(&h) {
+                break;
+            }
+            buf.resize(block_len, 0);
+            if !store.load(&h, &mut buf) {
+                break;
+            }
+            let Some(b) = self.table.attach_loaded(seq, h, chunk) else { break };
+            while self.blocks.len() < self.table.num_created() {
+                self.blocks.push(vec![0u16; block_len].into_boxed_slice());
+            }
+            self.blocks[b as usize].copy_from_slice(&buf);
+            n += BLOCK_TOKENS;
+        }
+        n
+    }
+
+    fn idle_work(&mut self) -> bool {
+        let Some(store) = self.store.as_mut() else { return false };
+        let pending: Vec<(kv_cache::BlockHash, u32)> =
+            self.table.registered().filter(|(h, _)| !store.contains(h)).map(|(h, b)| (*h, b)).take(9).collect();
+        for &(h, b) in pending.iter().take(8) {
+            if let Err(e) = store.save(&h, &self.blocks[b as usize]) {
+                // A full or read-only disk only costs the warm restart; stop trying.
+                eprintln!("warning: prefix cache on disk disabled: {e}");
+                self.store = None;
+                return false;
+            }
+        }
+        pending.len() > 8
     }
 
     fn kv_usage(&self) -> KvUsage {

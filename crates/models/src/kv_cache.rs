@@ -222,6 +222,37 @@ impl BlockTable {
         n
     }
 
+    /// The chained hash of `seq`'s last full block (the zero hash when it has none).
+    pub fn last_hash(&self, seq: SeqId) -> BlockHash {
+        self.seqs.get(&seq).and_then(|s| s.hashes.last().copied()).unwrap_or([0; 16])
+    }
+
+    /// Appends to `seq` (which holds only full blocks) a new block for `tokens` whose content the caller fills in
+    /// (loaded from disk), registered under `hash`. `None` when no block is available.
+    pub fn attach_loaded(&mut self, seq: SeqId, hash: BlockHash, tokens: &[u32]) -> Option<u32> {
+        let s = self.seqs.get(&seq)?;
+        if tokens.len() != BLOCK_TOKENS || s.tokens.len() % BLOCK_TOKENS != 0 || self.by_hash.contains_key(&hash) {
+            return None;
+        }
+        if self.num_available() == 0 {
+            return None;
+        }
+        let b = self.alloc(false)?;
+        self.by_hash.insert(hash, b);
+        self.hash_of[b as usize] = Some(hash);
+        let s = self.seqs.get_mut(&seq).expect("INVARIANT: checked above");
+        s.blocks.push(b);
+        s.tokens.extend_from_slice(tokens);
+        s.hashes.push(hash);
+        self.usage.hit_tokens += BLOCK_TOKENS as u64;
+        Some(b)
+    }
+
+    /// Every registered (full, cached) block: its hash and id.
+    pub fn registered(&self) -> impl Iterator<Item = (&BlockHash, u32)> {
+        self.by_hash.iter().map(|(h, &b)| (h, b))
+    }
+
     /// Makes room for `seq` to grow to `new_len` positions (allocating blocks). Fails without changing anything
     /// when the cache cannot supply them; call [`Self::num_available`] first to check a whole batch.
     pub fn reserve(&mut self, seq: SeqId, new_len: usize) -> Result<(), CacheFull> {

@@ -9,6 +9,7 @@ mod config;
 pub mod cpu;
 mod error;
 pub mod kv_cache;
+pub mod prefix_store;
 mod runner;
 mod weights;
 
