@@ -220,6 +220,7 @@ fn spec_bench(a: &Args) -> Result<()> {
             conversation.messages.push(chat::Message::user(prompt.as_str()));
             let text = template.render(&chat::RenderInput::from_conversation(&conversation, true))?;
             let ids = tokenizer.encode(&text, true)?;
+            let ids_for_json = if a.json { ids.clone() } else { Vec::new() };
             let before = engine.spec_stats();
             let req = GenerateRequest::new(ids, SamplingParams::greedy(), a.gen_tokens);
             let (out, _, usage) = engine.generate(req, |_| {})?;
@@ -239,6 +240,7 @@ fn spec_bench(a: &Args) -> Result<()> {
                 "proposed": proposed, "accepted": accepted,
                 "acceptance": accepted as f64 / proposed.max(1) as f64,
                 "identical_to_off": identical,
+                "prompt_ids": ids_for_json,
             });
             if a.json {
                 println!("{row}");
