@@ -59,8 +59,13 @@ pub struct Args {
     spec: crate::spec::SpecArgs,
     /// Keep cached prompt prefixes on disk (in $SPLASH_HOME/prefix-cache) up to this size, so they are warm after a
     /// restart (per model: target and draft each); 0 turns it off.
-    #[arg(long, default_value = "4G", value_parser = crate::plan::parse_size)]
+    #[arg(long, default_value = "4G", value_parser = parse_size_or_zero)]
     prefix_cache_disk: u64,
+}
+
+/// A size (`4G`, `512M`, bytes) or `0`.
+fn parse_size_or_zero(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" { Ok(0) } else { crate::plan::parse_size(s) }
 }
 
 /// `16384`, `16K` or `16k` (×1024).

@@ -57,14 +57,8 @@ impl SpecArgs {
         if matches!(self.mode, SpecMode::Off | SpecMode::Ngram) {
             return None;
         }
-        self.draft.clone().or_else(|| pack_draft(model))
+        self.draft.clone().or_else(|| crate::plan::default_draft(model).map(str::to_string))
     }
-}
-
-/// The name of the built-in pack whose target is `model`'s draft.
-pub fn pack_draft(model: &str) -> Option<String> {
-    let draft = pack::pack(model)?.draft.as_ref()?;
-    pack::builtin_packs().iter().find(|p| p.target.file == draft.file).map(|p| p.name.clone())
 }
 
 /// Loads the draft (if any), sets the speculation config and measures pass costs for the adaptive depth.
