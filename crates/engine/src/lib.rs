@@ -215,6 +215,11 @@ struct Proposal {
     method: Option<Method>,
     tokens: Vec<u32>,
     weights: Vec<Option<Vec<(u32, f64)>>>,
+    /// The proposer's measured acceptance for this sequence.
+    rate: f64,
+    /// The n-gram proposal when the draft model was chosen instead: checked against the tokens that come out, so the
+    /// n-gram acceptance keeps being measured (it costs nothing) and the choice can switch back.
+    shadow: Vec<u32>,
 }
 
 pub struct Engine<R: Runner> {
@@ -299,7 +304,8 @@ impl<R: Runner> Engine<R> {
         self.costs = costs;
     }
 
-    /// Measures target passes of 1..=max_draft_tokens+1 rows and a one-row draft pass, for choosing draft depth.
+    /// Measures target passes of 1 to 33 (and max_draft_tokens + 1) rows and a one-row draft pass, for choosing draft
+    /// depths.
     /// Takes a few forward passes; call once before serving.
     pub fn calibrate(&mut self) -> Result<()> {
         let probe = SeqId(u64::MAX);
@@ -319,8 +325,10 @@ impl<R: Runner> Engine<R> {
             }
             Ok(best)
         };
-        let mut points: Vec<usize> = [1, 2, 3, 5, 9, 17].into_iter().filter(|&r| r < max_rows).collect();
-        points.push(max_rows);
+        // Up to 33 rows whatever the depth: several sequences' drafts share a step.
+        let mut points: Vec<usize> = vec![1, 2, 3, 5, 9, 17, 33, max_rows];
+        points.sort_unstable();
+        points.dedup();
         let mut target = Vec::new();
         for rows in points {
             target.push((rows, time(&mut self.runner, rows)?));
@@ -422,7 +430,8 @@ impl<R: Runner> Engine<R> {
         self.seqs.len()
     }
 
-    /// Chooses how many tokens to draft for a decoding sequence, and with which proposer.
+    /// Chooses the proposer for a decoding sequence (the one faster for it alone) and proposes as many tokens as it
+    /// may; [`Self::choose_depths`] then trims them for the whole step.
     fn propose(&self, s: &Sequence, max_rows: usize) -> Proposal {
         let spec = &self.config.spec;
         let max_context = self.runner.config().max_context;
@@ -462,14 +471,69 @@ impl<R: Runner> Engine<R> {
         if s.uses_draft && lag <= self.config.max_batch_tokens {
             consider(Method::Draft, s.draft.rate, pick(Method::Draft, s.draft.rate, max_k));
         }
+        // Adaptive: the depth is settled for the whole step later; propose all that is allowed.
+        let cap = |k: usize, max: usize| if spec.adaptive { max } else { k };
         match best {
             Some((_, Method::Ngram, k)) => {
-                Proposal { method: Some(Method::Ngram), tokens: ngram[..k].to_vec(), weights: vec![None; k] }
+                let k = cap(k, ngram.len());
+                let rate = s.ngram.rate;
+                let tokens = ngram[..k].to_vec();
+                Proposal { method: Some(Method::Ngram), tokens, weights: vec![None; k], rate, shadow: Vec::new() }
             }
             Some((_, Method::Draft, k)) => {
-                Proposal { method: Some(Method::Draft), tokens: vec![0; k], weights: Vec::new() }
+                let k = cap(k, max_k);
+                let rate = s.draft.rate;
+                Proposal { method: Some(Method::Draft), tokens: vec![0; k], weights: Vec::new(), rate, shadow: ngram }
             }
             None => Proposal::default(),
+        }
+    }
+
+    /// Trims the proposals of one step to the depths that maximise the step's expected tokens per second: starting
+    /// from no drafts, repeatedly add the draft token that raises (expected tokens) / (target pass time for all rows
+    /// + draft passes) the most, while it does. A draft token `j` of a sequence adds `rate^j` expected tokens; rows
+    /// cost what `calibrate` measured, so with many sequences or a long prefill in the step (where the machine is
+    /// already busy) fewer drafts pay, and alone on a memory-bound machine more do.
+    fn choose_depths(&self, props: &mut [(usize, Proposal)], base_rows: usize, num_decoding: usize) {
+        if !self.config.spec.adaptive {
+            return;
+        }
+        let mut depth = vec![0usize; props.len()];
+        let mut expected = num_decoding.max(1) as f64;
+        let mut rows = base_rows;
+        let mut draft_depth = 0;
+        let time = |rows: usize, draft_depth: usize| self.costs.target(rows) + draft_depth as f64 * self.costs.draft_s;
+        let mut speed = expected / time(rows, draft_depth);
+        loop {
+            let mut best: Option<(f64, usize, usize)> = None; // (speed, proposal, draft depth)
+            for (j, (_, p)) in props.iter().enumerate() {
+                if depth[j] >= p.tokens.len() {
+                    continue;
+                }
+                let dd = if p.method == Some(Method::Draft) { draft_depth.max(depth[j] + 1) } else { draft_depth };
+                let gain = p.rate.clamp(0.0, 0.999).powi(depth[j] as i32 + 1);
+                let v = (expected + gain) / time(rows + 1, dd);
+                if best.is_none_or(|b| v > b.0) {
+                    best = Some((v, j, dd));
+                }
+            }
+            match best {
+                Some((v, j, dd)) if v > speed * 1.0001 => {
+                    expected += props[j].1.rate.clamp(0.0, 0.999).powi(depth[j] as i32 + 1);
+                    depth[j] += 1;
+                    rows += 1;
+                    draft_depth = dd;
+                    speed = v;
+                }
+                _ => break,
+            }
+        }
+        for ((_, p), d) in props.iter_mut().zip(depth) {
+            p.tokens.truncate(d);
+            p.weights.truncate(d);
+            if d == 0 {
+                p.method = None;
+            }
         }
     }
 
@@ -613,6 +677,9 @@ impl<R: Runner> Engine<R> {
             return Ok(Vec::new());
         }
         let mut props: Vec<(usize, Proposal)> = scheduled.iter_mut().map(|(i, _, p)| (*i, std::mem::take(p))).collect();
+        let base_rows = scheduled.iter().map(|&(_, n, _)| n).sum();
+        let num_decoding = scheduled.iter().filter(|(i, _, _)| !self.seqs[*i].is_prefill()).count();
+        self.choose_depths(&mut props, base_rows, num_decoding);
         self.run_draft(&mut props)?;
         let prefills: Vec<(usize, usize)> =
             scheduled.iter().filter(|(i, _, _)| self.seqs[*i].is_prefill()).map(|&(i, n, _)| (i, n)).collect();
@@ -705,6 +772,11 @@ impl<R: Runner> Engine<R> {
                 if !is_draft {
                     break;
                 }
+            }
+            if !prop.shadow.is_empty() {
+                let out = &s.tokens[s.tokens.len() - emitted..];
+                let matched = prop.shadow.iter().zip(out).take_while(|(a, b)| a == b).count();
+                s.ngram.update(prop.shadow.len().min(emitted), matched);
             }
             if was_decoding {
                 self.stats.decode_passes += 1;
