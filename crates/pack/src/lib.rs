@@ -20,7 +20,8 @@ use std::sync::OnceLock;
 pub use catalog::{Catalog, Entry, Part};
 pub use error::{Error, Result};
 pub use manifest::{
-    Context, FileSpec, Manifest, Sampling, Shapes, Source, Speculation, builtin_packs, default_pack, pack,
+    Context, FileSpec, Manifest, Sampling, Shapes, Source, Speculation, TemplateOverride, builtin_packs,
+    builtin_template, default_pack, pack,
 };
 pub use pull::pull_pack;
 pub use source::{Pip, WheelSource};
