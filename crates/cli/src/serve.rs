@@ -85,8 +85,13 @@ fn default_model_id(model: &str) -> String {
 /// breakdown when not even a minimal context fits.
 fn memory_plan(a: &Args) -> Result<plan::Plan> {
     let path = crate::load::model_path(&a.model)?;
-    let mut input =
-        plan::PlanInput::new(crate::plan::model_input(&path)?, crate::plan::device_memory(None)?, plan::Device::Cpu);
+    // A built-in pack's manifest records its shapes (tested equal to the GGUF header): no second header parse
+    // (~0.2 s of the 1.5B's start) before the model itself is loaded.
+    let model = match pack::pack(&a.model).and_then(|m| m.target.shapes) {
+        Some(s) => crate::plan::manifest_input(&s),
+        None => crate::plan::model_input(&path)?,
+    };
+    let mut input = plan::PlanInput::new(model, crate::plan::device_memory(None)?, plan::Device::Cpu);
     input.max_memory_bytes = a.max_memory;
     input.max_context = a.max_context;
     input.max_sequences = a.max_sequences;
