@@ -60,11 +60,51 @@ pub enum Output {
     Text(String),
     /// A complete call (`id` is `None`: each protocol names its own ids).
     ToolCall(ToolCall),
-    /// The last output.
+    /// Log-probabilities of generated tokens (when the request asked for them), in order, each before the text it
+    /// is part of is released (text may be held back by the output parser, so a `Text` can follow several).
+    Logprobs(Vec<TokenLogprob>),
+    /// The last output. `matched_stop`: the request's stop string that ended the reply.
     Done {
         reason: StopReason,
         usage: Usage,
+        matched_stop: Option<String>,
     },
+}
+
+/// One generated token's log-probability, with the most likely alternatives, as text and bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// Most likely first.
+    pub top: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopLogprob {
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+impl TokenLogprob {
+    fn new(tokenizer: &tokenizer::Tokenizer, id: u32, lp: &engine::TokenLogprobs) -> Self {
+        let text = |id: u32| {
+            let bytes = tokenizer.piece(id, true).to_vec();
+            (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+        };
+        let (token, bytes) = text(id);
+        let top = lp
+            .top
+            .iter()
+            .map(|&(id, logprob)| {
+                let (token, bytes) = text(id);
+                TopLogprob { token, bytes, logprob }
+            })
+            .collect();
+        TokenLogprob { token, bytes, logprob: lp.logprob, top }
+    }
 }
 
 /// The engine request built from a turn, and what is needed to read its output.
@@ -213,6 +253,7 @@ pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<Reply, ApiEr
     let Prepared { request, prefill, tool_names, parallel_tool_calls } = prepared;
     let stream = state.engine.submit(request)?;
     let mut reply = Reply::new(stream, &prefill, tool_names, parallel_tool_calls);
+    reply.tokenizer = Some(state.tokenizer.clone());
     reply.loop_guard = state.config.max_repeated_chars.map(LoopGuard::new);
     Ok(reply)
 }
@@ -232,6 +273,8 @@ pub struct Reply {
     t_first_token: Option<Instant>,
     /// Stops a reply that has started repeating itself.
     pub loop_guard: Option<LoopGuard>,
+    /// Spells out the tokens of log-probabilities.
+    pub tokenizer: Option<Arc<tokenizer::Tokenizer>>,
 }
 
 impl Reply {
@@ -253,6 +296,7 @@ impl Reply {
             t_start: Instant::now(),
             t_first_token: None,
             loop_guard: None,
+            tokenizer: None,
         }
     }
 
@@ -274,8 +318,14 @@ impl Reply {
                 return None;
             };
             match stream.next().await {
-                Some(Ok(Event::Token { text, .. })) => {
+                Some(Ok(Event::Token { id, text, logprobs })) => {
                     self.num_output_tokens += 1;
+                    // End-of-generation tokens are not part of the reply (OpenAI leaves them out too).
+                    if let (Some(lp), Some(tok)) = (&logprobs, &self.tokenizer)
+                        && !tok.is_eog(id)
+                    {
+                        self.pending.push_back(Output::Logprobs(vec![TokenLogprob::new(tok, id, lp)]));
+                    }
                     self.t_first_token.get_or_insert_with(Instant::now);
                     self.feed(&text);
                     if self.loop_guard.as_mut().is_some_and(|g| g.push(&text)) {
@@ -287,15 +337,15 @@ impl Reply {
                         }
                         let usage = self.own_usage();
                         let reason = if self.num_calls > 0 { StopReason::ToolCalls } else { StopReason::Length };
-                        self.finish(reason, usage);
+                        self.finish(reason, usage, None);
                     } else if self.parser.as_ref().is_some_and(ToolCallParser::is_done) {
                         // The calls are complete and the model has moved on: stop it here.
                         self.stream = None;
                         let usage = self.own_usage();
-                        self.finish(StopReason::ToolCalls, usage);
+                        self.finish(StopReason::ToolCalls, usage, None);
                     }
                 }
-                Some(Ok(Event::Finished { reason, text, usage, .. })) => {
+                Some(Ok(Event::Finished { reason, text, usage, matched_stop })) => {
                     self.stream = None;
                     self.feed(&text);
                     if let Some(p) = &mut self.parser {
@@ -307,7 +357,8 @@ impl Reply {
                         FinishReason::Length => StopReason::Length,
                         FinishReason::Stop | FinishReason::Aborted => StopReason::EndTurn,
                     };
-                    self.finish(reason, usage);
+                    let matched_stop = matched_stop.filter(|_| reason == StopReason::EndTurn);
+                    self.finish(reason, usage, matched_stop);
                 }
                 Some(Err(e)) => {
                     self.finished = true;
@@ -330,14 +381,18 @@ impl Reply {
             tool_calls: Vec::new(),
             reason: StopReason::EndTurn,
             usage: Usage::default(),
+            matched_stop: None,
+            logprobs: Vec::new(),
         };
         while let Some(item) = self.next().await {
             match item? {
                 Output::Text(t) => out.text.push_str(&t),
                 Output::ToolCall(c) => out.tool_calls.push(c),
-                Output::Done { reason, usage } => {
+                Output::Logprobs(l) => out.logprobs.extend(l),
+                Output::Done { reason, usage, matched_stop } => {
                     out.reason = reason;
                     out.usage = usage;
+                    out.matched_stop = matched_stop;
                 }
             }
         }
@@ -370,13 +425,13 @@ impl Reply {
             // One call is all the client wants: stop generating.
             self.stream = None;
             let usage = self.own_usage();
-            self.finish(StopReason::ToolCalls, usage);
+            self.finish(StopReason::ToolCalls, usage, None);
         }
     }
 
-    fn finish(&mut self, reason: StopReason, usage: Usage) {
+    fn finish(&mut self, reason: StopReason, usage: Usage, matched_stop: Option<String>) {
         if !self.finished {
-            self.pending.push_back(Output::Done { reason, usage });
+            self.pending.push_back(Output::Done { reason, usage, matched_stop });
             self.finished = true;
         }
     }
@@ -438,6 +493,10 @@ pub struct Collected {
     pub tool_calls: Vec<ToolCall>,
     pub reason: StopReason,
     pub usage: Usage,
+    /// The stop string that ended the reply.
+    pub matched_stop: Option<String>,
+    /// Per generated token, when the request asked for log-probabilities.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// A random id with a protocol's prefix: `call_3f9a…`.

@@ -321,7 +321,7 @@ async fn bad_requests_get_openai_errors() {
         (r#"{"messages": [{"role": "bot", "content": "x"}]}"#, Some("messages[0].role")),
         (r#"{"messages": [{"content": "x"}]}"#, None),
         (r#"{"messages": [{"role": "user", "content": {"a": 1}}]}"#, Some("messages[0].content")),
-        (r#"{"messages": [{"role": "user", "content": "x"}], "n": 3}"#, Some("n")),
+        (r#"{"messages": [{"role": "user", "content": "x"}], "n": 0}"#, Some("n")),
         (r#"{"messages": [{"role": "user", "content": "x"}], "temperature": -1}"#, Some("temperature")),
         (r#"{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}"#, Some("temperature")),
         (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}"#, Some("max_tokens")),

@@ -93,11 +93,15 @@ impl State {
                 self.queue
                     .push_back(event("content_block_stop", &json!({"type": "content_block_stop", "index": index})));
             }
-            Some(Ok(Output::Done { reason, usage })) => {
+            Some(Ok(Output::Logprobs(_))) => {}
+            Some(Ok(Output::Done { reason, usage, matched_stop })) => {
                 self.close_text();
+                let u = convert::usage(&usage);
                 let delta = json!({"type": "message_delta",
-                                   "delta": {"stop_reason": convert::stop_reason(reason), "stop_sequence": null},
-                                   "usage": {"output_tokens": usage.completion_tokens}});
+                                   "delta": {"stop_reason": convert::stop_reason(reason, matched_stop.as_deref()),
+                                             "stop_sequence": matched_stop},
+                                   "usage": {"output_tokens": u.output_tokens, "input_tokens": u.input_tokens,
+                                             "cache_read_input_tokens": u.cache_read_input_tokens}});
                 self.queue.push_back(event("message_delta", &delta));
                 self.queue.push_back(event("message_stop", &json!({"type": "message_stop"})));
                 self.ended = true;

@@ -142,7 +142,8 @@ impl State {
                 self.output.push(item);
                 self.calls.push(ToolCall { id: Some(call_id), ..call });
             }
-            Some(Ok(Output::Done { reason, usage })) => {
+            Some(Ok(Output::Logprobs(_))) => {}
+            Some(Ok(Output::Done { reason, usage, .. })) => {
                 self.close_text();
                 let response = &mut self.pending.response;
                 response.output = std::mem::take(&mut self.output);

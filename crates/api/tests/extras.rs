@@ -1,0 +1,178 @@
+//! Engine hooks surfaced in the protocols, over the scripted model (`common`): OpenAI `logprobs` / `top_logprobs`
+//! (stream and not) and `n` choices; Anthropic `stop_sequence`. The scripted model puts logit 10 on the next reply
+//! token and 0 on every other token, so the expected log-probabilities are computed here in closed form:
+//! chosen = 10 - ln(e^10 + V - 1), any other = -ln(e^10 + V - 1).
+
+mod common;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use common::{Options, assets, body_text, harness, sse_data};
+use serde_json::{Value, json};
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+fn expected_logprobs() -> (f64, f64) {
+    let v = assets().tokenizer.vocab_size() as f64;
+    let z = (10f64.exp() + v - 1.0).ln();
+    (10.0 - z, -z)
+}
+
+async fn sse(h: &common::Harness, path: &str, body: &Value) -> Vec<String> {
+    let request =
+        Request::post(path).header("content-type", "application/json").body(Body::from(body.to_string())).unwrap();
+    let response = h.send(request).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    sse_data(&body_text(response).await)
+}
+
+/// Checks one choice's `logprobs.content` against the reply text and the closed form.
+fn check_logprobs(content: &[Value], text: &str, num_top: usize) {
+    let (chosen, other) = expected_logprobs();
+    let joined: String = content.iter().map(|e| e["token"].as_str().expect("token")).collect();
+    assert_eq!(joined, text, "the tokens spell the reply");
+    for e in content {
+        let bytes: Vec<u8> = e["bytes"].as_array().expect("bytes").iter().map(|b| b.as_u64().unwrap() as u8).collect();
+        assert_eq!(String::from_utf8(bytes).expect("UTF-8"), e["token"].as_str().unwrap());
+        assert!((e["logprob"].as_f64().unwrap() - chosen).abs() < 1e-3, "{e}");
+        let top = e["top_logprobs"].as_array().expect("top_logprobs");
+        assert_eq!(top.len(), num_top, "{e}");
+        if num_top > 0 {
+            assert_eq!(top[0]["token"], e["token"]);
+            assert!((top[0]["logprob"].as_f64().unwrap() - chosen).abs() < 1e-3);
+            for t in &top[1..] {
+                assert!((t["logprob"].as_f64().unwrap() - other).abs() < 1e-3, "{t}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn logprobs_non_streaming() {
+    let h = harness(Options::default());
+    h.reply("alpha beta gamma");
+    let body = json!({"messages": user("x"), "logprobs": true, "top_logprobs": 3});
+    let (status, r) = h.post_json(CHAT, &body).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    let content = r["choices"][0]["logprobs"]["content"].as_array().expect("content").clone();
+    assert_eq!(content.len(), r["usage"]["completion_tokens"].as_u64().unwrap() as usize - 1, "all but the EOS");
+    check_logprobs(&content, "alpha beta gamma", 3);
+    // logprobs without alternatives; and none when not asked.
+    let (_, r) = h.post_json(CHAT, &json!({"messages": user("x"), "logprobs": true})).await;
+    check_logprobs(r["choices"][0]["logprobs"]["content"].as_array().unwrap(), "alpha beta gamma", 0);
+    let (_, r) = h.post_json(CHAT, &json!({"messages": user("x")})).await;
+    assert!(r["choices"][0]["logprobs"].is_null());
+    // More than 20 alternatives, or alternatives without logprobs: 400 naming the field.
+    for body in [
+        json!({"messages": user("x"), "logprobs": true, "top_logprobs": 21}),
+        json!({"messages": user("x"), "top_logprobs": 2}),
+    ] {
+        let (status, r) = h.post_json(CHAT, &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{r}");
+        assert_eq!(r["error"]["param"], "top_logprobs");
+    }
+    let (status, _) = h.post_json(CHAT, &json!({"messages": user("x"), "logprobs": true, "top_logprobs": 20})).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn logprobs_streaming() {
+    let h = harness(Options::default());
+    h.reply("one two three four");
+    let events =
+        sse(&h, CHAT, &json!({"messages": user("x"), "stream": true, "logprobs": true, "top_logprobs": 2})).await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let mut text = String::new();
+    let mut content = Vec::new();
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).expect("JSON chunk");
+        let choice = &v["choices"][0];
+        text.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+        if let Some(c) = choice["logprobs"]["content"].as_array() {
+            content.extend(c.iter().cloned());
+        }
+    }
+    assert_eq!(text, "one two three four");
+    check_logprobs(&content, &text, 2);
+}
+
+#[tokio::test]
+async fn n_choices() {
+    let h = harness(Options::default());
+    h.reply("same reply");
+    let (status, r) = h.post_json(CHAT, &json!({"messages": user("x"), "n": 3, "seed": 5})).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    let choices = r["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["message"]["content"], "same reply");
+        assert_eq!(c["finish_reason"], "stop");
+    }
+    // Three engine requests of one prompt: the prompt counted once, the outputs summed.
+    let (_, one) = h.post_json(CHAT, &json!({"messages": user("x")})).await;
+    assert_eq!(r["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"]);
+    assert_eq!(r["usage"]["completion_tokens"].as_u64(), one["usage"]["completion_tokens"].as_u64().map(|n| 3 * n));
+    let prompts = h.script.lock().unwrap().prompts.len();
+    assert_eq!(prompts, 4, "n = 3 ran three sequences, then one more");
+
+    // Streaming: every choice gets its role chunk, its text and its finish reason; one usage chunk; one [DONE].
+    let body = json!({"messages": user("x"), "n": 2, "stream": true, "stream_options": {"include_usage": true}});
+    let events = sse(&h, CHAT, &body).await;
+    assert_eq!(events.iter().filter(|e| *e == "[DONE]").count(), 1);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let mut texts = [String::new(), String::new()];
+    let mut finishes = [0, 0];
+    let mut roles = [0, 0];
+    let mut usage = None;
+    for e in &events[..events.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            usage = Some(u.clone());
+            continue;
+        }
+        let c = &v["choices"][0];
+        let i = c["index"].as_u64().expect("index") as usize;
+        texts[i].push_str(c["delta"]["content"].as_str().unwrap_or(""));
+        roles[i] += usize::from(c["delta"]["role"] == "assistant");
+        finishes[i] += usize::from(c["finish_reason"] == "stop");
+    }
+    assert_eq!(texts, ["same reply", "same reply"]);
+    assert_eq!((roles, finishes), ([1, 1], [1, 1]));
+    let usage = usage.expect("usage chunk");
+    assert_eq!(usage["completion_tokens"].as_u64(), one["usage"]["completion_tokens"].as_u64().map(|n| 2 * n));
+}
+
+#[tokio::test]
+async fn anthropic_stop_sequence() {
+    let h = harness(Options::default());
+    h.reply("alpha beta gamma delta");
+    let body = json!({"model": "m", "max_tokens": 50, "messages": user("x"), "stop_sequences": ["zeta", "gamma"]});
+    let (status, r) = h.post_json("/v1/messages", &body).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    assert_eq!((r["stop_reason"].as_str(), r["stop_sequence"].as_str()), (Some("stop_sequence"), Some("gamma")));
+    assert_eq!(r["content"][0]["text"], "alpha beta ");
+    assert_eq!(r["usage"]["cache_read_input_tokens"], 0);
+    // No stop sequence hit: end_turn and null.
+    let (_, r) = h.post_json("/v1/messages", &json!({"model": "m", "max_tokens": 50, "messages": user("x")})).await;
+    assert_eq!(r["stop_reason"], "end_turn");
+    assert!(r["stop_sequence"].is_null());
+    // Streamed: message_delta carries both.
+    let mut body = body;
+    body["stream"] = json!(true);
+    let events = sse(&h, "/v1/messages", &body).await;
+    let delta: Value = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .find(|v| v["type"] == "message_delta")
+        .expect("message_delta");
+    assert_eq!(delta["delta"]["stop_reason"], "stop_sequence");
+    assert_eq!(delta["delta"]["stop_sequence"], "gamma");
+    // OpenAI reports the same stop as "stop".
+    let (_, r) = h.post_json(CHAT, &json!({"messages": user("x"), "stop": ["gamma"]})).await;
+    assert_eq!(r["choices"][0]["finish_reason"], "stop");
+}
