@@ -15,6 +15,8 @@ use engine::service::RequestStream;
 use engine::{Event, FinishReason, GenerateRequest, SamplingParams, Usage};
 
 use crate::AppState;
+use crate::constraint::Constraint;
+pub use crate::constraint::OutputFormat;
 use crate::error::ApiError;
 
 /// Which tool calls the reply may or must contain.
@@ -41,6 +43,8 @@ pub struct ChatTurn {
     /// `None`: the server's default (always lowered to what fits the context).
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
+    /// What the text must be (JSON, a schema), enforced while decoding.
+    pub output_format: OutputFormat,
 }
 
 /// Why a reply ended.
@@ -118,9 +122,11 @@ pub struct Prepared {
     pub parallel_tool_calls: bool,
 }
 
-/// The start of a Hermes-style call, written into the prompt when a call is required: the model can only continue
-/// with the name and arguments.
-const FORCED_CALL_PREFIX: &str = "<tool_call>\n{\"name\": \"";
+/// The start of a Hermes-style call, written into the prompt when a call is required; the grammar of the call
+/// (name, arguments under the tool's schema, closing tag) constrains the rest from the first generated token.
+const FORCED_CALL_PREFIX: &str = "<tool_call>\n";
+/// Without a grammar (it could not be built), the prompt also opens the JSON so the model can only name a tool.
+const FORCED_CALL_PREFIX_UNCONSTRAINED: &str = "<tool_call>\n{\"name\": \"";
 
 /// A turn rendered with the chat template.
 #[derive(Debug, Clone, PartialEq)]
@@ -131,6 +137,8 @@ pub struct Rendered {
     pub prefill: String,
     /// The tools shown to the model (empty when there are none or `tool_choice` is `none`).
     pub tool_names: Vec<String>,
+    /// The tools a forced call may name, with their parameter schemas (empty when no call is forced).
+    pub forced_tools: Vec<(String, serde_json::Value)>,
 }
 
 /// Renders a turn's conversation into prompt text. CPU-bound: call from a blocking thread.
@@ -170,23 +178,54 @@ pub fn render(state: &AppState, turn: &ChatTurn) -> Result<Rendered, ApiError> {
         }
         other => other?,
     };
-    let prefill = match &turn.tool_choice {
-        _ if !use_tools || !template.source().contains("<tool_call>") => String::new(),
-        ToolChoice::Required => FORCED_CALL_PREFIX.to_string(),
-        ToolChoice::Named(name) => format!("{FORCED_CALL_PREFIX}{name}\", \"arguments\": "),
-        ToolChoice::Auto | ToolChoice::None => String::new(),
+    let forced = use_tools && template.source().contains("<tool_call>");
+    let schema = |t: &chat::Tool| (t.name.clone(), t.parameters.clone());
+    let forced_tools: Vec<(String, serde_json::Value)> = match &turn.tool_choice {
+        _ if !forced => Vec::new(),
+        ToolChoice::Required => conversation.tools.iter().map(schema).collect(),
+        ToolChoice::Named(name) => conversation.tools.iter().filter(|t| &t.name == name).map(schema).collect(),
+        ToolChoice::Auto | ToolChoice::None => Vec::new(),
     };
+    let prefill = if forced_tools.is_empty() { String::new() } else { FORCED_CALL_PREFIX.to_string() };
     text.push_str(&prefill);
-    Ok(Rendered { text, prefill, tool_names: if use_tools { tool_names } else { Vec::new() } })
+    Ok(Rendered { text, prefill, tool_names: if use_tools { tool_names } else { Vec::new() }, forced_tools })
+}
+
+/// The grammar of a forced call: the tools' own argument schemas, or (when one of them cannot be compiled) any JSON
+/// object as arguments; `None` when no grammar can be built at all.
+fn forced_call_constraint(
+    tokenizer: &Arc<tokenizer::Tokenizer>,
+    tools: &[(String, serde_json::Value)],
+) -> Option<Constraint> {
+    Constraint::for_tool_call(tokenizer, tools).ok().or_else(|| {
+        let loose: Vec<_> = tools.iter().map(|(n, _)| (n.clone(), serde_json::json!({"type": "object"}))).collect();
+        Constraint::for_tool_call(tokenizer, &loose).ok()
+    })
 }
 
 /// Renders and tokenizes a turn. CPU-bound (templates, tokenizer): call from a blocking thread.
 pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
-    let Rendered { text, prefill, tool_names } = render(state, &turn)?;
+    let Rendered { mut text, mut prefill, tool_names, forced_tools } = render(state, &turn)?;
+    let constraint = if forced_tools.is_empty() {
+        Constraint::for_format(&state.tokenizer, &turn.output_format, "response_format")?
+    } else {
+        let c = forced_call_constraint(&state.tokenizer, &forced_tools);
+        if c.is_none() {
+            // No grammar: fall back to opening the call in the prompt.
+            text.truncate(text.len() - prefill.len());
+            prefill = match &turn.tool_choice {
+                ToolChoice::Named(name) => format!("{FORCED_CALL_PREFIX_UNCONSTRAINED}{name}\", \"arguments\": "),
+                _ => FORCED_CALL_PREFIX_UNCONSTRAINED.to_string(),
+            };
+            text.push_str(&prefill);
+        }
+        c
+    };
     let prompt = encode(&state.tokenizer, &text)?;
     let mut request =
         GenerateRequest::new(prompt, turn.sampling, turn.max_tokens.unwrap_or(state.config.default_max_tokens));
     request.stop_strings = turn.stop;
+    request.constraint = constraint.map(|c| Box::new(c) as Box<dyn engine::TokenConstraint>);
     Ok(Prepared { request, prefill, tool_names, parallel_tool_calls: turn.parallel_tool_calls })
 }
 

@@ -176,3 +176,63 @@ async fn anthropic_stop_sequence() {
     let (_, r) = h.post_json(CHAT, &json!({"messages": user("x"), "stop": ["gamma"]})).await;
     assert_eq!(r["choices"][0]["finish_reason"], "stop");
 }
+
+/// The scripted model writes free text where the schema wants JSON: every token it prefers is masked, so what comes
+/// out is what the grammar leaves (the lowest allowed id at each tie), and it must still be valid under the schema.
+#[tokio::test]
+async fn json_schema_is_enforced_from_the_first_token() {
+    let h = harness(Options::default());
+    h.reply("Sure! Here is the answer you asked for, in prose rather than JSON.");
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                        "additionalProperties": false});
+    let body = json!({"messages": user("x"), "max_tokens": 30, "temperature": 0,
+                      "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}});
+    let (status, r) = h.post_json(CHAT, &body).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    let text = r["choices"][0]["message"]["content"].as_str().expect("content");
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+    assert!(v["ok"].is_boolean() && v.as_object().unwrap().len() == 1, "{text}");
+    assert_eq!(r["choices"][0]["finish_reason"], "stop");
+
+    // Without a format the same model writes its prose.
+    let (_, r) = h.post_json(CHAT, &json!({"messages": user("x"), "max_tokens": 30})).await;
+    assert!(r["choices"][0]["message"]["content"].as_str().unwrap().starts_with("Sure!"));
+
+    // json_object: any object. Responses text.format json_schema: the same grammar.
+    let body = json!({"messages": user("x"), "max_tokens": 30, "response_format": {"type": "json_object"}});
+    let (_, r) = h.post_json(CHAT, &body).await;
+    let text = r["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.starts_with('{'), "{text}");
+    let body = json!({"input": "x", "max_output_tokens": 30, "stream": false,
+                      "text": {"format": {"type": "json_schema", "name": "r", "schema": schema, "strict": true}}});
+    let (status, r) = h.post_json("/v1/responses", &body).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    let text = r["output"][0]["content"][0]["text"].as_str().expect("output text");
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+    assert!(v["ok"].is_boolean(), "{text}");
+
+    // A schema llguidance cannot compile is a 400 naming the field.
+    let bad = json!({"messages": user("x"), "response_format": {"type": "json_schema",
+                     "json_schema": {"name": "r", "schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}});
+    let (status, r) = h.post_json(CHAT, &bad).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{r}");
+    assert_eq!(r["error"]["param"], "response_format");
+}
+
+/// A required call while the model would rather chat: the grammar makes the reply a call of a declared tool whose
+/// arguments follow its schema.
+#[tokio::test]
+async fn required_tool_call_is_enforced_from_the_first_token() {
+    let h = harness(Options::default());
+    h.reply("I think I should just answer in text instead.");
+    let tool = json!({"type": "function", "function": {"name": "set_flag", "parameters": {
+        "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"], "additionalProperties": false}}});
+    let body = json!({"messages": user("x"), "tools": [tool], "tool_choice": "required", "max_tokens": 40});
+    let (status, r) = h.post_json(CHAT, &body).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    let call = &r["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "set_flag", "{r}");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).expect("JSON arguments");
+    assert!(args["on"].is_boolean(), "{args}");
+    assert_eq!(r["choices"][0]["finish_reason"], "tool_calls");
+}

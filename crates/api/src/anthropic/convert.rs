@@ -65,6 +65,7 @@ pub fn to_turn(req: wire::MessagesRequest, defaults: &SamplingParams) -> Result<
         sampling,
         max_tokens,
         stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
+        output_format: Default::default(),
     })
 }
 

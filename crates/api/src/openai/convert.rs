@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 
 use super::wire;
 use crate::error::ApiError;
-use crate::generate::{ChatTurn, Collected, StopReason, TokenLogprob, ToolChoice, random_id};
+use crate::generate::{ChatTurn, Collected, OutputFormat, StopReason, TokenLogprob, ToolChoice, random_id};
 
 /// Most stop strings in one request.
 const MAX_STOP_STRINGS: usize = 16;
@@ -54,14 +54,30 @@ pub fn to_turn(req: wire::ChatRequest, defaults: &SamplingParams) -> Result<Chat
     if req.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
         return Err(ApiError::invalid_param("logit_bias", "logit_bias is not supported."));
     }
-    if let Some(format) = &req.response_format
-        && !matches!(format.kind.as_str(), "text" | "json_object" | "json_schema")
-    {
-        return Err(ApiError::invalid_param(
-            "response_format.type",
-            format!("Unknown response_format type '{}'; expected 'text', 'json_object' or 'json_schema'.", format.kind),
-        ));
-    }
+    let output_format = match &req.response_format {
+        None => OutputFormat::Text,
+        Some(f) => match f.kind.as_str() {
+            "text" => OutputFormat::Text,
+            "json_object" => OutputFormat::JsonObject,
+            // `{"json_schema": {"name", "schema", "strict"?}}`; no schema means any JSON.
+            "json_schema" => match f.json_schema.as_ref().and_then(|j| j.get("schema")) {
+                Some(s) if s.is_object() => OutputFormat::JsonSchema(s.clone()),
+                Some(_) => {
+                    return Err(ApiError::invalid_param(
+                        "response_format.json_schema.schema",
+                        "The schema must be a JSON object.",
+                    ));
+                }
+                None => OutputFormat::JsonObject,
+            },
+            other => {
+                return Err(ApiError::invalid_param(
+                    "response_format.type",
+                    format!("Unknown response_format type '{other}'; expected 'text', 'json_object' or 'json_schema'."),
+                ));
+            }
+        },
+    };
     let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
         Some(0) => return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1.")),
         Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
@@ -90,6 +106,7 @@ pub fn to_turn(req: wire::ChatRequest, defaults: &SamplingParams) -> Result<Chat
         sampling,
         max_tokens,
         stop: convert_stop(req.stop.as_ref())?,
+        output_format,
     })
 }
 
