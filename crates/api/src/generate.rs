@@ -62,8 +62,15 @@ pub enum StopReason {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Output {
     Text(String),
-    /// A complete call (`id` is `None`: each protocol names its own ids).
+    /// A complete call (`id` is `None`: each protocol names its own ids). After `ToolCallBegin` it closes that call
+    /// (its arguments were sent as `ToolCallArgs`).
     ToolCall(ToolCall),
+    /// A forced call has started: its name is known, its arguments follow as they are generated.
+    ToolCallBegin {
+        name: String,
+    },
+    /// The next piece of the started call's arguments (JSON text; the pieces join to the arguments).
+    ToolCallArgs(String),
     /// Log-probabilities of generated tokens (when the request asked for them), in order, each before the text it
     /// is part of is released (text may be held back by the output parser, so a `Text` can follow several).
     Logprobs(Vec<TokenLogprob>),
@@ -120,6 +127,8 @@ pub struct Prepared {
     /// The declared tools whose calls are parsed out of the output; empty = no parsing.
     pub tool_names: Vec<String>,
     pub parallel_tool_calls: bool,
+    /// A grammar forces the reply to be one call: its arguments can be streamed as they are generated.
+    pub streams_call: bool,
 }
 
 /// The start of a Hermes-style call, written into the prompt when a call is required; the grammar of the call
@@ -221,12 +230,13 @@ pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
         }
         c
     };
+    let streams_call = !forced_tools.is_empty() && constraint.is_some();
     let prompt = encode(&state.tokenizer, &text)?;
     let mut request =
         GenerateRequest::new(prompt, turn.sampling, turn.max_tokens.unwrap_or(state.config.default_max_tokens));
     request.stop_strings = turn.stop;
     request.constraint = constraint.map(|c| Box::new(c) as Box<dyn engine::TokenConstraint>);
-    Ok(Prepared { request, prefill, tool_names, parallel_tool_calls: turn.parallel_tool_calls })
+    Ok(Prepared { request, prefill, tool_names, parallel_tool_calls: turn.parallel_tool_calls, streams_call })
 }
 
 /// Tokenizes a rendered prompt (special tokens parsed), adding BOS where the model wants it.
@@ -289,9 +299,12 @@ pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<Reply, ApiEr
     let prepared = tokio::task::spawn_blocking(move || prepare(&s, turn))
         .await
         .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))??;
-    let Prepared { request, prefill, tool_names, parallel_tool_calls } = prepared;
+    let Prepared { request, prefill, tool_names, parallel_tool_calls, streams_call } = prepared;
     let stream = state.engine.submit(request)?;
     let mut reply = Reply::new(stream, &prefill, tool_names, parallel_tool_calls);
+    if streams_call {
+        reply.forced_call = Some(ForcedCall::default());
+    }
     reply.tokenizer = Some(state.tokenizer.clone());
     reply.loop_guard = state.config.max_repeated_chars.map(LoopGuard::new);
     Ok(reply)
@@ -314,6 +327,69 @@ pub struct Reply {
     pub loop_guard: Option<LoopGuard>,
     /// Spells out the tokens of log-probabilities.
     pub tokenizer: Option<Arc<tokenizer::Tokenizer>>,
+    /// Streams the arguments of a grammar-forced call.
+    forced_call: Option<ForcedCall>,
+}
+
+/// The arguments of a grammar-forced call as they are generated. The grammar fixes the text around them:
+/// `{"name": "NAME", "arguments": ARGS}\n</tool_call>`, so the name is known once its closing quote is written, and
+/// everything after it except the possible closing tail is argument text.
+#[derive(Debug, Default)]
+struct ForcedCall {
+    text: String,
+    /// Byte offset of the arguments in `text`, once the name is known.
+    args_start: Option<usize>,
+    /// Bytes of `text` sent as arguments so far.
+    sent: usize,
+    done: bool,
+}
+
+impl ForcedCall {
+    const HEAD: &'static str = "{\"name\": \"";
+    const AFTER_NAME: &'static str = "\", \"arguments\": ";
+    const TAIL: &'static str = "}\n</tool_call>";
+
+    fn push(&mut self, text: &str, out: &mut VecDeque<Output>) {
+        if self.done {
+            return;
+        }
+        self.text.push_str(text);
+        if self.args_start.is_none()
+            && let Some(rest) = self.text.strip_prefix(Self::HEAD)
+            && let Some(end) = rest.find(Self::AFTER_NAME)
+        {
+            let start = Self::HEAD.len() + end + Self::AFTER_NAME.len();
+            out.push_back(Output::ToolCallBegin { name: rest[..end].to_string() });
+            self.args_start = Some(start);
+            self.sent = start;
+        }
+        if self.args_start.is_some() {
+            // Hold back what could be the start of the closing tail.
+            let mut upto = self.text.len().saturating_sub(Self::TAIL.len()).max(self.sent);
+            while !self.text.is_char_boundary(upto) {
+                upto -= 1;
+            }
+            if upto > self.sent {
+                out.push_back(Output::ToolCallArgs(self.text[self.sent..upto].to_string()));
+                self.sent = upto;
+            }
+        }
+    }
+
+    /// The rest of the arguments, before the parser's complete call.
+    fn finish(&mut self, out: &mut VecDeque<Output>) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        if self.args_start.is_some() {
+            let end = self.text.rfind(Self::TAIL).unwrap_or(self.text.len()).max(self.sent);
+            if end > self.sent {
+                out.push_back(Output::ToolCallArgs(self.text[self.sent..end].to_string()));
+                self.sent = end;
+            }
+        }
+    }
 }
 
 impl Reply {
@@ -336,6 +412,7 @@ impl Reply {
             t_first_token: None,
             loop_guard: None,
             tokenizer: None,
+            forced_call: None,
         }
     }
 
@@ -428,6 +505,7 @@ impl Reply {
                 Output::Text(t) => out.text.push_str(&t),
                 Output::ToolCall(c) => out.tool_calls.push(c),
                 Output::Logprobs(l) => out.logprobs.extend(l),
+                Output::ToolCallBegin { .. } | Output::ToolCallArgs(_) => {}
                 Output::Done { reason, usage, matched_stop } => {
                     out.reason = reason;
                     out.usage = usage;
@@ -439,6 +517,9 @@ impl Reply {
     }
 
     fn feed(&mut self, text: &str) {
+        if let Some(f) = &mut self.forced_call {
+            f.push(text, &mut self.pending);
+        }
         match &mut self.parser {
             Some(p) => {
                 let events = p.push(text);
@@ -455,6 +536,9 @@ impl Reply {
                 ParseEvent::Text(t) => self.pending.push_back(Output::Text(t)),
                 ParseEvent::ToolCall(_) if !self.parallel_tool_calls && self.num_calls > 0 => {}
                 ParseEvent::ToolCall(c) => {
+                    if let Some(f) = &mut self.forced_call {
+                        f.finish(&mut self.pending);
+                    }
                     self.num_calls += 1;
                     self.pending.push_back(Output::ToolCall(c));
                 }
@@ -546,6 +630,40 @@ pub fn random_id(prefix: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forced_call_streams_exactly_the_arguments_at_any_split() {
+        let args = r#"{"path": "src/ü.rs", "content": "fn main() {}\n}"}"#;
+        let text = format!("{{\"name\": \"write_file\", \"arguments\": {args}}}\n</tool_call>");
+        let run = |pieces: &[&str]| {
+            let mut f = ForcedCall::default();
+            let mut out = VecDeque::new();
+            for p in pieces {
+                f.push(p, &mut out);
+            }
+            f.finish(&mut out);
+            let mut name = None;
+            let mut joined = String::new();
+            for o in out {
+                match o {
+                    Output::ToolCallBegin { name: n } => {
+                        assert!(name.is_none() && joined.is_empty(), "begin comes first, once");
+                        name = Some(n);
+                    }
+                    Output::ToolCallArgs(a) => joined.push_str(&a),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            (name, joined)
+        };
+        let want = (Some("write_file".to_string()), args.to_string());
+        assert_eq!(run(&[&text]), want);
+        for i in (1..text.len()).filter(|&i| text.is_char_boundary(i)) {
+            assert_eq!(run(&[&text[..i], &text[i..]]), want, "split at {i}");
+        }
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        assert_eq!(run(&chars.iter().map(String::as_str).collect::<Vec<_>>()), want, "one char at a time");
+    }
 
     #[test]
     fn loop_guard_trips_on_exact_repetition_only() {

@@ -236,3 +236,84 @@ async fn required_tool_call_is_enforced_from_the_first_token() {
     assert!(args["on"].is_boolean(), "{args}");
     assert_eq!(r["choices"][0]["finish_reason"], "tool_calls");
 }
+
+/// A forced call streams its arguments as they are generated, in all three protocols; the pieces join to the
+/// arguments the non-streamed reply gives.
+#[tokio::test]
+async fn forced_call_arguments_stream_incrementally() {
+    let h = harness(Options::default());
+    let args = json!({"path": "src/main.rs", "content": "fn main() {\n    println!(\"hello, world\");\n}\n"});
+    h.reply(&format!("{{\"name\": \"write_file\", \"arguments\": {}}}\n</tool_call>", python_json(&args)));
+    let tool = json!({"type": "function", "function": {"name": "write_file", "parameters": {"type": "object",
+        "properties": {"path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"]}}});
+
+    // OpenAI: the first piece names the call, the rest carry only arguments.
+    let body = json!({"messages": user("x"), "tools": [tool], "tool_choice": "required", "stream": true});
+    let events = sse(&h, CHAT, &body).await;
+    let pieces: Vec<Value> = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|v| v["choices"][0]["delta"]["tool_calls"][0].as_object().map(|o| Value::Object(o.clone())))
+        .collect();
+    assert!(pieces.len() >= 3, "{pieces:?}");
+    assert_eq!(pieces[0]["function"]["name"], "write_file");
+    assert!(pieces[0]["id"].is_string());
+    assert!(pieces[1..].iter().all(|p| p.get("id").is_none() && p["function"].get("name").is_none()), "{pieces:?}");
+    let joined: String = pieces.iter().map(|p| p["function"]["arguments"].as_str().unwrap()).collect();
+    assert_eq!(serde_json::from_str::<Value>(&joined).expect("JSON"), args);
+    let finish = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .find_map(|v| v["choices"][0]["finish_reason"].as_str().map(str::to_string));
+    assert_eq!(finish.as_deref(), Some("tool_calls"));
+
+    // Anthropic: tool_use block, several input_json_delta, one stop.
+    let body = json!({"model": "m", "max_tokens": 200, "stream": true, "messages": user("x"), "tool_choice": {"type": "any"},
+                      "tools": [{"name": "write_file", "input_schema": tool["function"]["parameters"]}]});
+    let events: Vec<Value> =
+        sse(&h, "/v1/messages", &body).await.iter().filter_map(|e| serde_json::from_str(e).ok()).collect();
+    let start = events.iter().find(|v| v["type"] == "content_block_start").expect("block start");
+    assert_eq!(start["content_block"]["type"], "tool_use");
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter(|v| v["delta"]["type"] == "input_json_delta")
+        .map(|v| v["delta"]["partial_json"].as_str().unwrap())
+        .collect();
+    assert!(deltas.len() >= 2, "{deltas:?}");
+    assert_eq!(serde_json::from_str::<Value>(&deltas.concat()).expect("JSON"), args);
+    assert_eq!(events.iter().filter(|v| v["type"] == "content_block_stop").count(), 1);
+    let stop = events.iter().find(|v| v["type"] == "message_delta").expect("message_delta");
+    assert_eq!(stop["delta"]["stop_reason"], "tool_use");
+
+    // Responses: argument deltas, then done with the joined arguments.
+    let body = json!({"input": "x", "stream": true, "tool_choice": "required",
+                      "tools": [{"type": "function", "name": "write_file", "parameters": tool["function"]["parameters"]}]});
+    let events: Vec<Value> =
+        sse(&h, "/v1/responses", &body).await.iter().filter_map(|e| serde_json::from_str(e).ok()).collect();
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter(|v| v["type"] == "response.function_call_arguments.delta")
+        .map(|v| v["delta"].as_str().unwrap())
+        .collect();
+    assert!(deltas.len() >= 2, "{deltas:?}");
+    let done = events.iter().find(|v| v["type"] == "response.function_call_arguments.done").expect("done");
+    assert_eq!(done["arguments"].as_str(), Some(deltas.concat().as_str()));
+    assert_eq!(done["name"], "write_file");
+    let completed = events.iter().find(|v| v["type"] == "response.completed").expect("completed");
+    let item = &completed["response"]["output"][0];
+    assert_eq!((item["type"].as_str(), item["status"].as_str()), (Some("function_call"), Some("completed")));
+    assert_eq!(serde_json::from_str::<Value>(item["arguments"].as_str().unwrap()).unwrap(), args);
+}
+
+/// JSON as the grammar writes it (Python's `json.dumps` separators: ", " and ": ").
+fn python_json(v: &Value) -> String {
+    match v {
+        Value::Object(m) => {
+            let items: Vec<String> =
+                m.iter().map(|(k, v)| format!("{}: {}", Value::from(k.as_str()), python_json(v))).collect();
+            format!("{{{}}}", items.join(", "))
+        }
+        Value::Array(a) => format!("[{}]", a.iter().map(python_json).collect::<Vec<_>>().join(", ")),
+        other => other.to_string(),
+    }
+}

@@ -58,6 +58,8 @@ struct Choice {
     num_calls: usize,
     /// Log-probabilities of tokens whose text has not been sent yet.
     logprobs: Vec<TokenLogprob>,
+    /// A call whose arguments are being streamed.
+    open_call: bool,
     ended: bool,
 }
 
@@ -137,6 +139,7 @@ fn choice_stream(reply: Reply, meta: ChunkMeta, index: u32) -> impl Stream<Item 
         index,
         num_calls: 0,
         logprobs: Vec::new(),
+        open_call: false,
         ended: false,
     };
     futures::stream::unfold(choice, |mut c| async move {
@@ -172,9 +175,42 @@ impl Choice {
                 self.push(wire::Delta { content: Some(text), ..Default::default() }, None);
             }
             Some(Ok(Output::Logprobs(l))) => self.logprobs.extend(l),
+            Some(Ok(Output::ToolCallBegin { name })) => {
+                self.open_call = true;
+                let call = wire::ToolCallDelta {
+                    index: self.num_calls,
+                    id: Some(crate::generate::random_id("call_")),
+                    kind: Some("function"),
+                    function: wire::FunctionDelta { name: Some(name), arguments: String::new() },
+                };
+                self.push(wire::Delta { tool_calls: vec![call], ..Default::default() }, None);
+            }
+            Some(Ok(Output::ToolCallArgs(arguments))) => {
+                let call = wire::ToolCallDelta {
+                    index: self.num_calls,
+                    id: None,
+                    kind: None,
+                    function: wire::FunctionDelta { name: None, arguments },
+                };
+                self.push(wire::Delta { tool_calls: vec![call], ..Default::default() }, None);
+            }
+            Some(Ok(Output::ToolCall(_))) if self.open_call => {
+                // Its arguments were streamed already.
+                self.open_call = false;
+                self.num_calls += 1;
+            }
             Some(Ok(Output::ToolCall(call))) => {
                 let call = convert::tool_call(call, Some(self.num_calls));
                 self.num_calls += 1;
+                let call = wire::ToolCallDelta {
+                    index: self.num_calls - 1,
+                    id: Some(call.id),
+                    kind: Some(call.kind),
+                    function: wire::FunctionDelta {
+                        name: Some(call.function.name),
+                        arguments: call.function.arguments,
+                    },
+                };
                 self.push(wire::Delta { tool_calls: vec![call], ..Default::default() }, None);
             }
             Some(Ok(Output::Done { reason, usage, .. })) => {
