@@ -135,3 +135,32 @@ def anthropic_stop_sequence_is_reported():
                                  stop_sequences=[stop]) as s:
         final = s.get_final_message()
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop, final
+
+
+@check
+def forced_call_arguments_stream_in_pieces():
+    tool = {"type": "function", "function": {"name": "add_person", "description": "Store a person", "parameters": PERSON}}
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=[tool], temperature=0, max_tokens=200,
+                                            stream=True, tool_choice={"type": "function", "function": {"name": "add_person"}})
+    pieces, names, finish = [], [], None
+    for c in stream:
+        if not c.choices:
+            continue
+        for d in c.choices[0].delta.tool_calls or []:
+            if d.function and d.function.name:
+                names.append(d.function.name)
+            if d.function and d.function.arguments:
+                pieces.append(d.function.arguments)
+        finish = c.choices[0].finish_reason or finish
+    assert names == ["add_person"] and finish == "tool_calls", (names, finish)
+    assert len(pieces) >= 3, pieces
+    jsonschema.validate(json.loads("".join(pieces)), PERSON)
+    # Anthropic: input_json_delta events; the SDK's accumulated input validates.
+    with aclient.messages.stream(model=MODEL, max_tokens=200, messages=ASK, tool_choice={"type": "any"}, extra_body=GREEDY,
+                                 tools=[{"name": "add_person", "description": "Store a person", "input_schema": PERSON}]) as s:
+        num_deltas = sum(1 for e in s if e.type == "content_block_delta" and e.delta.type == "input_json_delta")
+        final = s.get_final_message()
+    assert num_deltas >= 3, num_deltas
+    uses = [b for b in final.content if b.type == "tool_use"]
+    assert uses and final.stop_reason == "tool_use", final
+    jsonschema.validate(uses[0].input, PERSON)
