@@ -46,8 +46,8 @@ impl TokenizerEnv for Env {
 
 /// The parser factory of `tokenizer`, built on first use.
 fn factory(tokenizer: &Arc<tokenizer::Tokenizer>) -> Result<Arc<ParserFactory>, ApiError> {
-    static CACHE: Mutex<Option<(usize, Arc<ParserFactory>)>> = Mutex::new(None);
-    let key = Arc::as_ptr(tokenizer) as usize;
+    static CACHE: Mutex<Option<((usize, usize), Arc<ParserFactory>)>> = Mutex::new(None);
+    let key = (Arc::as_ptr(tokenizer) as usize, tokenizer.vocab_size());
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((k, f)) = cache.as_ref()
         && *k == key
@@ -79,6 +79,12 @@ fn factory(tokenizer: &Arc<tokenizer::Tokenizer>) -> Result<Arc<ParserFactory>, 
     let f = Arc::new(f);
     *cache = Some((key, f.clone()));
     Ok(f)
+}
+
+/// Builds the token trie and parser factory of `tokenizer` now (a server calls this at start, off the request
+/// path), so the first constrained request does not pay for it.
+pub fn warm_up(tokenizer: &Arc<tokenizer::Tokenizer>) -> Result<(), ApiError> {
+    factory(tokenizer).map(|_| ())
 }
 
 /// Compact JSON options, put on a schema as llguidance's `x-guidance`.
