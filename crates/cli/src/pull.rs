@@ -81,9 +81,13 @@ pub fn print_download() -> impl FnMut(&str, pack::hf::DownloadProgress) {
             }
             if let Some(c) = &current {
                 c.bar.set_position(p.done_bytes);
-                if p.done_bytes >= p.total_bytes {
-                    c.bar.finish();
-                }
+            }
+            if p.done_bytes >= p.total_bytes
+                && let Some(c) = current.take()
+            {
+                // The finished bar stays on screen; end its line before anything else is printed.
+                c.bar.finish();
+                eprintln!();
             }
             return;
         }
@@ -136,9 +140,12 @@ pub fn print_progress() -> impl FnMut(Progress<'_>) {
                 }
                 if let Some(c) = &current {
                     c.bar.set_position(done_bytes);
-                    if done_bytes >= total_bytes {
-                        c.bar.finish();
-                    }
+                }
+                if done_bytes >= total_bytes
+                    && let Some(c) = current.take()
+                {
+                    c.bar.finish();
+                    eprintln!();
                 }
                 return;
             }
