@@ -317,3 +317,39 @@ fn python_json(v: &Value) -> String {
         other => other.to_string(),
     }
 }
+
+/// Odd or broken schemas from clients: each is either used (200, output valid JSON) or refused with a 400 that
+/// names `response_format`; never a 500, never a stuck request.
+#[tokio::test]
+async fn odd_schemas_are_used_or_refused_cleanly() {
+    let h = harness(Options::default());
+    h.reply("plain words");
+    let schemas = [
+        json!({"type": ["string", "number"]}),
+        json!({"$ref": "#/$defs/missing"}),
+        json!({"oneOf": []}),
+        json!({"anyOf": []}),
+        json!({"type": "string", "pattern": "(unclosed"}),
+        json!({"enum": []}),
+        json!({"type": "string", "minLength": 5, "maxLength": 2}),
+        json!({"type": "array", "minItems": 3, "maxItems": 1}),
+        json!({"type": "integer", "minimum": 10, "maximum": 1}),
+        json!({"not": {}}),
+        json!({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}),
+        json!({"const": {"deep": [1, 2, {"x": null}]}}),
+        json!({}),
+    ];
+    for schema in schemas {
+        let body = json!({"messages": user("x"), "max_tokens": 20,
+                          "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}});
+        let (status, r) = h.post_json(CHAT, &body).await;
+        match status {
+            StatusCode::OK => {
+                let text = r["choices"][0]["message"]["content"].as_str().unwrap_or_default();
+                assert!(!text.starts_with("plain"), "{schema}: the prose got through: {text:?}");
+            }
+            StatusCode::BAD_REQUEST => assert_eq!(r["error"]["param"], "response_format", "{schema}: {r}"),
+            other => panic!("{schema}: {other} {r}"),
+        }
+    }
+}
