@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod anthropic;
+pub mod constraint;
 pub mod error;
 pub mod generate;
 mod guard;
