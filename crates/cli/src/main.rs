@@ -1,5 +1,6 @@
 //! The `splash` binary: wires the crates together behind one command line.
 
+mod agents;
 mod bench;
 mod load;
 mod ls;
@@ -33,6 +34,17 @@ enum Command {
     Plan(plan::Args),
     /// Serve the model over HTTP (OpenAI-compatible API).
     Serve(serve::Args),
+    /// Run Claude Code on the local server (started in the background if none answers).
+    Claude(agents::Args),
+    /// Run OpenAI Codex CLI on the local server.
+    Codex(agents::Args),
+    /// Run OpenCode on the local server.
+    #[command(name = "opencode")]
+    OpenCode(agents::Args),
+    /// Run Hermes Agent on the local server (needs a 64K context).
+    Hermes(agents::HermesArgs),
+    /// Run Pi on the local server (adds a provider entry to Pi's models.json).
+    Pi(agents::Args),
 }
 
 fn main() {
@@ -45,6 +57,11 @@ fn main() {
         Command::Rm(a) => ls::rm(a),
         Command::Plan(a) => plan::main(a),
         Command::Serve(a) => serve::main(a),
+        Command::Claude(a) => agents::main(agents::Client::Claude, a, false),
+        Command::Codex(a) => agents::main(agents::Client::Codex, a, false),
+        Command::OpenCode(a) => agents::main(agents::Client::OpenCode, a, false),
+        Command::Hermes(a) => agents::main(agents::Client::Hermes, a.common, a.allow_small_context),
+        Command::Pi(a) => agents::main(agents::Client::Pi, a, false),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
