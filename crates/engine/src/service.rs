@@ -537,15 +537,21 @@ mod tests {
                 let entry = live.entry(chunk.seq).or_insert((0, None));
                 assert_eq!(entry.0, chunk.start_pos);
                 entry.0 += chunk.tokens.len();
-                if chunk.logits == LogitsWanted::None {
-                    continue;
-                }
+                let n = chunk.tokens.len();
+                let ends: Vec<usize> = match chunk.logits {
+                    LogitsWanted::None => continue,
+                    LogitsWanted::Last => vec![entry.0],
+                    LogitsWanted::All => (entry.0 + 1 - n..=entry.0).collect(),
+                };
+                // The reply is a function of the position after the prompt.
                 let prompt_len = *entry.1.get_or_insert(entry.0);
-                let i = entry.0 - prompt_len;
-                let next = if i >= self.reply_len { EOS } else { u32::from(b'a') + (i % 10) as u32 };
-                let mut row = vec![0.0f32; VOCAB];
-                row[next as usize] = 10.0;
-                self.logits.extend_from_slice(&row);
+                for end in ends {
+                    let i = end - prompt_len;
+                    let next = if i >= self.reply_len { EOS } else { u32::from(b'a') + (i % 10) as u32 };
+                    let mut row = vec![0.0f32; VOCAB];
+                    row[next as usize] = 10.0;
+                    self.logits.extend_from_slice(&row);
+                }
             }
             Ok(&self.logits)
         }

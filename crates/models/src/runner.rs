@@ -73,4 +73,10 @@ pub trait Runner: Send {
 
     /// Frees everything held for `seq`.
     fn release(&mut self, seq: SeqId);
+
+    /// Starts `seq` (which must hold nothing yet) with the cached KV of the longest prefix of `tokens` that the
+    /// runner still has from earlier sequences; returns how many tokens that covers (0 without a prefix cache).
+    fn attach_prefix(&mut self, _seq: SeqId, _tokens: &[u32]) -> usize {
+        0
+    }
 }
