@@ -133,11 +133,8 @@ impl Launch {
         self.env.push((key.to_owned(), Some(value.into())));
     }
 
-    pub fn remove(&mut self, key: &str) {
-        self.env.push((key.to_owned(), None));
-    }
-
     /// The value the launch gives `key` (last one wins), for tests.
+    #[cfg(test)]
     pub fn env_value(&self, key: &str) -> Option<&str> {
         self.env.iter().rev().find(|(k, _)| k == key).and_then(|(_, v)| v.as_deref())
     }
