@@ -17,7 +17,7 @@ use super::{FileWrite, Launch, UserEnv, has_flag, token};
 pub fn env_vars(target: &Target) -> Vec<(&'static str, String)> {
     let m = target.model.clone();
     let ctx = target.context_tokens.to_string();
-    vec![
+    let mut vars = vec![
         ("ANTHROPIC_BASE_URL", target.base_url.clone()),
         ("ANTHROPIC_AUTH_TOKEN", token(target).to_owned()),
         // A set ANTHROPIC_API_KEY would be sent as x-api-key and win over the token.
@@ -29,7 +29,6 @@ pub fn env_vars(target: &Target) -> Vec<(&'static str, String)> {
         ("ANTHROPIC_SMALL_FAST_MODEL", m.clone()),
         ("CLAUDE_CODE_SUBAGENT_MODEL", m),
         ("CLAUDE_CODE_MAX_CONTEXT_TOKENS", ctx.clone()),
-        ("CLAUDE_CODE_AUTO_COMPACT_WINDOW", ctx),
         ("CLAUDE_CODE_ATTRIBUTION_HEADER", "0".into()),
         ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
         ("DISABLE_AUTOUPDATER", "1".into()),
@@ -37,8 +36,17 @@ pub fn env_vars(target: &Target) -> Vec<(&'static str, String)> {
         ("CLAUDE_CODE_USE_BEDROCK", "0".into()),
         ("CLAUDE_CODE_USE_VERTEX", "0".into()),
         ("CLAUDE_CODE_USE_FOUNDRY", "0".into()),
-    ]
+    ];
+    // Claude Code rejects an auto-compact window under 100K ("treats it as the 100k minimum"); below that the context
+    // limit alone drives compaction.
+    if target.context_tokens >= MIN_AUTO_COMPACT_WINDOW {
+        vars.push(("CLAUDE_CODE_AUTO_COMPACT_WINDOW", ctx));
+    }
+    vars
 }
+
+/// The smallest `CLAUDE_CODE_AUTO_COMPACT_WINDOW` Claude Code 2.1 accepts.
+pub const MIN_AUTO_COMPACT_WINDOW: usize = 100_000;
 
 pub fn build(target: &Target, user: &UserEnv, user_args: &[String]) -> Launch {
     let mut launch = Launch::new("claude");
@@ -95,7 +103,6 @@ mod tests {
             ("ANTHROPIC_DEFAULT_HAIKU_MODEL", "qwen2.5-coder-0.5b"),
             ("CLAUDE_CODE_SUBAGENT_MODEL", "qwen2.5-coder-0.5b"),
             ("CLAUDE_CODE_MAX_CONTEXT_TOKENS", "32768"),
-            ("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "32768"),
             ("CLAUDE_CODE_ATTRIBUTION_HEADER", "0"),
             ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
             ("DISABLE_AUTOUPDATER", "1"),
@@ -110,6 +117,13 @@ mod tests {
         for (k, v) in expect {
             assert_eq!(s["env"][k], v, "{k} in --settings");
         }
+        assert_eq!(l.env_value("CLAUDE_CODE_AUTO_COMPACT_WINDOW"), None, "32768 is under Claude's 100K minimum");
+        assert!(s["env"].get("CLAUDE_CODE_AUTO_COMPACT_WINDOW").is_none());
+        let mut big = target(None);
+        big.context_tokens = 131072;
+        let l = build(&big, &u, &[]);
+        assert_eq!(l.env_value("CLAUDE_CODE_AUTO_COMPACT_WINDOW"), Some("131072"));
+        assert_eq!(l.env_value("CLAUDE_CODE_MAX_CONTEXT_TOKENS"), Some("131072"));
     }
 
     #[test]
