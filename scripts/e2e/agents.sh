@@ -4,21 +4,27 @@
 # Qwen2.5-Coder-0.5B, inside a network namespace with only loopback up (needs root: `unshare -n`).
 #
 # Each client runs non-interactively through its launcher, in a throwaway HOME that holds a hostile user config
-# (settings that would point it elsewhere if the launcher did not override them), three times:
+# (settings that would point it elsewhere if the launcher did not override them), in three phases (all clients
+# finish a phase before the next starts, so the most important results come first on a slow machine):
 #   1. cold turn  "What is the capital of France? ..."  must exit 0 and print the model's answer (checked against the
 #      text the server streamed, captured by scripts/e2e/agents_proxy.py between client and server)
-#   2. warm turn  "What is 2+3? ..."                      same check; its time to first token shows prefix reuse
-#   3. tool turn  "Create a file named hello.txt containing the word hi, using your tools."  reported, not required
+#   2. tool turn  "Create a file named hello.txt containing the word hi, using your tools."  reported, not required
+#   3. warm turn  "What is 2+3? ..."  same check as 1; its time to first token shows reuse of the client's prompt
+# Runs that would start after --deadline-s (default 5400) are skipped and reported as skipped; each run has
+# --turn-timeout-s (default 600).
 # plus the launcher's own behaviour: --no-serve refuses, a missing client names its install command, and a background
 # `splash serve` is started (with progress and a log path) when none answers.
 # Prints a table (turn ok, answer, TTFT cold/warm, tool file written) and "N passed, M failed".
 #
-# Usage: scripts/e2e/agents.sh [--no-build] [--model qwen2.5-coder-0.5b] [--clients "claude codex opencode hermes pi"]
+# Usage: scripts/e2e/agents.sh [--no-build] [--model qwen2.5-coder-0.5b] [--clients "pi opencode hermes codex claude"]
+#                              [--deadline-s 5400] [--turn-timeout-s 600]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo="$PWD"
 model=qwen2.5-coder-0.5b
-clients="claude codex opencode hermes pi"
+clients="pi opencode hermes codex claude"
+deadline_s=5400
+turn_timeout_s=600
 build=1
 inside=0
 while [[ $# -gt 0 ]]; do
@@ -26,6 +32,8 @@ while [[ $# -gt 0 ]]; do
         --no-build) build=0 ;;
         --model) model="$2"; shift ;;
         --clients) clients="$2"; shift ;;
+        --deadline-s) deadline_s="$2"; shift ;;
+        --turn-timeout-s) turn_timeout_s="$2"; shift ;;
         --inside) inside=1 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
@@ -41,7 +49,8 @@ if [[ $inside == 0 ]]; then
     work="$(mktemp -d /tmp/splash-agents-e2e.XXXXXX)"
     echo "work dir: $work" >&2
     AGENTS_BIN="$bin" AGENTS_WORK="$work" exec unshare -n -- bash -c 'ip link set lo up && exec "$0" "$@"' "$0" \
-        --inside --model "$model" --clients "$clients" </dev/null
+        --inside --model "$model" --clients "$clients" --deadline-s "$deadline_s" --turn-timeout-s "$turn_timeout_s" \
+        </dev/null
 fi
 
 # ---- inside the network namespace ----
@@ -124,8 +133,14 @@ run() { # client turn prompt -> runs the launcher in $work/<client>-<turn>, reco
         pi) args=(-- -p "$prompt" --no-session) ;;
     esac
     local t0 t1 rc=0
+    if ((SECONDS > deadline_s)); then
+        python3 -c 'import json,sys; print(json.dumps({"run": sys.argv[1], "turn": sys.argv[2], "skipped": True}))' \
+            "$c" "$turn" >>"$results"
+        echo "$c $turn: skipped (past the ${deadline_s} s deadline)" >&2
+        return
+    fi
     t0="$(date +%s.%N)"
-    (cd "$dir" && HOME="$work/home-$c" timeout 900 "$splash" "$c" "${extra[@]}" "${args[@]}" </dev/null \
+    (cd "$dir" && HOME="$work/home-$c" timeout "$turn_timeout_s" "$splash" "$c" "${extra[@]}" "${args[@]}" </dev/null \
         >"$dir/stdout" 2>"$dir/stderr") || rc=$?
     t1="$(date +%s.%N)"
     python3 -c 'import json,sys; a=sys.argv; print(json.dumps({"run": a[1], "turn": a[2], "rc": int(a[3]), "t0": float(a[4]), "t1": float(a[5]), "dir": a[6]}))' \
@@ -141,18 +156,19 @@ for c in $clients; do
         [[ $out == *"requires a context of at least 64000 tokens"*"has 32768 tokens"* ]] && ok=1 || ok=0
         check "hermes: a 32768-token server is refused plainly without --allow-small-context" $ok "$out"
     fi
-    run "$c" cold "What is the capital of France? Answer in one short sentence."
-    run "$c" warm "What is 2+3? Answer with just the number."
-    run "$c" tool "Create a file named hello.txt containing the word hi, using your tools."
-    if [[ $c == pi ]]; then
-        python3 - "$work/home-pi/.pi/agent/models.json" "$port" >/dev/null 2>&1 <<'PY' && ok=1 || ok=0
+done
+SECONDS=0
+for c in $clients; do run "$c" cold "What is the capital of France? Answer in one short sentence."; done
+for c in $clients; do run "$c" tool "Create a file named hello.txt containing the word hi, using your tools."; done
+for c in $clients; do run "$c" warm "What is 2+3? Answer with just the number."; done
+if [[ " $clients " == *" pi "* ]]; then
+    python3 - "$work/home-pi/.pi/agent/models.json" "$port" >/dev/null 2>&1 <<'PY' && ok=1 || ok=0
 import json, sys
 m = json.load(open(sys.argv[1]))["providers"]
 assert m["ollama"]["models"] == [{"id": "llama3.1:8b"}]
 assert m[f"splash-{sys.argv[2]}"]["baseUrl"] == f"http://127.0.0.1:{sys.argv[2]}/v1"
 PY
-        check "pi: models.json keeps the user's providers and gains ours" $ok "$(cat "$work/home-pi/.pi/agent/models.json")"
-    fi
-done
+    check "pi: models.json keeps the user's providers and gains ours" $ok "$(cat "$work/home-pi/.pi/agent/models.json")"
+fi
 kill "${pids[@]}" 2>/dev/null || true
 python3 scripts/e2e/agents_report.py "$work" "$model"

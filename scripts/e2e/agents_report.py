@@ -25,7 +25,12 @@ for r in results:
         failed += not r["ok"]
 
 rows = {}
-for r in (r for r in results if "run" in r):
+for r in (r for r in results if "run" in r and r.get("skipped")):
+    rows.setdefault(r["run"], {})[r["turn"]] = {"skipped": True}
+    if r["turn"] != "tool":
+        failed += 1
+    print(f"skipped {r['run']} {r['turn']} (deadline)", file=sys.stderr)
+for r in (r for r in results if "run" in r and not r.get("skipped")):
     window = [q for q in requests if r["t0"] <= q["t"] <= r["t1"] and q["method"] == "POST"]
     gen = [q for q in window if "/v1/" in q["path"] and "count_tokens" not in q["path"]]
     main = max(gen, key=lambda q: q["request_bytes"], default=None)
@@ -67,8 +72,9 @@ print(f"{'client':9} {'cold':>5} {'warm':>5} {'TTFT cold':>9} {'TTFT warm':>9} {
 for c, row in rows.items():
     cold, warm, tool = row.get("cold", {}), row.get("warm", {}), row.get("tool", {})
     file = tool.get("file")
-    wrote = "-" if not tool else ("no" if file is None else ("hi" if "hi" in file.lower() else f"{file[:8]!r}"))
-    print(f"{c:9} {'ok' if cold.get('printed') else 'FAIL':>5} {'ok' if warm.get('printed') else 'FAIL':>5} "
+    wrote = "-" if not tool or tool.get("skipped") else ("no" if file is None else ("hi" if "hi" in file.lower() else f"{file[:8]!r}"))
+    state = lambda t: "skip" if t.get("skipped") else ("ok" if t.get("printed") else "FAIL")
+    print(f"{c:9} {state(cold):>5} {state(warm):>5} "
           f"{fmt(cold.get('ttft')):>9} {fmt(warm.get('ttft')):>9} {fmt(cold.get('prompt')):>7} "
           f"{fmt(warm.get('cached')):>7} {fmt(cold.get('secs')):>7} {fmt(tool.get('tool_calls')):>10} {wrote:>10}  "
           f"{cold.get('answer', '')[:60]!r}")

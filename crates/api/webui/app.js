@@ -173,7 +173,7 @@ function renderList() {
     open.className = "open"; open.type = "button"; open.textContent = c.title; open.title = c.title;
     open.onclick = () => { if (controller) return; currentId = c.id; render(); $("sidebar").classList.remove("open"); };
     const del = document.createElement("button");
-    del.className = "icon del"; del.type = "button"; del.textContent = "🗑"; del.setAttribute("aria-label", "Delete " + c.title);
+    del.className = "icon del"; del.type = "button"; del.textContent = "✕"; del.setAttribute("aria-label", "Delete " + c.title);
     del.onclick = () => {
       if (controller && c.id === currentId) return;
       conversations = conversations.filter((x) => x.id !== c.id);
@@ -382,7 +382,14 @@ async function loadModel() {
   if (!r.ok) { $("model-name").textContent = await errorText(r); return; }
   const j = await r.json();
   model = j.data?.[0] || null;
-  $("model-badge").textContent = model ? `${model.id} · ${fmtInt(model.context_length)} ctx` : "no model";
+  const badge = $("model-badge");
+  badge.textContent = model ? model.id : "no model";
+  if (model) {
+    const ctx = document.createElement("span");
+    ctx.className = "ctx";
+    ctx.textContent = ` · ${fmtInt(model.context_length)} ctx`;
+    badge.append(ctx);
+  }
   renderMessages();
 }
 

@@ -68,3 +68,24 @@ fn main() {
         std::process::exit(1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launcher_command_lines() {
+        let cli =
+            Cli::try_parse_from(["splash", "codex", "--port", "9001", "--no-serve", "--", "exec", "-c", "x=1", "hi"])
+                .expect("parses");
+        let Command::Codex(a) = cli.command else { panic!("codex") };
+        assert_eq!((a.port, a.no_serve), (9001, true));
+        assert_eq!(a.agent_args, ["exec", "-c", "x=1", "hi"]);
+        let cli = Cli::try_parse_from(["splash", "hermes", "--allow-small-context", "--model", "m"]).expect("parses");
+        let Command::Hermes(a) = cli.command else { panic!("hermes") };
+        assert!(a.allow_small_context && a.common.model.as_deref() == Some("m") && a.common.agent_args.is_empty());
+        assert!(Cli::try_parse_from(["splash", "opencode", "--pack", "qwen2.5-coder-0.5b"]).is_ok());
+        // Agent flags must come after `--`, so a typo in ours is not silently handed to the agent.
+        assert!(Cli::try_parse_from(["splash", "claude", "-p", "hi"]).is_err());
+    }
+}
