@@ -7,6 +7,7 @@ mod plan;
 mod pull;
 mod run;
 mod serve;
+mod spec;
 
 use clap::{Parser, Subcommand};
 

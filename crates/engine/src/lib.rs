@@ -19,6 +19,8 @@ use std::time::Instant;
 use models::{Batch, LogitsWanted, Runner, SeqChunk, SeqId};
 use tokenizer::{Detokenizer, Tokenizer};
 
+pub use models::KvUsage;
+pub use models::kv_cache::BLOCK_TOKENS as KV_BLOCK_TOKENS;
 pub use request::{Event, FinishReason, GenerateRequest, RequestId, TokenConstraint, TokenLogprobs, Usage};
 pub use sampler::{Sampler, SamplingParams};
 pub use spec::SpecConfig;
@@ -260,6 +262,10 @@ impl<R: Runner> Engine<R> {
         self.draft.as_ref()
     }
 
+    pub fn draft_mut(&mut self) -> Option<&mut R> {
+        self.draft.as_mut()
+    }
+
     pub fn runner(&self) -> &R {
         &self.runner
     }
@@ -274,6 +280,11 @@ impl<R: Runner> Engine<R> {
 
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// Changes the speculation settings; running sequences pick them up at their next step.
+    pub fn set_spec(&mut self, spec: SpecConfig) {
+        self.config.spec = spec;
     }
 
     pub fn spec_stats(&self) -> SpecStats {
@@ -296,7 +307,7 @@ impl<R: Runner> Engine<R> {
         let time = |runner: &mut R, rows: usize| -> Result<f64> {
             let tokens = vec![0u32; rows];
             let mut best = f64::INFINITY;
-            for _ in 0..3 {
+            for _ in 0..2 {
                 let batch = Batch {
                     chunks: vec![SeqChunk { seq: probe, tokens: &tokens, start_pos: 0, logits: LogitsWanted::All }],
                 };
@@ -308,14 +319,11 @@ impl<R: Runner> Engine<R> {
             }
             Ok(best)
         };
+        let mut points: Vec<usize> = [1, 2, 3, 5, 9, 17].into_iter().filter(|&r| r < max_rows).collect();
+        points.push(max_rows);
         let mut target = Vec::new();
-        let mut rows = 1;
-        while rows <= max_rows {
+        for rows in points {
             target.push((rows, time(&mut self.runner, rows)?));
-            rows = if rows < 4 { rows + 1 } else { (rows * 2).min(max_rows.max(rows + 1)) };
-            if rows > max_rows && target.last().is_some_and(|l| l.0 < max_rows) {
-                rows = max_rows;
-            }
         }
         let draft_s = match self.draft.as_mut() {
             Some(d) => time(d, 1)?,
@@ -397,6 +405,13 @@ impl<R: Runner> Engine<R> {
         self.release(&s);
         let text = s.stops.flush();
         Some(Event::Finished { reason: FinishReason::Aborted, text, usage: s.usage(), matched_stop: None })
+    }
+
+    /// Background work of the runners while no request runs (see `Runner::idle_work`); true if more remains.
+    pub fn idle_work(&mut self) -> bool {
+        let target = self.runner.idle_work();
+        let draft = self.draft.as_mut().is_some_and(|d| d.idle_work());
+        target || draft
     }
 
     pub fn has_work(&self) -> bool {

@@ -79,4 +79,15 @@ pub trait Runner: Send {
     fn attach_prefix(&mut self, _seq: SeqId, _tokens: &[u32]) -> usize {
         0
     }
+
+    /// Background work while no request runs (e.g. writing cached prefix blocks to disk), a little at a time; true
+    /// if more remains.
+    fn idle_work(&mut self) -> bool {
+        false
+    }
+
+    /// KV cache occupancy and prefix-cache counters.
+    fn kv_usage(&self) -> crate::KvUsage {
+        crate::KvUsage::default()
+    }
 }
