@@ -177,7 +177,14 @@ pub fn main(a: Args) -> Result<()> {
     if template.is_none() {
         eprintln!("warning: {} has no chat template; chat requests will be refused", a.model);
     }
-    // Constrained decoding's token trie (~0.2 s for Qwen's vocabulary), built while the server starts.
+    let mut engine = Engine::new(
+        runner,
+        tokenizer.clone(),
+        EngineConfig { max_batch_tokens: plan.max_batch_tokens, ..EngineConfig::default() },
+    );
+    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads)?;
+    // Constrained decoding's token trie (~0.2 s for Qwen's vocabulary), built in the background once the engine is set
+    // up (not during speculation's cost calibration, which it would skew).
     let warm_tokenizer = tokenizer.clone();
     std::thread::spawn(move || {
         let t0 = std::time::Instant::now();
@@ -186,12 +193,6 @@ pub fn main(a: Args) -> Result<()> {
             Err(e) => eprintln!("warning: constrained decoding is unavailable: {}", e.message),
         }
     });
-    let mut engine = Engine::new(
-        runner,
-        tokenizer.clone(),
-        EngineConfig { max_batch_tokens: plan.max_batch_tokens, ..EngineConfig::default() },
-    );
-    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads)?;
     if a.prefix_cache_disk > 0 {
         let root = pack::home().join("prefix-cache");
         let store = engine.runner_mut().enable_prefix_store(&root, a.prefix_cache_disk);
