@@ -3,7 +3,8 @@
 #   cold = first start after dropping the page cache (needs root: sync; echo 3 > /proc/sys/vm/drop_caches)
 #   warm = the starts after it (files in the page cache)
 # Usage: scripts/bench_start.sh [MODEL] [WARM_RUNS]   (MODEL default: the default pack, qwen2.5-coder-1.5b)
-# Env: SPLASH (binary, default target/release/splash), PORT (default 18431). Prints one line per start and the
+# Env: SPLASH (binary, default target/release/splash), PORT (default 18431), SERVE_ARGS (extra `serve` options,
+# e.g. "--spec-mode off"). Prints one line per start and the
 # serve's own timing line ("model ... loaded in X s"), and how long the first 1-token chat reply then takes.
 set -euo pipefail
 model="${1:-qwen2.5-coder-1.5b}"
@@ -16,7 +17,8 @@ start_once() {
   log="$(mktemp)"
   local t0 t1
   t0=$(date +%s.%N)
-  "$bin" serve --model "$model" --port "$port" >"$log.out" 2>"$log.err" &
+  # shellcheck disable=SC2086
+  "$bin" serve --model "$model" --port "$port" ${SERVE_ARGS:-} >"$log.out" 2>"$log.err" &
   local pid=$!
   while ! grep -q '^Ready' "$log.out" 2>/dev/null; do
     if ! kill -0 "$pid" 2>/dev/null; then echo "serve exited:"; cat "$log.err"; exit 1; fi

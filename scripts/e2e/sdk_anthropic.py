@@ -53,7 +53,9 @@ def text_message_and_count_tokens():
     assert m.stop_reason in ("end_turn", "max_tokens"), m
     assert 0 < m.usage.output_tokens <= 24, m.usage
     count = client.messages.count_tokens(**kwargs)
-    assert count.input_tokens == m.usage.input_tokens, (count, m.usage)
+    # Anthropic's accounting: input_tokens are the prompt tokens computed, cache_read_input_tokens those reused from
+    # the prefix cache; together they are the prompt count_tokens reports.
+    assert count.input_tokens == m.usage.input_tokens + m.usage.cache_read_input_tokens, (count, m.usage)
 
 
 @check
@@ -66,7 +68,10 @@ def streaming_text_matches_non_streaming():
     assert final.stop_reason == "max_tokens", final
     m = client.messages.create(**kwargs)
     assert m.content[0].text == text, (m.content[0].text, text)
-    assert (m.usage.input_tokens, m.usage.output_tokens) == (final.usage.input_tokens, final.usage.output_tokens)
+    prompt = lambda u: u.input_tokens + (u.cache_read_input_tokens or 0)  # noqa: E731
+    assert (prompt(m.usage), m.usage.output_tokens) == (prompt(final.usage), final.usage.output_tokens), (m.usage, final.usage)
+    # The second identical prompt reuses the first one's KV (all but its last token).
+    assert m.usage.cache_read_input_tokens > 0, m.usage
 
 
 @check

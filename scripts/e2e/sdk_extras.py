@@ -164,3 +164,19 @@ def forced_call_arguments_stream_in_pieces():
     uses = [b for b in final.content if b.type == "tool_use"]
     assert uses and final.stop_reason == "tool_use", final
     jsonschema.validate(uses[0].input, PERSON)
+
+
+@check
+def cached_prompt_tokens_are_reported():
+    messages = [{"role": "system", "content": "You are a careful assistant. " * 20},
+                {"role": "user", "content": "Say yes."}]
+    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+    r = raw.parse()
+    cached = r.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < r.usage.prompt_tokens, r.usage
+    timings = json.loads(raw.text)["timings"]
+    assert timings["cache_n"] == cached and timings["prompt_n"] == r.usage.prompt_tokens - cached, timings
+    m = aclient.messages.create(model=MODEL, max_tokens=4, extra_body=GREEDY, system=messages[0]["content"],
+                                messages=messages[1:])
+    assert m.usage.cache_read_input_tokens > 0, m.usage

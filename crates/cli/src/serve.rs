@@ -52,9 +52,6 @@ pub struct Args {
     /// Stop a reply whose end repeats itself exactly over this many bytes, reported as the output limit (0 = off).
     #[arg(long, default_value_t = 2048)]
     repetition_guard: usize,
-    /// Do not serve the web UI (the chat page at `/`).
-    #[arg(long)]
-    no_webui: bool,
     /// Threads for the model (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
@@ -99,22 +96,25 @@ fn default_model_id(model: &str) -> String {
 /// breakdown when not even a minimal context fits.
 fn memory_plan(a: &Args) -> Result<plan::Plan> {
     let path = crate::load::model_path(&a.model)?;
-    // A built-in pack's manifest records its shapes (tested equal to the GGUF header): no second header parse
-    // (~0.2 s of the 1.5B's start) before the model itself is loaded.
-    let input_of = |name: &str, path: &std::path::Path| match pack::pack(name).and_then(|m| m.target.shapes) {
-        Some(s) => Ok(crate::plan::manifest_input(&s)),
-        None => crate::plan::model_input(path),
-    };
     let mut input =
-        plan::PlanInput::new(input_of(&a.model, &path)?, crate::plan::device_memory(None)?, plan::Device::Cpu);
+        plan::PlanInput::new(plan_input(&a.model, &path)?, crate::plan::device_memory(None)?, plan::Device::Cpu);
     if let Some(draft) = a.spec.draft_model(&a.model) {
-        input.draft = Some(input_of(&draft, &crate::load::model_path(&draft)?)?);
+        input.draft = Some(plan_input(&draft, &crate::load::model_path(&draft)?)?);
     }
     input.max_memory_bytes = a.max_memory;
     input.max_context = a.max_context;
     input.max_sequences = a.max_sequences;
     input.num_threads = crate::plan::num_threads(a.threads);
     Ok(plan::plan(&input)?)
+}
+
+/// The plan input of a model: a built-in pack's manifest records its shapes (tested equal to the GGUF header), which
+/// saves a header parse (~0.2 s for the 1.5B) before the model itself is loaded; other files are read.
+fn plan_input(model: &str, path: &std::path::Path) -> Result<plan::ModelInput> {
+    match pack::pack(model).and_then(|m| m.target.shapes) {
+        Some(s) => Ok(crate::plan::manifest_input(&s)),
+        None => crate::plan::model_input(path),
+    }
 }
 
 /// The pack `model` names: a built-in pack name, or a path to a file that is some built-in pack's target.
@@ -177,7 +177,14 @@ pub fn main(a: Args) -> Result<()> {
     if template.is_none() {
         eprintln!("warning: {} has no chat template; chat requests will be refused", a.model);
     }
-    // Constrained decoding's token trie (~0.2 s for Qwen's vocabulary), built while the server starts.
+    let mut engine = Engine::new(
+        runner,
+        tokenizer.clone(),
+        EngineConfig { max_batch_tokens: plan.max_batch_tokens, ..EngineConfig::default() },
+    );
+    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads)?;
+    // Constrained decoding's token trie (~0.2 s for Qwen's vocabulary), built in the background once the engine is set
+    // up (not during speculation's cost calibration, which it would skew).
     let warm_tokenizer = tokenizer.clone();
     std::thread::spawn(move || {
         let t0 = std::time::Instant::now();
@@ -186,12 +193,6 @@ pub fn main(a: Args) -> Result<()> {
             Err(e) => eprintln!("warning: constrained decoding is unavailable: {}", e.message),
         }
     });
-    let mut engine = Engine::new(
-        runner,
-        tokenizer.clone(),
-        EngineConfig { max_batch_tokens: plan.max_batch_tokens, ..EngineConfig::default() },
-    );
-    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads)?;
     if a.prefix_cache_disk > 0 {
         let root = pack::home().join("prefix-cache");
         let store = engine.runner_mut().enable_prefix_store(&root, a.prefix_cache_disk);
@@ -226,7 +227,6 @@ pub fn main(a: Args) -> Result<()> {
         allowed_hosts,
         default_max_tokens: a.default_max_tokens,
         max_repeated_chars: (a.repetition_guard > 0).then_some(a.repetition_guard),
-        webui: !a.no_webui,
         ..Default::default()
     };
     if let Some(m) = pack_of(&a.model) {
@@ -251,9 +251,6 @@ pub fn main(a: Args) -> Result<()> {
         let addr = listener.local_addr()?;
         let host = if addr.is_ipv6() { format!("[{}]", addr.ip()) } else { addr.ip().to_string() };
         eprintln!("model {model_id} loaded in {load_s:.1} s; context {max_context} tokens");
-        if !a.no_webui {
-            eprintln!("web UI: http://{host}:{}/", addr.port());
-        }
         println!("Ready: http://{host}:{}/v1", addr.port());
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
