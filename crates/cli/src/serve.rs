@@ -52,6 +52,9 @@ pub struct Args {
     /// Stop a reply whose end repeats itself exactly over this many bytes, reported as the output limit (0 = off).
     #[arg(long, default_value_t = 2048)]
     repetition_guard: usize,
+    /// Do not serve the web UI (the chat page at `/`).
+    #[arg(long)]
+    no_webui: bool,
     /// Threads for the model (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
@@ -227,6 +230,7 @@ pub fn main(a: Args) -> Result<()> {
         allowed_hosts,
         default_max_tokens: a.default_max_tokens,
         max_repeated_chars: (a.repetition_guard > 0).then_some(a.repetition_guard),
+        webui: !a.no_webui,
         ..Default::default()
     };
     if let Some(m) = pack_of(&a.model) {
@@ -251,6 +255,9 @@ pub fn main(a: Args) -> Result<()> {
         let addr = listener.local_addr()?;
         let host = if addr.is_ipv6() { format!("[{}]", addr.ip()) } else { addr.ip().to_string() };
         eprintln!("model {model_id} loaded in {load_s:.1} s; context {max_context} tokens");
+        if !a.no_webui {
+            eprintln!("web UI: http://{host}:{}/", addr.port());
+        }
         println!("Ready: http://{host}:{}/v1", addr.port());
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
