@@ -197,7 +197,7 @@ fn spec_bench(a: &Args) -> Result<()> {
     let template = loaded.template.ok_or_else(|| anyhow::anyhow!("{} has no chat template", a.model))?;
     let tokenizer = loaded.tokenizer.clone();
     let mut engine = Engine::new(loaded.runner, tokenizer.clone(), EngineConfig::default());
-    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec_args, a.threads)?;
+    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec_args, a.threads, true)?;
     let costs = engine.pass_costs().clone();
     let mut prompts: Vec<(&str, String)> = Vec::new();
     if a.workload == "code" || a.workload == "all" {

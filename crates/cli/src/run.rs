@@ -62,7 +62,7 @@ pub fn main(a: Args) -> Result<()> {
     };
     sampling.validate().map_err(anyhow::Error::msg)?;
     let mut engine = Engine::new(runner, tokenizer.clone(), EngineConfig::default());
-    crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads)?;
+    crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, false)?;
     let encode = |text: &str| -> Result<Vec<u32>> {
         let mut ids = tokenizer.encode(text, true)?;
         if let Some(bos) = tokenizer.bos().filter(|_| tokenizer.add_bos()) {

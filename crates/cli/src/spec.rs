@@ -2,6 +2,7 @@
 //! (by default the pack's own), the most draft tokens per step; and turning them into a ready engine.
 
 use anyhow::{Context, Result};
+use engine::spec::PassCosts;
 use engine::{Engine, SpecConfig};
 use models::Runner;
 use models::cpu::CpuRunner;
@@ -32,6 +33,10 @@ pub struct SpecArgs {
     /// Always draft the full depth instead of choosing it from measured acceptance and cost.
     #[arg(long)]
     pub spec_fixed_depth: bool,
+    /// Measure the pass costs again instead of using the ones cached in $SPLASH_HOME/calibration (measure on a quiet
+    /// machine: the depth choice relies on them).
+    #[arg(long)]
+    pub recalibrate: bool,
 }
 
 impl SpecArgs {
@@ -61,20 +66,95 @@ impl SpecArgs {
     }
 }
 
-/// Loads the draft (if any), sets the speculation config and measures pass costs for the adaptive depth.
-pub fn setup(engine: &mut Engine<CpuRunner>, model: &str, args: &SpecArgs, threads: usize) -> Result<Option<String>> {
+/// Loads the draft (if any), sets the speculation config and sets the pass costs for the adaptive depth: from the
+/// cache in $SPLASH_HOME/calibration when this model pair, thread count, CPU and engine were measured before (the
+/// measurement takes a few seconds of start-up), else measured now and cached. `recalibrate` (or `--recalibrate`)
+/// always measures.
+pub fn setup(
+    engine: &mut Engine<CpuRunner>,
+    model: &str,
+    args: &SpecArgs,
+    threads: usize,
+    recalibrate: bool,
+) -> Result<Option<String>> {
+    let recalibrate = recalibrate || args.recalibrate;
     engine.set_spec(args.config(args.mode));
     let draft_name = args.draft_model(model);
     if let Some(name) = &draft_name {
-        let loaded = crate::load::load(name, threads).with_context(|| format!("loading the draft model {name}"))?;
-        let mut runner = loaded.runner;
+        let path = crate::load::model_path(name)?;
+        let file = std::sync::Arc::new(
+            gguf::GgufFile::open(&path).with_context(|| format!("loading the draft model {}", path.display()))?,
+        );
+        let mut runner = CpuRunner::new(file, threads).with_context(|| format!("loading the draft model {name}"))?;
         runner.limit_context(engine.runner().config().max_context);
         // Draft and target hold the same positions; the plan's pages count both.
         runner.set_kv_blocks(engine.runner().kv_usage().capacity_blocks);
         engine.set_draft(runner).with_context(|| format!("using {name} as draft"))?;
     }
-    if args.mode != SpecMode::Off {
-        engine.calibrate().context("measuring pass costs")?;
+    if args.mode == SpecMode::Off {
+        return Ok(draft_name);
+    }
+    let cache = calibration_path(engine);
+    match std::fs::read_to_string(&cache).ok().and_then(|t| parse_costs(&t)) {
+        Some(costs) if !recalibrate => engine.set_pass_costs(costs),
+        _ => {
+            engine.calibrate().context("measuring pass costs")?;
+            if let Some(dir) = cache.parent() {
+                let _ = std::fs::create_dir_all(dir);
+                let _ = std::fs::write(&cache, format_costs(engine.pass_costs()));
+            }
+        }
     }
     Ok(draft_name)
+}
+
+/// Where the pass costs of this engine's target, draft, thread count, CPU and version are cached.
+fn calibration_path(engine: &Engine<CpuRunner>) -> std::path::PathBuf {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(engine.runner().identity());
+    h.update(engine.draft().map(CpuRunner::identity).unwrap_or_default());
+    h.update(format!("threads={} depth={}", engine.runner().num_threads(), engine.config().spec.max_draft_tokens));
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    h.update(cpu.lines().find(|l| l.starts_with("model name")).unwrap_or(""));
+    h.update(env!("CARGO_PKG_VERSION"));
+    let key: String = h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect();
+    pack::home().join("calibration").join(format!("{key}.txt"))
+}
+
+/// `target ROWS SECONDS` lines and one `draft SECONDS` line.
+fn format_costs(c: &PassCosts) -> String {
+    let mut s: String = c.target.iter().map(|(r, t)| format!("target {r} {t:e}\n")).collect();
+    s.push_str(&format!("draft {:e}\n", c.draft_s));
+    s
+}
+
+fn parse_costs(text: &str) -> Option<PassCosts> {
+    let mut c = PassCosts::default();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            ["target", r, t] => c.target.push((r.parse().ok()?, t.parse().ok()?)),
+            ["draft", t] => c.draft_s = t.parse().ok()?,
+            _ => return None,
+        }
+    }
+    let valid = !c.target.is_empty() && c.target.iter().all(|&(r, t)| r > 0 && t.is_finite() && t > 0.0);
+    valid.then_some(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn costs_round_trip_and_bad_files_are_ignored() {
+        let c = PassCosts { target: vec![(1, 0.031), (9, 0.072)], draft_s: 0.014 };
+        let back = parse_costs(&format_costs(&c)).expect("parses");
+        assert_eq!(back.target, c.target);
+        assert_eq!(back.draft_s, c.draft_s);
+        assert!(parse_costs("target 1 x\n").is_none());
+        assert!(parse_costs("").is_none());
+        assert!(parse_costs("target 0 0.1\n").is_none());
+    }
 }

@@ -110,6 +110,11 @@ impl CpuRunner {
         self.cfg.num_layers * 2 * BLOCK_TOKENS * self.cfg.kv_dim()
     }
 
+    /// A short identity of the model file (see `prefix_store::model_identity`).
+    pub fn identity(&self) -> String {
+        model_identity(self._file.bytes())
+    }
+
     /// Keeps cached prefix blocks on disk under `root` (at most `max_bytes`), in a directory of this model's own:
     /// written while idle, read back when a prompt's prefix is not in memory.
     pub fn enable_prefix_store(&mut self, root: &std::path::Path, max_bytes: u64) -> std::io::Result<&PrefixStore> {
