@@ -7,6 +7,7 @@ mod plan;
 mod pull;
 mod run;
 mod serve;
+mod synth;
 
 use clap::{Parser, Subcommand};
 
@@ -33,6 +34,8 @@ enum Command {
     Plan(plan::Args),
     /// Serve the model over HTTP (OpenAI-compatible API).
     Serve(serve::Args),
+    /// Write a synthetic GGUF with a real model's shapes and tensor types and random values.
+    Synth(synth::Args),
 }
 
 fn main() {
@@ -45,6 +48,7 @@ fn main() {
         Command::Rm(a) => ls::rm(a),
         Command::Plan(a) => plan::main(a),
         Command::Serve(a) => serve::main(a),
+        Command::Synth(a) => synth::main(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
