@@ -1,6 +1,7 @@
 //! The `splash` binary: wires the crates together behind one command line.
 
 mod bench;
+mod cuda_check;
 mod load;
 mod ls;
 mod plan;
@@ -36,6 +37,8 @@ enum Command {
     Serve(serve::Args),
     /// Write a synthetic GGUF with a real model's shapes and tensor types and random values.
     Synth(synth::Args),
+    /// Check the CUDA backend against the CPU backend on a model (logits, top-1, batched vs unbatched).
+    CudaCheck(cuda_check::Args),
 }
 
 fn main() {
@@ -49,6 +52,7 @@ fn main() {
         Command::Plan(a) => plan::main(a),
         Command::Serve(a) => serve::main(a),
         Command::Synth(a) => synth::main(a),
+        Command::CudaCheck(a) => cuda_check::main(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

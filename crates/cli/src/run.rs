@@ -42,13 +42,16 @@ pub struct Args {
     /// Threads (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
+    /// Where the model runs.
+    #[arg(long, value_enum, default_value = "auto")]
+    device: crate::load::Device,
     /// Print one JSON line of statistics to stderr.
     #[arg(long)]
     stats: bool,
 }
 
 pub fn main(a: Args) -> Result<()> {
-    let Loaded { runner, tokenizer, template, load_s } = load(&a.model, a.threads)?;
+    let Loaded { runner, tokenizer, template, load_s } = load(&a.model, a.threads, a.device)?;
     let sampling = SamplingParams {
         temperature: a.temperature,
         top_k: a.top_k,

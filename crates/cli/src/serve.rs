@@ -55,6 +55,9 @@ pub struct Args {
     /// Threads for the model (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
+    /// Where the model runs.
+    #[arg(long, value_enum, default_value = "auto")]
+    device: crate::load::Device,
 }
 
 /// `16384`, `16K` or `16k` (×1024).
@@ -123,7 +126,7 @@ pub fn main(a: Args) -> Result<()> {
         plan::human_bytes(plan.breakdown.budget_bytes),
         plan::human_bytes(plan.breakdown.available_bytes),
     );
-    let Loaded { mut runner, tokenizer, template, load_s } = load(&a.model, a.threads)?;
+    let Loaded { mut runner, tokenizer, template, load_s } = load(&a.model, a.threads, a.device)?;
     runner.limit_context(plan.max_context);
     if template.is_none() {
         eprintln!("warning: {} has no chat template; chat requests will be refused", a.model);

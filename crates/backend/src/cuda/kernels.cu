@@ -1,0 +1,481 @@
+// Splash CUDA kernels. The host prepends a block of #defines with the model's constants (HIDDEN, HEAD_DIM, ...)
+// and appends the explicit instantiations this model needs, so every loop bound below is a compile-time constant.
+// No headers: NVRTC compiles this as is; f16 conversions use PTX.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef signed char i8;
+
+#define WARP 32
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// ---- Quant formats: each row is split into units of 32 weights. A unit's weights w[0..16) multiply
+// x[off .. off+16) and w[16..32) multiply x[off+DOFF .. off+DOFF+16).
+
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q4_1 3
+#define T_Q5_0 6
+#define T_Q5_1 7
+#define T_Q8_0 8
+#define T_Q4_K 12
+#define T_Q6_K 14
+
+template <int T> struct Fmt;
+template <> struct Fmt<T_F32> { static const int BLOCK = 32, BYTES = 128, DOFF = 16; };
+template <> struct Fmt<T_F16> { static const int BLOCK = 32, BYTES = 64, DOFF = 16; };
+template <> struct Fmt<T_Q4_0> { static const int BLOCK = 32, BYTES = 18, DOFF = 16; };
+template <> struct Fmt<T_Q4_1> { static const int BLOCK = 32, BYTES = 20, DOFF = 16; };
+template <> struct Fmt<T_Q5_0> { static const int BLOCK = 32, BYTES = 22, DOFF = 16; };
+template <> struct Fmt<T_Q5_1> { static const int BLOCK = 32, BYTES = 24, DOFF = 16; };
+template <> struct Fmt<T_Q8_0> { static const int BLOCK = 32, BYTES = 34, DOFF = 16; };
+template <> struct Fmt<T_Q4_K> { static const int BLOCK = 256, BYTES = 144, DOFF = 32; };
+template <> struct Fmt<T_Q6_K> { static const int BLOCK = 256, BYTES = 210, DOFF = 64; };
+
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, float& d, float& m) {
+    if (j < 4) {
+        d = (float)(q[j] & 63);
+        m = (float)(q[j + 4] & 63);
+    } else {
+        d = (float)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        m = (float)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+// Dequantizes unit `u` of a row starting at `row`; returns the offset of its first half.
+template <int T> __device__ __forceinline__ int unit(const u8* row, int u, float* w);
+
+template <> __device__ __forceinline__ int unit<T_F32>(const u8* row, int u, float* w) {
+    const float4* p = (const float4*)(row + u * 128);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float4 v = p[i];
+        w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_F16>(const u8* row, int u, float* w) {
+    const uint4* p = (const uint4*)(row + u * 64);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint4 v = p[i];
+        u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w[8 * i + 2 * k] = h2f((u16)(a[k] & 0xFFFF));
+            w[8 * i + 2 * k + 1] = h2f((u16)(a[k] >> 16));
+        }
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_Q4_0>(const u8* row, int u, float* w) {
+    const u8* b = row + u * 18;
+    float d = h2f(ld16(b));
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        u16 q = ld16(b + 2 + 2 * j);
+        w[2 * j] = d * (float)((int)(q & 0xF) - 8);
+        w[2 * j + 1] = d * (float)((int)((q >> 8) & 0xF) - 8);
+        w[16 + 2 * j] = d * (float)((int)((q >> 4) & 0xF) - 8);
+        w[16 + 2 * j + 1] = d * (float)((int)(q >> 12) - 8);
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_Q4_1>(const u8* row, int u, float* w) {
+    const u8* b = row + u * 20;
+    float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+    const u32* qs = (const u32*)(b + 4);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        u32 q = qs[j];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 byte = (q >> (8 * k)) & 0xFF;
+            w[4 * j + k] = d * (float)(byte & 0xF) + m;
+            w[16 + 4 * j + k] = d * (float)(byte >> 4) + m;
+        }
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_Q5_0>(const u8* row, int u, float* w) {
+    const u8* b = row + u * 22;
+    float d = h2f(ld16(b));
+    u32 qh = (u32)ld16(b + 2) | ((u32)ld16(b + 4) << 16);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        u16 q = ld16(b + 6 + 2 * j);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int jj = 2 * j + k;
+            u32 byte = (q >> (8 * k)) & 0xFF;
+            int x0 = (int)((byte & 0xF) | (((qh >> jj) & 1) << 4)) - 16;
+            int x1 = (int)((byte >> 4) | (((qh >> (jj + 16)) & 1) << 4)) - 16;
+            w[jj] = d * (float)x0;
+            w[16 + jj] = d * (float)x1;
+        }
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_Q5_1>(const u8* row, int u, float* w) {
+    const u8* b = row + u * 24;
+    float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+    u32 qh = *(const u32*)(b + 4);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        u32 byte = b[8 + j];
+        w[j] = d * (float)((byte & 0xF) | (((qh >> j) & 1) << 4)) + m;
+        w[16 + j] = d * (float)((byte >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m;
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_Q8_0>(const u8* row, int u, float* w) {
+    const u8* b = row + u * 34;
+    float d = h2f(ld16(b));
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        u16 q = ld16(b + 2 + 2 * j);
+        w[2 * j] = d * (float)(i8)(q & 0xFF);
+        w[2 * j + 1] = d * (float)(i8)(q >> 8);
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_Q4_K>(const u8* row, int u, float* w) {
+    const u8* b = row + (u >> 3) * 144;
+    int sub = u & 7, j = sub >> 1, h = sub & 1;
+    float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+    float s0, m0, s1, m1;
+    scale_min_k4(2 * j, b + 4, s0, m0);
+    scale_min_k4(2 * j + 1, b + 4, s1, m1);
+    float d0 = d * s0, mm0 = dmin * m0, d1 = d * s1, mm1 = dmin * m1;
+    uint4 q = *(const uint4*)(b + 16 + 32 * j + 16 * h);
+    u32 a[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 byte = (a[i] >> (8 * k)) & 0xFF;
+            w[4 * i + k] = d0 * (float)(byte & 0xF) - mm0;
+            w[16 + 4 * i + k] = d1 * (float)(byte >> 4) - mm1;
+        }
+    }
+    return (u >> 3) * 256 + 64 * j + 16 * h;
+}
+template <> __device__ __forceinline__ int unit<T_Q6_K>(const u8* row, int u, float* w) {
+    const u8* b = row + (u >> 3) * 210;
+    int sub = u & 7, hf = sub >> 2, pp = (sub >> 1) & 1, lg = sub & 1;
+    const u8* ql = b + 64 * hf + 32 * pp + 16 * lg;
+    const u8* qh = b + 128 + 32 * hf + 16 * lg;
+    const i8* sc = (const i8*)(b + 192);
+    float d = h2f(ld16(b + 208));
+    float dlo = d * (float)sc[8 * hf + lg + 2 * pp], dhi = d * (float)sc[8 * hf + lg + 4 + 2 * pp];
+    int shl = 2 * pp, shh = 4 + 2 * pp;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        u16 l2 = ld16(ql + 2 * i), h2 = ld16(qh + 2 * i);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            u32 lb = (l2 >> (8 * k)) & 0xFF, hb = (h2 >> (8 * k)) & 0xFF;
+            int lo = (int)((lb & 0xF) | (((hb >> shl) & 3) << 4)) - 32;
+            int hi = (int)((lb >> 4) | (((hb >> shh) & 3) << 4)) - 32;
+            w[2 * i + k] = dlo * (float)lo;
+            w[16 + 2 * i + k] = dhi * (float)hi;
+        }
+    }
+    return (u >> 3) * 256 + 128 * hf + 32 * pp + 16 * lg;
+}
+
+// ---- Matrix times a few rows: Y[r, n] (+)= sum_k W[n, k] X[r, k] (+ bias[n]) for r < m <= MR.
+// One warp per output row n; every weight is read once for all m rows. MODE 0: store, 1: add to Y (residual).
+
+template <int T, int K, int MR, int MODE>
+__device__ __forceinline__ void mmv_body(const u8* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y,
+                                         const float* __restrict__ bias, int m, int N) {
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (n >= N) return;
+    X += (size_t)blockIdx.y * MR * K;
+    Y += (size_t)blockIdx.y * MR * N;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    const int NU = K / 32;
+    const size_t row_bytes = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
+    const u8* row = W + (size_t)n * row_bytes;
+    float acc[MR];
+#pragma unroll
+    for (int r = 0; r < MR; r++) acc[r] = 0.f;
+    for (int u = lane; u < NU; u += 32) {
+        float w[32];
+        int off = unit<T>(row, u, w);
+#pragma unroll
+        for (int r = 0; r < MR; r++) {
+            if (r < m) {
+                const float4* x0 = (const float4*)(X + (size_t)r * K + off);
+                const float4* x1 = (const float4*)(X + (size_t)r * K + off + Fmt<T>::DOFF);
+                float s = 0.f;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float4 a = x0[i], c = x1[i];
+                    s += w[4 * i] * a.x + w[4 * i + 1] * a.y + w[4 * i + 2] * a.z + w[4 * i + 3] * a.w;
+                    s += w[16 + 4 * i] * c.x + w[16 + 4 * i + 1] * c.y + w[16 + 4 * i + 2] * c.z +
+                         w[16 + 4 * i + 3] * c.w;
+                }
+                acc[r] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r < m) {
+            float s = warp_sum(acc[r]);
+            if (lane == 0) {
+                if (bias) s += bias[n];
+                if (MODE == 1) Y[(size_t)r * N + n] += s;
+                else Y[(size_t)r * N + n] = s;
+            }
+        }
+    }
+}
+
+// Gate and up projections together, writing silu(gate) * up.
+template <int T, int K, int MR>
+__device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
+                                            const float* __restrict__ X, float* __restrict__ Y, int m, int N) {
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (n >= N) return;
+    X += (size_t)blockIdx.y * MR * K;
+    Y += (size_t)blockIdx.y * MR * N;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    const int NU = K / 32;
+    const size_t row_bytes = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
+    const u8* rg = Wg + (size_t)n * row_bytes;
+    const u8* ru = Wu + (size_t)n * row_bytes;
+    float ag[MR], au[MR];
+#pragma unroll
+    for (int r = 0; r < MR; r++) ag[r] = au[r] = 0.f;
+    for (int u = lane; u < NU; u += 32) {
+        float wg[32], wu[32];
+        int off = unit<T>(rg, u, wg);
+        unit<T>(ru, u, wu);
+#pragma unroll
+        for (int r = 0; r < MR; r++) {
+            if (r < m) {
+                const float4* x0 = (const float4*)(X + (size_t)r * K + off);
+                const float4* x1 = (const float4*)(X + (size_t)r * K + off + Fmt<T>::DOFF);
+                float sg = 0.f, su = 0.f;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float4 a = x0[i], c = x1[i];
+                    sg += wg[4 * i] * a.x + wg[4 * i + 1] * a.y + wg[4 * i + 2] * a.z + wg[4 * i + 3] * a.w;
+                    sg += wg[16 + 4 * i] * c.x + wg[16 + 4 * i + 1] * c.y + wg[16 + 4 * i + 2] * c.z +
+                          wg[16 + 4 * i + 3] * c.w;
+                    su += wu[4 * i] * a.x + wu[4 * i + 1] * a.y + wu[4 * i + 2] * a.z + wu[4 * i + 3] * a.w;
+                    su += wu[16 + 4 * i] * c.x + wu[16 + 4 * i + 1] * c.y + wu[16 + 4 * i + 2] * c.z +
+                          wu[16 + 4 * i + 3] * c.w;
+                }
+                ag[r] += sg;
+                au[r] += su;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r < m) {
+            float g = warp_sum(ag[r]), up = warp_sum(au[r]);
+            if (lane == 0) Y[(size_t)r * N + n] = g / (1.f + __expf(-g)) * up;
+        }
+    }
+}
+
+// Rows of a quantized matrix (token embedding), dequantized: out[t, :] = W[tokens[t], :].
+template <int T, int K>
+__device__ __forceinline__ void embed_body(const u8* __restrict__ W, const u32* __restrict__ tokens,
+                                           float* __restrict__ out) {
+    const int t = blockIdx.x;
+    const size_t row_bytes = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
+    const u8* row = W + (size_t)tokens[t] * row_bytes;
+    for (int u = threadIdx.x; u < K / 32; u += blockDim.x) {
+        float w[32];
+        int off = unit<T>(row, u, w);
+        float* o = out + (size_t)t * K;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            o[off + i] = w[i];
+            o[off + Fmt<T>::DOFF + i] = w[16 + i];
+        }
+    }
+}
+
+// ---- Per-row operations (block of 256 threads per row).
+
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+    v = warp_sum(v);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) s += sh[i];
+    return s;
+}
+
+// out[i, :] = x[rows ? rows[i] : i, :] * rsqrt(mean(x^2) + eps) * w
+extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
+                                    const u32* __restrict__ rows) {
+    __shared__ float sh[32];
+    const int i = blockIdx.x;
+    const float* xr = x + (size_t)(rows ? rows[i] : i) * HIDDEN;
+    float s = 0.f;
+    for (int k = threadIdx.x; k < HIDDEN; k += blockDim.x) s += xr[k] * xr[k];
+    s = block_sum(s, sh);
+    const float scale = rsqrtf(s / (float)HIDDEN + RMS_EPS);
+    for (int k = threadIdx.x; k < HIDDEN; k += blockDim.x) out[(size_t)i * HIDDEN + k] = xr[k] * scale * w[k];
+}
+
+extern "C" __global__ void silu_mul(float* __restrict__ g, const float* __restrict__ u, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float a = g[i];
+        g[i] = a / (1.f + __expf(-a)) * u[i];
+    }
+}
+
+// Per-head RMSNorm of q and k (qwen3), in place; one warp per head.
+extern "C" __global__ void qk_norm(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ qw,
+                                   const float* __restrict__ kw) {
+    const int t = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    for (int h = wid; h < NUM_HEADS + NUM_KV_HEADS; h += blockDim.x >> 5) {
+        float* v = h < NUM_HEADS ? q + (size_t)t * Q_DIM + h * HEAD_DIM
+                                 : k + (size_t)t * KV_DIM + (h - NUM_HEADS) * HEAD_DIM;
+        const float* w = h < NUM_HEADS ? qw : kw;
+        float s = 0.f;
+        for (int i = lane; i < HEAD_DIM; i += 32) s += v[i] * v[i];
+        s = warp_sum(s);
+        float scale = rsqrtf(s / (float)HEAD_DIM + RMS_EPS);
+        for (int i = lane; i < HEAD_DIM; i += 32) v[i] = v[i] * scale * w[i];
+    }
+}
+
+// RoPE on q and k of row t (at position pos[t]), then k and v (f16) into the paged cache.
+// Cache layout per layer: [page][PAGE_SIZE][KV_DIM]; the row's page is table[slot[t] * MAX_PAGES + pos / PAGE_SIZE].
+extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                                   const float* __restrict__ inv_freq, const u32* __restrict__ pos,
+                                   const u32* __restrict__ slot, const u32* __restrict__ table,
+                                   u16* __restrict__ kc, u16* __restrict__ vc) {
+    const int t = blockIdx.x;
+    const u32 p = pos[t];
+    const u32 page = table[(size_t)slot[t] * MAX_PAGES + p / PAGE_SIZE];
+    const size_t cbase = ((size_t)page * PAGE_SIZE + p % PAGE_SIZE) * KV_DIM;
+    const int half = ROPE_DIM / 2;
+    // Each thread handles one rotation pair of one head (q heads then k heads), or copies a dimension.
+    for (int idx = threadIdx.x; idx < (NUM_HEADS + NUM_KV_HEADS) * (HEAD_DIM / 2); idx += blockDim.x) {
+        const int h = idx / (HEAD_DIM / 2), i = idx % (HEAD_DIM / 2);
+        const bool isq = h < NUM_HEADS;
+        const float* src = isq ? q + (size_t)t * Q_DIM + h * HEAD_DIM : k + (size_t)t * KV_DIM + (h - NUM_HEADS) * HEAD_DIM;
+        int ia, ib;
+        if (ROPE_NEOX) { ia = i; ib = i + half; } else { ia = 2 * i; ib = 2 * i + 1; }
+        float a, b;
+        if (i < half) {
+            float s, c;
+            sincosf((float)p * inv_freq[i], &s, &c);
+            float x0 = src[ia], x1 = src[ib];
+            a = x0 * c - x1 * s;
+            b = x0 * s + x1 * c;
+        } else {
+            // Dimensions past rope_dim keep their values.
+            ia = 2 * i;
+            ib = 2 * i + 1;
+            a = src[ia];
+            b = src[ib];
+        }
+        if (isq) {
+            float* dst = q + (size_t)t * Q_DIM + h * HEAD_DIM;
+            dst[ia] = a;
+            dst[ib] = b;
+        } else {
+            u16* dst = kc + cbase + (h - NUM_HEADS) * HEAD_DIM;
+            dst[ia] = f2h(a);
+            dst[ib] = f2h(b);
+        }
+    }
+    for (int i = threadIdx.x; i < KV_DIM; i += blockDim.x) vc[cbase + i] = f2h(v[(size_t)t * KV_DIM + i]);
+}
+
+// Causal attention of row t, head h over positions 0..=pos[t] of its sequence's paged cache.
+// Block of ATT_WARPS warps; each warp runs an online softmax over every ATT_WARPS-th position; lane l holds
+// dimensions [l*E, l*E+E). Queries are rounded to f16 first, as the CPU backend does.
+#define E (HEAD_DIM / 32)
+extern "C" __global__ void attention(const float* __restrict__ q, const u16* __restrict__ kc,
+                                     const u16* __restrict__ vc, const u32* __restrict__ pos,
+                                     const u32* __restrict__ slot, const u32* __restrict__ table,
+                                     float* __restrict__ out) {
+    const int t = blockIdx.x, h = blockIdx.y;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int kvh = h / (NUM_HEADS / NUM_KV_HEADS);
+    const int n = (int)pos[t] + 1;
+    const u32* tab = table + (size_t)slot[t] * MAX_PAGES;
+    const float scale = rsqrtf((float)HEAD_DIM);
+    float qv[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) qv[e] = h2f(f2h(q[(size_t)t * Q_DIM + h * HEAD_DIM + lane * E + e]));
+    float mx = -1e30f, l = 0.f, acc[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) acc[e] = 0.f;
+    for (int p = wid; p < n; p += ATT_WARPS) {
+        const size_t base = ((size_t)tab[p / PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE) * KV_DIM + kvh * HEAD_DIM + lane * E;
+        float s = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; e++) s += qv[e] * h2f(kc[base + e]);
+        s = warp_sum(s) * scale;
+        float mn = fmaxf(mx, s);
+        float corr = __expf(mx - mn), pr = __expf(s - mn);
+        l = l * corr + pr;
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[e] = acc[e] * corr + pr * h2f(vc[base + e]);
+        mx = mn;
+    }
+    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], sacc[ATT_WARPS][HEAD_DIM];
+    if (lane == 0) { sm[wid] = mx; sl[wid] = l; }
+#pragma unroll
+    for (int e = 0; e < E; e++) sacc[wid][lane * E + e] = acc[e];
+    __syncthreads();
+    if (wid == 0) {
+        float M = -1e30f;
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
+        float L = 0.f, o[E];
+#pragma unroll
+        for (int e = 0; e < E; e++) o[e] = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) {
+            float c = __expf(sm[w] - M);
+            L += sl[w] * c;
+#pragma unroll
+            for (int e = 0; e < E; e++) o[e] += sacc[w][lane * E + e] * c;
+        }
+#pragma unroll
+        for (int e = 0; e < E; e++) out[(size_t)t * Q_DIM + h * HEAD_DIM + lane * E + e] = o[e] / L;
+    }
+}
+#undef E
