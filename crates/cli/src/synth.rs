@@ -5,8 +5,8 @@
 //! benchmarks. Weights are normal with standard deviation `1/sqrt(cols)` (about what trained Qwen matrices show), norms
 //! near 1, small biases; the output matrix is scaled so logits spread over a few units and the top token is clear.
 //!
-//! Speed: each matrix is filled from a pool of blocks quantized once from normal values (picked at random per block),
-//! so even the 32B shape (19 GB) is written in well under a minute.
+//! Speed: matrices are filled from pools of blocks quantized once per (type, scale) from normal values, each block
+//! picked at random, so even the 32B shape (19 GB) is written in about a minute.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -179,15 +179,23 @@ impl Rng {
 /// Blocks per pool: a matrix row picks each of its blocks at random from these.
 const POOL_BLOCKS: usize = 4096;
 
+/// Pools of quantized blocks, one per (type, standard deviation), shared by every matrix that needs one.
+type Pools = std::collections::HashMap<(GgmlType, u32), Vec<u8>>;
+
 /// A `[rows, cols]` matrix of normal values with standard deviation `std`, encoded as `ty`.
-fn random_matrix(ty: GgmlType, rows: usize, cols: usize, std: f32, rng: &mut Rng) -> Result<Vec<u8>> {
+fn random_matrix(ty: GgmlType, rows: usize, cols: usize, std: f32, rng: &mut Rng, pools: &mut Pools) -> Result<Vec<u8>> {
     let block_len = ty.block_len();
     if cols % block_len != 0 {
         bail!("{ty} needs rows that are a multiple of {block_len} values; this shape has {cols}");
     }
     let block_bytes = ty.block_bytes();
-    let pool_vals: Vec<f32> = (0..POOL_BLOCKS * block_len).map(|_| rng.normal() * std).collect();
-    let pool = gguf::quant::quantize(ty, &pool_vals).with_context(|| format!("quantizing to {ty}"))?;
+    let pool = match pools.entry((ty, std.to_bits())) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let pool_vals: Vec<f32> = (0..POOL_BLOCKS * block_len).map(|_| rng.normal() * std).collect();
+            e.insert(gguf::quant::quantize(ty, &pool_vals).with_context(|| format!("quantizing to {ty}"))?)
+        }
+    };
     let num_blocks = rows * cols / block_len;
     let mut out = Vec::with_capacity(num_blocks * block_bytes);
     for _ in 0..num_blocks {
@@ -343,8 +351,9 @@ pub fn build(s: &Shape, forced: Option<GgmlType>, layers: usize, seed: u64) -> R
     let mut rng = Rng::new(seed);
     let ty = |kind, layer| forced.unwrap_or_else(|| q4_k_m_type(s, kind, layer, num_layers));
     let inv_sqrt = |n: usize| 1.0 / (n as f32).sqrt();
+    let mut pools = Pools::new();
     let mut mat = |w: &mut GgufWriter, name: String, ty: GgmlType, rows: usize, cols: usize, std: f32| -> Result<()> {
-        let data = random_matrix(ty, rows, cols, std, &mut rng).with_context(|| format!("tensor {name}"))?;
+        let data = random_matrix(ty, rows, cols, std, &mut rng, &mut pools).with_context(|| format!("tensor {name}"))?;
         w.add_tensor(name, &[cols as u64, rows as u64], ty, data)?;
         Ok(())
     };

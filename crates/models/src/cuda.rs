@@ -40,12 +40,16 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Where compiled kernels are cached (None: no cache).
     pub cache_dir: Option<PathBuf>,
+    /// Round activations to 8 bits before quantized matrix products exactly as the CPU backend and ggml do
+    /// (Q8_0 / Q8_1 / Q8_K), so both backends compute the same function. Off: f32 activations.
+    pub exact_activations: bool,
 }
 
 impl Default for CudaOptions {
     fn default() -> Self {
         let graphs = std::env::var("SPLASH_CUDA_GRAPHS").map(|v| v != "0").unwrap_or(true);
-        CudaOptions { device: 0, kv_tokens: 0, graphs, cache_dir: None }
+        let exact_activations = std::env::var("SPLASH_CUDA_EXACT").map(|v| v != "0").unwrap_or(true);
+        CudaOptions { device: 0, kv_tokens: 0, graphs, cache_dir: None, exact_activations }
     }
 }
 
@@ -108,6 +112,10 @@ struct Scratch {
     att: DevBuf,
     gate: DevBuf,
     up: DevBuf,
+    /// Rounded activations (see `CudaOptions::exact_activations`).
+    xq: DevBuf,
+    /// Attention partials of the splits.
+    part: DevBuf,
     logits: DevBuf,
     tokens: DevBuf,
     pos: DevBuf,
@@ -162,6 +170,26 @@ fn embed_name(ty: GgmlType, k: usize) -> String {
 }
 
 const MRS: [usize; 4] = [1, 2, 4, 8];
+
+/// Attention splits over the positions for a batch of `m` rows: many for decode, where rows x heads alone would
+/// leave most of the GPU idle.
+fn att_splits(m: usize) -> usize {
+    match m {
+        0..=16 => 16,
+        17..=64 => 4,
+        _ => 1,
+    }
+}
+
+/// How the CPU backend rounds activations for a weight type: None (f32), Some(0) Q8_0/Q8_1, Some(1) Q8_K.
+fn act_fmt(ty: GgmlType) -> Option<u32> {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => Some(0),
+        Q4_K | Q5_K | Q6_K => Some(1),
+        _ => None,
+    }
+}
 
 fn pick_mr(m: usize) -> usize {
     match m {
@@ -287,7 +315,7 @@ impl CudaRunner {
         stats.cache_hit = hit;
         let mut funcs = HashMap::new();
         let mut names: Vec<String> = vec!["rms_norm".into(), "silu_mul".into(), "qk_norm".into(), "rope_kv".into()];
-        names.push("attention".into());
+        names.extend(["attention", "attn_combine", "act_q8_0", "act_q8_k"].map(String::from));
         for &(ty, k) in &mats {
             for mr in MRS {
                 names.push(mmv_name(ty, k, mr, 0));
@@ -465,6 +493,8 @@ impl CudaRunner {
             att: g.alloc(m * c.q_dim() * f)?,
             gate: g.alloc(m * c.ffn_size * f)?,
             up: g.alloc(m * c.ffn_size * f)?,
+            xq: g.alloc(m.max(r) * c.hidden_size.max(c.q_dim()).max(c.ffn_size) * f)?,
+            part: g.alloc((1..=m).map(|k| k * att_splits(k)).max().unwrap_or(1) * c.num_heads * (c.head_dim + 2) * f)?,
             logits: g.alloc(r * c.vocab_size * f)?,
             tokens: g.alloc(m * 4)?,
             pos: g.alloc(m * 4)?,
@@ -482,8 +512,41 @@ impl CudaRunner {
         Ok(())
     }
 
+    /// The activations to multiply `w` with: `x` itself, or `x` rounded as the CPU backend would (into `xq`, reused
+    /// while `memo` says it already holds `x` in that format).
+    fn act(&self, w: &GMat, x: u64, m: usize, memo: &mut Option<(u64, u32)>) -> Result<u64> {
+        let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
+        let Some(fmt) = act_fmt(w.ty).filter(|_| self.opts.exact_activations) else { return Ok(x) };
+        if *memo == Some((x, fmt)) {
+            return Ok(s.xq.ptr);
+        }
+        let k = w.cols;
+        let bl = if fmt == 0 { 32 } else { 256 };
+        let grid = (m as u32, (k / bl).div_ceil(8) as u32, 1);
+        let name = if fmt == 0 { "act_q8_0" } else { "act_q8_k" };
+        self.launch(name, grid, 256, Args(vec![x, s.xq.ptr, i(k)]))?;
+        *memo = Some((x, fmt));
+        Ok(s.xq.ptr)
+    }
+
     /// Y[m, N] (+)= W X[m, K] (+ bias).
     fn mmv(&self, w: &GMat, x: u64, y: u64, bias: Option<&DevBuf>, m: usize, residual: bool) -> Result<()> {
+        let mut memo = None;
+        self.mmv_m(w, x, y, bias, m, residual, &mut memo)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn mmv_m(
+        &self,
+        w: &GMat,
+        x: u64,
+        y: u64,
+        bias: Option<&DevBuf>,
+        m: usize,
+        residual: bool,
+        memo: &mut Option<(u64, u32)>,
+    ) -> Result<()> {
+        let x = self.act(w, x, m, memo)?;
         let mr = pick_mr(m);
         let name = mmv_name(w.ty, w.cols, mr, u32::from(residual));
         let grid = (w.rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1);
@@ -504,9 +567,10 @@ impl CudaRunner {
         )?;
         for (li, l) in self.layers.iter().enumerate() {
             self.launch("rms_norm", (mu, 1, 1), 256, Args(vec![s.x.ptr, l.attn_norm.ptr, s.xn.ptr, 0]))?;
-            self.mmv(&l.wq, s.xn.ptr, s.q.ptr, l.bq.as_ref(), m, false)?;
-            self.mmv(&l.wk, s.xn.ptr, s.k.ptr, l.bk.as_ref(), m, false)?;
-            self.mmv(&l.wv, s.xn.ptr, s.v.ptr, l.bv.as_ref(), m, false)?;
+            let mut memo = None;
+            self.mmv_m(&l.wq, s.xn.ptr, s.q.ptr, l.bq.as_ref(), m, false, &mut memo)?;
+            self.mmv_m(&l.wk, s.xn.ptr, s.k.ptr, l.bk.as_ref(), m, false, &mut memo)?;
+            self.mmv_m(&l.wv, s.xn.ptr, s.v.ptr, l.bv.as_ref(), m, false, &mut memo)?;
             if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
                 self.launch("qk_norm", (mu, 1, 1), 128, Args(vec![s.q.ptr, s.k.ptr, qn.ptr, kn.ptr]))?;
             }
@@ -528,24 +592,32 @@ impl CudaRunner {
             )?;
             self.launch(
                 "attention",
-                (mu, c.num_heads as u32, 1),
+                (mu, c.num_heads as u32, att_splits(m) as u32),
                 (32 * ATT_WARPS) as u32,
-                Args(vec![s.q.ptr, self.kc[li].ptr, self.vc[li].ptr, s.pos.ptr, s.slot.ptr, s.table.ptr, s.att.ptr]),
+                Args(vec![s.q.ptr, self.kc[li].ptr, self.vc[li].ptr, s.pos.ptr, s.slot.ptr, s.table.ptr, s.part.ptr]),
+            )?;
+            self.launch(
+                "attn_combine",
+                (mu, c.num_heads as u32, 1),
+                c.head_dim as u32,
+                Args(vec![s.part.ptr, s.att.ptr, i(att_splits(m))]),
             )?;
             self.mmv(&l.wo, s.att.ptr, s.x.ptr, None, m, true)?;
             self.launch("rms_norm", (mu, 1, 1), 256, Args(vec![s.x.ptr, l.ffn_norm.ptr, s.xn.ptr, 0]))?;
+            let mut memo = None;
             if l.gate.ty == l.up.ty {
+                let xin = self.act(&l.gate, s.xn.ptr, m, &mut memo)?;
                 let mr = pick_mr(m);
                 let grid = (l.gate.rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1);
                 self.launch(
                     &gu_name(l.gate.ty, l.gate.cols, mr),
                     grid,
                     128,
-                    Args(vec![l.gate.buf.ptr, l.up.buf.ptr, s.xn.ptr, s.gate.ptr, i(m), i(l.gate.rows)]),
+                    Args(vec![l.gate.buf.ptr, l.up.buf.ptr, xin, s.gate.ptr, i(m), i(l.gate.rows)]),
                 )?;
             } else {
-                self.mmv(&l.gate, s.xn.ptr, s.gate.ptr, None, m, false)?;
-                self.mmv(&l.up, s.xn.ptr, s.up.ptr, None, m, false)?;
+                self.mmv_m(&l.gate, s.xn.ptr, s.gate.ptr, None, m, false, &mut memo)?;
+                self.mmv_m(&l.up, s.xn.ptr, s.up.ptr, None, m, false, &mut memo)?;
                 let n = m * c.ffn_size;
                 self.launch("silu_mul", (n.div_ceil(256) as u32, 1, 1), 256, Args(vec![s.gate.ptr, s.up.ptr, i(n)]))?;
             }

@@ -424,58 +424,151 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restric
     for (int i = threadIdx.x; i < KV_DIM; i += blockDim.x) vc[cbase + i] = f2h(v[(size_t)t * KV_DIM + i]);
 }
 
-// Causal attention of row t, head h over positions 0..=pos[t] of its sequence's paged cache.
-// Block of ATT_WARPS warps; each warp runs an online softmax over every ATT_WARPS-th position; lane l holds
-// dimensions [l*E, l*E+E). Queries are rounded to f16 first, as the CPU backend does.
+// Activations rounded exactly as the CPU backend (and ggml) quantize them before a quantized dot product, then
+// dequantized back to f32: FMT 0 = Q8_0 / Q8_1 (32-blocks, d = amax/127 stored as f16, round half away from zero),
+// FMT 1 = Q8_K (256-blocks, iscale = -127/max, round half to even, clamp 127, d = 1/iscale in f32).
+// One warp per block; grid (rows, ceil(blocks_per_row / 8)), 256 threads.
+template <int FMT>
+__device__ __forceinline__ void act_quant_body(const float* __restrict__ x, float* __restrict__ out, int K) {
+    const int BL = FMT == 0 ? 32 : 256, EL = BL / 32;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int b = blockIdx.y * 8 + wid;
+    if (b * BL >= K) return;
+    const size_t base = (size_t)blockIdx.x * K + (size_t)b * BL + lane * EL;
+    float v[EL];
+#pragma unroll
+    for (int e = 0; e < EL; e++) v[e] = x[base + e];
+    if (FMT == 0) {
+        float amax = warp_max(fabsf(v[0]));
+        float d = amax / 127.f;
+        float id = d != 0.f ? 1.f / d : 0.f;
+        float dh = h2f(f2h(d));
+        out[base] = dh * roundf(v[0] * id);
+    } else {
+        // The signed value of largest magnitude (the first one, on ties, as a serial scan finds).
+        float amax = 0.f, mx = 0.f;
+        int idx = 1 << 30;
+#pragma unroll
+        for (int e = 0; e < EL; e++) {
+            float a = fabsf(v[e]);
+            if (a > amax) { amax = a; mx = v[e]; idx = lane * EL + e; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float a2 = __shfl_xor_sync(0xffffffffu, amax, o);
+            float m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+            int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; idx = i2; }
+        }
+        if (amax == 0.f) {
+#pragma unroll
+            for (int e = 0; e < EL; e++) out[base + e] = 0.f;
+            return;
+        }
+        float iscale = -127.f / mx;
+        float d = 1.f / iscale;
+#pragma unroll
+        for (int e = 0; e < EL; e++) out[base + e] = d * fminf(127.f, rintf(iscale * v[e]));
+    }
+}
+extern "C" __global__ void act_q8_0(const float* x, float* out, int K) { act_quant_body<0>(x, out, K); }
+extern "C" __global__ void act_q8_k(const float* x, float* out, int K) { act_quant_body<1>(x, out, K); }
+
+// Causal attention of row t, head h, over positions 0..=pos[t] of its sequence's paged cache, split over gridDim.z
+// blocks (flash-decoding): split z takes a contiguous range of positions and writes its unnormalised partial
+// (max, sum, acc[HEAD_DIM]) to part[((t * NUM_HEADS + h) * S + z) * (HEAD_DIM + 2)]; attn_combine merges them.
+// Inside a split each warp takes tiles of 32 positions, one position per lane for the scores. Queries are rounded
+// to f16 first, as the CPU backend does.
 #define E (HEAD_DIM / 32)
-extern "C" __global__ void attention(const float* __restrict__ q, const u16* __restrict__ kc,
-                                     const u16* __restrict__ vc, const u32* __restrict__ pos,
-                                     const u32* __restrict__ slot, const u32* __restrict__ table,
-                                     float* __restrict__ out) {
-    const int t = blockIdx.x, h = blockIdx.y;
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const float* __restrict__ q,
+        const u16* __restrict__ kc, const u16* __restrict__ vc, const u32* __restrict__ pos,
+        const u32* __restrict__ slot, const u32* __restrict__ table, float* __restrict__ part) {
+    const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, S = gridDim.z;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int kvh = h / (NUM_HEADS / NUM_KV_HEADS);
     const int n = (int)pos[t] + 1;
+    const int chunk = ((n + S - 1) / S + 31) / 32 * 32;
+    const int start = z * chunk, end = min(n, start + chunk);
     const u32* tab = table + (size_t)slot[t] * MAX_PAGES;
     const float scale = rsqrtf((float)HEAD_DIM);
-    float qv[E];
-#pragma unroll
-    for (int e = 0; e < E; e++) qv[e] = h2f(f2h(q[(size_t)t * Q_DIM + h * HEAD_DIM + lane * E + e]));
+    __shared__ float qs[HEAD_DIM];
+    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], sacc[ATT_WARPS][HEAD_DIM];
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x)
+        qs[i] = h2f(f2h(q[(size_t)t * Q_DIM + h * HEAD_DIM + i])) * scale;
+    __syncthreads();
     float mx = -1e30f, l = 0.f, acc[E];
 #pragma unroll
     for (int e = 0; e < E; e++) acc[e] = 0.f;
-    for (int p = wid; p < n; p += ATT_WARPS) {
-        const size_t base = ((size_t)tab[p / PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE) * KV_DIM + kvh * HEAD_DIM + lane * E;
-        float s = 0.f;
+    for (int base = start + 32 * wid; base < end; base += 32 * ATT_WARPS) {
+        const int p = base + lane;
+        float s = -1e30f;
+        if (p < end) {
+            const uint4* kr = (const uint4*)(kc + ((size_t)tab[p / PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE) * KV_DIM +
+                                             kvh * HEAD_DIM);
+            float d = 0.f;
 #pragma unroll
-        for (int e = 0; e < E; e++) s += qv[e] * h2f(kc[base + e]);
-        s = warp_sum(s) * scale;
-        float mn = fmaxf(mx, s);
-        float corr = __expf(mx - mn), pr = __expf(s - mn);
-        l = l * corr + pr;
+            for (int i = 0; i < HEAD_DIM / 8; i++) {
+                uint4 k8 = kr[i];
+                u32 a[4] = {k8.x, k8.y, k8.z, k8.w};
 #pragma unroll
-        for (int e = 0; e < E; e++) acc[e] = acc[e] * corr + pr * h2f(vc[base + e]);
+                for (int c = 0; c < 4; c++) {
+                    d += qs[8 * i + 2 * c] * h2f((u16)(a[c] & 0xFFFF));
+                    d += qs[8 * i + 2 * c + 1] * h2f((u16)(a[c] >> 16));
+                }
+            }
+            s = d;
+        }
+        const float tmax = warp_max(s);
+        const float mn = fmaxf(mx, tmax);
+        const float corr = __expf(mx - mn);
+        const float pr = p < end ? __expf(s - mn) : 0.f;
+        l = l * corr + warp_sum(pr);
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[e] *= corr;
+        const int cnt = min(32, end - base);
+#pragma unroll 8
+        for (int j = 0; j < cnt; j++) {
+            const float pj = __shfl_sync(0xffffffffu, pr, j);
+            const int pp = base + j;
+            const u16* vr = vc + ((size_t)tab[pp / PAGE_SIZE] * PAGE_SIZE + pp % PAGE_SIZE) * KV_DIM + kvh * HEAD_DIM +
+                            lane * E;
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[e] += pj * h2f(vr[e]);
+        }
         mx = mn;
     }
-    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], sacc[ATT_WARPS][HEAD_DIM];
     if (lane == 0) { sm[wid] = mx; sl[wid] = l; }
 #pragma unroll
     for (int e = 0; e < E; e++) sacc[wid][lane * E + e] = acc[e];
     __syncthreads();
-    if (wid == 0) {
-        float M = -1e30f;
-        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
-        float L = 0.f, o[E];
-#pragma unroll
-        for (int e = 0; e < E; e++) o[e] = 0.f;
-        for (int w = 0; w < ATT_WARPS; w++) {
-            float c = __expf(sm[w] - M);
-            L += sl[w] * c;
-#pragma unroll
-            for (int e = 0; e < E; e++) o[e] += sacc[w][lane * E + e] * c;
-        }
-#pragma unroll
-        for (int e = 0; e < E; e++) out[(size_t)t * Q_DIM + h * HEAD_DIM + lane * E + e] = o[e] / L;
+    float M = -1e30f;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
+    float* o = part + ((size_t)(t * NUM_HEADS + h) * S + z) * (HEAD_DIM + 2);
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+        float a = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][i] * __expf(sm[w] - M);
+        o[2 + i] = a;
+    }
+    if (threadIdx.x == 0) {
+        float L = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) L += sl[w] * __expf(sm[w] - M);
+        o[0] = M;
+        o[1] = L;
     }
 }
 #undef E
+
+// out[t, h*D + i] = merge of the S partials of (t, h). Grid (m, NUM_HEADS), HEAD_DIM threads.
+extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out, int S) {
+    const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+    const float* p = part + (size_t)(t * NUM_HEADS + h) * S * (HEAD_DIM + 2);
+    float M = -1e30f;
+    for (int z = 0; z < S; z++) M = fmaxf(M, p[z * (HEAD_DIM + 2)]);
+    float L = 0.f, a = 0.f;
+    for (int z = 0; z < S; z++) {
+        const float c = __expf(p[z * (HEAD_DIM + 2)] - M);
+        L += p[z * (HEAD_DIM + 2) + 1] * c;
+        a += p[z * (HEAD_DIM + 2) + 2 + i] * c;
+    }
+    out[(size_t)t * Q_DIM + h * HEAD_DIM + i] = a / L;
+}
