@@ -29,6 +29,13 @@ pub struct Args {
     /// Greedy steps in the batched-vs-unbatched check.
     #[arg(long, default_value_t = 32)]
     steps: usize,
+    /// CPU only: write the CPU's teacher-forced logits to this file (raw f32), to compare another CPU kernel level
+    /// against later with --cpu-compare (the noise floor of the comparison itself).
+    #[arg(long)]
+    cpu_dump: Option<std::path::PathBuf>,
+    /// CPU only: compare this process's CPU logits with a file written by --cpu-dump.
+    #[arg(long)]
+    cpu_compare: Option<std::path::PathBuf>,
     /// CPU threads for the reference (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
@@ -83,6 +90,27 @@ fn summary(name: &str, errs: &mut [f64], top1: usize) -> (f64, f64) {
 pub fn main(a: Args) -> Result<()> {
     let path = crate::load::model_path(&a.model)?;
     let file = Arc::new(gguf::GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))?);
+    if a.cpu_dump.is_some() || a.cpu_compare.is_some() {
+        let mut cpu = CpuRunner::new(file, a.threads).context("loading on the CPU")?;
+        let vocab = cpu.config().vocab_size;
+        let tokens = pseudo_tokens(a.positions.max(1), vocab, 7);
+        let got = cpu.forward(&one(SeqId(1), &tokens, 0, LogitsWanted::All))?.to_vec();
+        if let Some(p) = &a.cpu_dump {
+            let bytes: Vec<u8> = got.iter().flat_map(|v| v.to_le_bytes()).collect();
+            std::fs::write(p, bytes)?;
+            println!("wrote {} rows of CPU logits to {}", tokens.len(), p.display());
+        }
+        if let Some(p) = &a.cpu_compare {
+            let bytes = std::fs::read(p)?;
+            let want: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            if want.len() != got.len() {
+                bail!("{} holds {} values, expected {}", p.display(), want.len(), got.len());
+            }
+            let (mut e, t1) = compare(&got, &want, vocab);
+            summary("cpu vs cpu (other kernels)", &mut e, t1);
+        }
+        return Ok(());
+    }
     let t0 = Instant::now();
     let mut gpu = CudaRunner::new(file.clone(), crate::load::cuda_options()).context("loading on the GPU")?;
     let st = gpu.stats.clone();

@@ -48,7 +48,7 @@ pub struct CudaOptions {
 impl Default for CudaOptions {
     fn default() -> Self {
         let graphs = std::env::var("SPLASH_CUDA_GRAPHS").map(|v| v != "0").unwrap_or(true);
-        let exact_activations = std::env::var("SPLASH_CUDA_EXACT").map(|v| v != "0").unwrap_or(true);
+        let exact_activations = std::env::var("SPLASH_CUDA_EXACT").is_ok_and(|v| v == "1");
         CudaOptions { device: 0, kv_tokens: 0, graphs, cache_dir: None, exact_activations }
     }
 }
@@ -165,6 +165,12 @@ fn mmv_name(ty: GgmlType, k: usize, mr: usize, mode: u32) -> String {
 fn gu_name(ty: GgmlType, k: usize, mr: usize) -> String {
     format!("mmvgu_{}_{k}_{mr}", type_id(ty))
 }
+fn qkv_name(tq: GgmlType, tk: GgmlType, tv: GgmlType, mr: usize) -> String {
+    format!("qkv_{}_{}_{}_{mr}", type_id(tq), type_id(tk), type_id(tv))
+}
+fn gun_name(ty: GgmlType, mr: usize) -> String {
+    format!("gun_{}_{mr}", type_id(ty))
+}
 fn embed_name(ty: GgmlType, k: usize) -> String {
     format!("embed_{}_{k}", type_id(ty))
 }
@@ -205,6 +211,7 @@ pub fn kernel_source(
     cfg: &ModelConfig,
     mats: &[(GgmlType, usize)],
     gu: &[(GgmlType, usize)],
+    qkv: &[(GgmlType, GgmlType, GgmlType)],
     embd: (GgmlType, usize),
 ) -> String {
     let max_pages = cfg.max_context.div_ceil(PAGE_SIZE);
@@ -248,6 +255,32 @@ pub fn kernel_source(
                 "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wg, const u8* Wu, const float* X, \
                  float* Y, int m, int N) {{ mmv_gu_body<{t}, {k}, {mr}>(Wg, Wu, X, Y, m, N); }}\n",
                 gu_name(ty, k, mr)
+            ));
+        }
+    }
+    for &(tq, tk, tv) in qkv {
+        for mr in MRS {
+            s.push_str(&format!(
+                "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wq, const u8* Wk, const u8* Wv, \
+                 const float* X, const float* g, const float* bq, const float* bk, const float* bv, float* q, float* k, \
+                 float* v, int m) {{ qkv_body<{}, {}, {}, {mr}>(Wq, Wk, Wv, X, g, bq, bk, bv, q, k, v, m); }}\n",
+                qkv_name(tq, tk, tv, mr),
+                type_id(tq),
+                type_id(tk),
+                type_id(tv)
+            ));
+        }
+    }
+    for &(ty, k) in gu {
+        if k != cfg.hidden_size {
+            continue;
+        }
+        for mr in MRS {
+            s.push_str(&format!(
+                "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wg, const u8* Wu, const float* X, \
+                 const float* g, float* Y, int m) {{ gu_norm_body<{}, {mr}>(Wg, Wu, X, g, Y, m); }}\n",
+                gun_name(ty, mr),
+                type_id(ty)
             ));
         }
     }
@@ -309,7 +342,14 @@ impl CudaRunner {
             }
         }
         add(&mut mats, weights.output.ty, weights.output.cols);
-        let src = kernel_source(&cfg, &mats, &gu, (weights.token_embd.ty, cfg.hidden_size));
+        let mut qkv: Vec<(GgmlType, GgmlType, GgmlType)> = Vec::new();
+        for l in &weights.layers {
+            let t = (l.wq.ty, l.wk.ty, l.wv.ty);
+            if !qkv.contains(&t) {
+                qkv.push(t);
+            }
+        }
+        let src = kernel_source(&cfg, &mats, &gu, &qkv, (weights.token_embd.ty, cfg.hidden_size));
         let (module, compile_s, hit) = gpu.compile(&src, opts.cache_dir.clone())?;
         stats.compile_s = compile_s;
         stats.cache_hit = hit;
@@ -325,6 +365,14 @@ impl CudaRunner {
         for &(ty, k) in &gu {
             for mr in MRS {
                 names.push(gu_name(ty, k, mr));
+                if k == cfg.hidden_size {
+                    names.push(gun_name(ty, mr));
+                }
+            }
+        }
+        for &(tq, tk, tv) in &qkv {
+            for mr in MRS {
+                names.push(qkv_name(tq, tk, tv, mr));
             }
         }
         names.push(embed_name(weights.token_embd.ty, cfg.hidden_size));
@@ -566,11 +614,38 @@ impl CudaRunner {
             Args(vec![self.embd.buf.ptr, s.tokens.ptr, s.x.ptr]),
         )?;
         for (li, l) in self.layers.iter().enumerate() {
-            self.launch("rms_norm", (mu, 1, 1), 256, Args(vec![s.x.ptr, l.attn_norm.ptr, s.xn.ptr, 0]))?;
-            let mut memo = None;
-            self.mmv_m(&l.wq, s.xn.ptr, s.q.ptr, l.bq.as_ref(), m, false, &mut memo)?;
-            self.mmv_m(&l.wk, s.xn.ptr, s.k.ptr, l.bk.as_ref(), m, false, &mut memo)?;
-            self.mmv_m(&l.wv, s.xn.ptr, s.v.ptr, l.bv.as_ref(), m, false, &mut memo)?;
+            let exact = self.opts.exact_activations;
+            if exact {
+                self.launch("rms_norm", (mu, 1, 1), 256, Args(vec![s.x.ptr, l.attn_norm.ptr, s.xn.ptr, 0]))?;
+                let mut memo = None;
+                self.mmv_m(&l.wq, s.xn.ptr, s.q.ptr, l.bq.as_ref(), m, false, &mut memo)?;
+                self.mmv_m(&l.wk, s.xn.ptr, s.k.ptr, l.bk.as_ref(), m, false, &mut memo)?;
+                self.mmv_m(&l.wv, s.xn.ptr, s.v.ptr, l.bv.as_ref(), m, false, &mut memo)?;
+            } else {
+                // RMSNorm fused into one launch of the three projections.
+                let mr = pick_mr(m);
+                let rows = c.q_dim() + 2 * c.kv_dim();
+                let p = |b: &Option<DevBuf>| b.as_ref().map_or(0, |b| b.ptr);
+                self.launch(
+                    &qkv_name(l.wq.ty, l.wk.ty, l.wv.ty, mr),
+                    (rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1),
+                    128,
+                    Args(vec![
+                        l.wq.buf.ptr,
+                        l.wk.buf.ptr,
+                        l.wv.buf.ptr,
+                        s.x.ptr,
+                        l.attn_norm.ptr,
+                        p(&l.bq),
+                        p(&l.bk),
+                        p(&l.bv),
+                        s.q.ptr,
+                        s.k.ptr,
+                        s.v.ptr,
+                        i(m),
+                    ]),
+                )?;
+            }
             if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
                 self.launch("qk_norm", (mu, 1, 1), 128, Args(vec![s.q.ptr, s.k.ptr, qn.ptr, kn.ptr]))?;
             }
@@ -603,9 +678,17 @@ impl CudaRunner {
                 Args(vec![s.part.ptr, s.att.ptr, i(att_splits(m))]),
             )?;
             self.mmv(&l.wo, s.att.ptr, s.x.ptr, None, m, true)?;
-            self.launch("rms_norm", (mu, 1, 1), 256, Args(vec![s.x.ptr, l.ffn_norm.ptr, s.xn.ptr, 0]))?;
             let mut memo = None;
-            if l.gate.ty == l.up.ty {
+            if !exact && l.gate.ty == l.up.ty && l.gate.cols == c.hidden_size {
+                let mr = pick_mr(m);
+                self.launch(
+                    &gun_name(l.gate.ty, mr),
+                    (l.gate.rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1),
+                    128,
+                    Args(vec![l.gate.buf.ptr, l.up.buf.ptr, s.x.ptr, l.ffn_norm.ptr, s.gate.ptr, i(m)]),
+                )?;
+            } else if l.gate.ty == l.up.ty {
+                self.launch("rms_norm", (mu, 1, 1), 256, Args(vec![s.x.ptr, l.ffn_norm.ptr, s.xn.ptr, 0]))?;
                 let xin = self.act(&l.gate, s.xn.ptr, m, &mut memo)?;
                 let mr = pick_mr(m);
                 let grid = (l.gate.rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1);
@@ -616,6 +699,7 @@ impl CudaRunner {
                     Args(vec![l.gate.buf.ptr, l.up.buf.ptr, xin, s.gate.ptr, i(m), i(l.gate.rows)]),
                 )?;
             } else {
+                self.launch("rms_norm", (mu, 1, 1), 256, Args(vec![s.x.ptr, l.ffn_norm.ptr, s.xn.ptr, 0]))?;
                 self.mmv_m(&l.gate, s.xn.ptr, s.gate.ptr, None, m, false, &mut memo)?;
                 self.mmv_m(&l.up, s.xn.ptr, s.up.ptr, None, m, false, &mut memo)?;
                 let n = m * c.ffn_size;
@@ -786,7 +870,7 @@ mod tests {
         use GgmlType::*;
         let mats: Vec<(GgmlType, usize)> =
             [F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K].iter().map(|&t| (t, 1536)).collect();
-        let src = kernel_source(&cfg, &mats, &[(Q4_K, 1536), (Q5_0, 1536)], (Q6_K, 1536));
+        let src = kernel_source(&cfg, &mats, &[(Q4_K, 1536), (Q5_0, 1536)], &[(Q4_K, Q4_K, Q6_K)], (Q6_K, 1536));
         let t0 = std::time::Instant::now();
         let bin = backend::cuda::nvrtc_cubin(&src, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
         eprintln!(

@@ -259,6 +259,117 @@ __device__ __forceinline__ void mmv_body(const u8* __restrict__ W, const float* 
     }
 }
 
+// One weight row against up to MR activation rows, optionally RMS-normalising each activation row on the fly
+// (NORM: x -> x * g * rsqrt(mean(x^2) + eps); every element of x passes through the warp exactly once, so the sum of
+// squares comes free with the dot product). Returns the full sums in every lane.
+template <int T, int K, int MR, bool NORM>
+__device__ __forceinline__ void row_dot(const u8* __restrict__ row, const float* __restrict__ X,
+                                        const float* __restrict__ g, int m, float* out) {
+    const int lane = threadIdx.x & 31;
+    const int NU = K / 32;
+    float acc[MR], ss[MR];
+#pragma unroll
+    for (int r = 0; r < MR; r++) acc[r] = ss[r] = 0.f;
+#pragma unroll 2
+    for (int u = lane; u < NU; u += 32) {
+        float w[32];
+        int off = unit<T>(row, u, w);
+        if (NORM) {
+            const float4* g0 = (const float4*)(g + off);
+            const float4* g1 = (const float4*)(g + off + Fmt<T>::DOFF);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float4 a = g0[i], c = g1[i];
+                w[4 * i] *= a.x; w[4 * i + 1] *= a.y; w[4 * i + 2] *= a.z; w[4 * i + 3] *= a.w;
+                w[16 + 4 * i] *= c.x; w[16 + 4 * i + 1] *= c.y; w[16 + 4 * i + 2] *= c.z; w[16 + 4 * i + 3] *= c.w;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < MR; r++) {
+            if (r < m) {
+                const float4* x0 = (const float4*)(X + (size_t)r * K + off);
+                const float4* x1 = (const float4*)(X + (size_t)r * K + off + Fmt<T>::DOFF);
+                float s = 0.f, q = 0.f;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float4 a = x0[i], c = x1[i];
+                    s += w[4 * i] * a.x + w[4 * i + 1] * a.y + w[4 * i + 2] * a.z + w[4 * i + 3] * a.w;
+                    s += w[16 + 4 * i] * c.x + w[16 + 4 * i + 1] * c.y + w[16 + 4 * i + 2] * c.z +
+                         w[16 + 4 * i + 3] * c.w;
+                    if (NORM) q += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + c.x * c.x + c.y * c.y + c.z * c.z + c.w * c.w;
+                }
+                acc[r] += s;
+                ss[r] += q;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        float v = warp_sum(acc[r]);
+        if (NORM) v *= rsqrtf(warp_sum(ss[r]) / (float)K + RMS_EPS);
+        out[r] = v;
+    }
+}
+
+// Q, K and V projections in one launch, with the attention RMSNorm fused: blocks cover the rows of wq, then wk,
+// then wv (4 rows per block), each with its bias.
+template <int TQ, int TK, int TV, int MR>
+__device__ __forceinline__ void qkv_body(const u8* Wq, const u8* Wk, const u8* Wv, const float* X, const float* g,
+                                         const float* bq, const float* bk, const float* bv, float* q, float* k,
+                                         float* v, int m) {
+    const int lane = threadIdx.x & 31;
+    int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    X += (size_t)blockIdx.y * MR * HIDDEN;
+    const size_t r0 = (size_t)blockIdx.y * MR;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    float out[MR];
+    float* Y;
+    int N;
+    const float* b;
+    if (n < Q_DIM) {
+        row_dot<TQ, HIDDEN, MR, true>(Wq + (size_t)n * (HIDDEN / Fmt<TQ>::BLOCK) * Fmt<TQ>::BYTES, X, g, m, out);
+        Y = q; N = Q_DIM; b = bq;
+    } else if (n < Q_DIM + KV_DIM) {
+        n -= Q_DIM;
+        row_dot<TK, HIDDEN, MR, true>(Wk + (size_t)n * (HIDDEN / Fmt<TK>::BLOCK) * Fmt<TK>::BYTES, X, g, m, out);
+        Y = k; N = KV_DIM; b = bk;
+    } else if (n < Q_DIM + 2 * KV_DIM) {
+        n -= Q_DIM + KV_DIM;
+        row_dot<TV, HIDDEN, MR, true>(Wv + (size_t)n * (HIDDEN / Fmt<TV>::BLOCK) * Fmt<TV>::BYTES, X, g, m, out);
+        Y = v; N = KV_DIM; b = bv;
+    } else {
+        return;
+    }
+    if (lane == 0) {
+        const float bias = b ? b[n] : 0.f;
+#pragma unroll
+        for (int r = 0; r < MR; r++)
+            if (r < m) Y[(r0 + r) * N + n] = out[r] + bias;
+    }
+}
+
+// Gate and up projections together with the FFN RMSNorm fused, writing silu(gate) * up.
+template <int T, int MR>
+__device__ __forceinline__ void gu_norm_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
+                                             const float* __restrict__ X, const float* __restrict__ g,
+                                             float* __restrict__ Y, int m) {
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (n >= FFN) return;
+    X += (size_t)blockIdx.y * MR * HIDDEN;
+    Y += (size_t)blockIdx.y * MR * FFN;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    const size_t rb = (size_t)(HIDDEN / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
+    float a[MR], c[MR];
+    row_dot<T, HIDDEN, MR, true>(Wg + n * rb, X, g, m, a);
+    row_dot<T, HIDDEN, MR, true>(Wu + n * rb, X, g, m, c);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < MR; r++)
+            if (r < m) Y[(size_t)r * FFN + n] = a[r] / (1.f + __expf(-a[r])) * c[r];
+    }
+}
+
 // Gate and up projections together, writing silu(gate) * up.
 template <int T, int K, int MR>
 __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
@@ -487,7 +598,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int kvh = h / (NUM_HEADS / NUM_KV_HEADS);
     const int n = (int)pos[t] + 1;
-    const int chunk = ((n + S - 1) / S + 31) / 32 * 32;
+    const int chunk = ((n + S - 1) / S + 32 * ATT_WARPS - 1) / (32 * ATT_WARPS) * (32 * ATT_WARPS);
     const int start = z * chunk, end = min(n, start + chunk);
     const u32* tab = table + (size_t)slot[t] * MAX_PAGES;
     const float scale = rsqrtf((float)HEAD_DIM);
