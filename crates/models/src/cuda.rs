@@ -168,14 +168,16 @@ fn gu_name(ty: GgmlType, k: usize, mr: usize) -> String {
 fn qkv_name(tq: GgmlType, tk: GgmlType, tv: GgmlType, mr: usize) -> String {
     format!("qkv_{}_{}_{}_{mr}", type_id(tq), type_id(tk), type_id(tv))
 }
-fn gun_name(ty: GgmlType, mr: usize) -> String {
-    format!("gun_{}_{mr}", type_id(ty))
-}
 fn embed_name(ty: GgmlType, k: usize) -> String {
     format!("embed_{}_{k}", type_id(ty))
 }
 
 const MRS: [usize; 4] = [1, 2, 4, 8];
+
+/// Warps that share one weight row of length `k` in the matrix-vector kernels (long rows: more loads in flight).
+fn warps_per_row(k: usize) -> usize {
+    if k >= 4096 { 4 } else { 1 }
+}
 
 /// Attention splits over the positions for a batch of `m` rows: many for decode, where rows x heads alone would
 /// leave most of the GPU idle.
@@ -242,8 +244,9 @@ pub fn kernel_source(
             for mode in 0..2 {
                 s.push_str(&format!(
                     "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* W, const float* X, float* Y, \
-                     const float* bias, int m, int N) {{ mmv_body<{t}, {k}, {mr}, {mode}>(W, X, Y, bias, m, N); }}\n",
-                    mmv_name(ty, k, mr, mode)
+                     const float* bias, int m, int N) {{ mmv_body<{t}, {k}, {mr}, {mode}, {}>(W, X, Y, bias, m, N); }}\n",
+                    mmv_name(ty, k, mr, mode),
+                    warps_per_row(k)
                 ));
             }
         }
@@ -268,19 +271,6 @@ pub fn kernel_source(
                 type_id(tq),
                 type_id(tk),
                 type_id(tv)
-            ));
-        }
-    }
-    for &(ty, k) in gu {
-        if k != cfg.hidden_size {
-            continue;
-        }
-        for mr in MRS {
-            s.push_str(&format!(
-                "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wg, const u8* Wu, const float* X, \
-                 const float* g, float* Y, int m) {{ gu_norm_body<{}, {mr}>(Wg, Wu, X, g, Y, m); }}\n",
-                gun_name(ty, mr),
-                type_id(ty)
             ));
         }
     }
@@ -365,9 +355,6 @@ impl CudaRunner {
         for &(ty, k) in &gu {
             for mr in MRS {
                 names.push(gu_name(ty, k, mr));
-                if k == cfg.hidden_size {
-                    names.push(gun_name(ty, mr));
-                }
             }
         }
         for &(tq, tk, tv) in &qkv {
@@ -597,7 +584,7 @@ impl CudaRunner {
         let x = self.act(w, x, m, memo)?;
         let mr = pick_mr(m);
         let name = mmv_name(w.ty, w.cols, mr, u32::from(residual));
-        let grid = (w.rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1);
+        let grid = (w.rows.div_ceil(4 / warps_per_row(w.cols)) as u32, m.div_ceil(mr) as u32, 1);
         let b = bias.map_or(0, |b| b.ptr);
         self.launch(&name, grid, 128, Args(vec![w.buf.ptr, x, y, b, i(m), i(w.rows)]))
     }
@@ -614,8 +601,9 @@ impl CudaRunner {
             Args(vec![self.embd.buf.ptr, s.tokens.ptr, s.x.ptr]),
         )?;
         for (li, l) in self.layers.iter().enumerate() {
-            let exact = self.opts.exact_activations;
-            if exact {
+            // The fused norm re-reads the activations and norm weights per weight row (from L1): it pays for decode-sized
+            // batches of small models only (measured: 1.5B faster, 32B slower).
+            if self.opts.exact_activations || m > 8 || c.hidden_size > 2048 {
                 self.launch("rms_norm", (mu, 1, 1), 256, Args(vec![s.x.ptr, l.attn_norm.ptr, s.xn.ptr, 0]))?;
                 let mut memo = None;
                 self.mmv_m(&l.wq, s.xn.ptr, s.q.ptr, l.bq.as_ref(), m, false, &mut memo)?;
@@ -679,15 +667,7 @@ impl CudaRunner {
             )?;
             self.mmv(&l.wo, s.att.ptr, s.x.ptr, None, m, true)?;
             let mut memo = None;
-            if !exact && l.gate.ty == l.up.ty && l.gate.cols == c.hidden_size {
-                let mr = pick_mr(m);
-                self.launch(
-                    &gun_name(l.gate.ty, mr),
-                    (l.gate.rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1),
-                    128,
-                    Args(vec![l.gate.buf.ptr, l.up.buf.ptr, s.x.ptr, l.ffn_norm.ptr, s.gate.ptr, i(m)]),
-                )?;
-            } else if l.gate.ty == l.up.ty {
+            if l.gate.ty == l.up.ty {
                 self.launch("rms_norm", (mu, 1, 1), 256, Args(vec![s.x.ptr, l.ffn_norm.ptr, s.xn.ptr, 0]))?;
                 let xin = self.act(&l.gate, s.xn.ptr, m, &mut memo)?;
                 let mr = pick_mr(m);

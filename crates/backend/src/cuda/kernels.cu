@@ -211,49 +211,70 @@ template <> __device__ __forceinline__ int unit<T_Q6_K>(const u8* row, int u, fl
 // ---- Matrix times a few rows: Y[r, n] (+)= sum_k W[n, k] X[r, k] (+ bias[n]) for r < m <= MR.
 // One warp per output row n; every weight is read once for all m rows. MODE 0: store, 1: add to Y (residual).
 
-template <int T, int K, int MR, int MODE>
+// WPR warps share each row (split over K, reduced through shared memory): long rows (FFN down) get more loads in
+// flight per row. Blocks hold 4 warps: 4 / WPR rows per block.
+template <int T, int K, int MR, int MODE, int WPR>
 __device__ __forceinline__ void mmv_body(const u8* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y,
                                          const float* __restrict__ bias, int m, int N) {
-    const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-    if (n >= N) return;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int n = blockIdx.x * (4 / WPR) + wid / WPR;
+    const int part = wid % WPR;
     X += (size_t)blockIdx.y * MR * K;
     Y += (size_t)blockIdx.y * MR * N;
     m = min(m - (int)blockIdx.y * MR, MR);
     const int NU = K / 32;
     const size_t row_bytes = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
-    const u8* row = W + (size_t)n * row_bytes;
+    const u8* row = W + (size_t)min(n, N - 1) * row_bytes;
     float acc[MR];
 #pragma unroll
     for (int r = 0; r < MR; r++) acc[r] = 0.f;
-    for (int u = lane; u < NU; u += 32) {
-        float w[32];
-        int off = unit<T>(row, u, w);
+    if (n < N) {
+#pragma unroll 2
+        for (int u = part * 32 + lane; u < NU; u += 32 * WPR) {
+            float w[32];
+            int off = unit<T>(row, u, w);
 #pragma unroll
-        for (int r = 0; r < MR; r++) {
-            if (r < m) {
-                const float4* x0 = (const float4*)(X + (size_t)r * K + off);
-                const float4* x1 = (const float4*)(X + (size_t)r * K + off + Fmt<T>::DOFF);
-                float s = 0.f;
+            for (int r = 0; r < MR; r++) {
+                if (r < m) {
+                    const float4* x0 = (const float4*)(X + (size_t)r * K + off);
+                    const float4* x1 = (const float4*)(X + (size_t)r * K + off + Fmt<T>::DOFF);
+                    float s = 0.f;
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float4 a = x0[i], c = x1[i];
-                    s += w[4 * i] * a.x + w[4 * i + 1] * a.y + w[4 * i + 2] * a.z + w[4 * i + 3] * a.w;
-                    s += w[16 + 4 * i] * c.x + w[16 + 4 * i + 1] * c.y + w[16 + 4 * i + 2] * c.z +
-                         w[16 + 4 * i + 3] * c.w;
+                    for (int i = 0; i < 4; i++) {
+                        float4 a = x0[i], c = x1[i];
+                        s += w[4 * i] * a.x + w[4 * i + 1] * a.y + w[4 * i + 2] * a.z + w[4 * i + 3] * a.w;
+                        s += w[16 + 4 * i] * c.x + w[16 + 4 * i + 1] * c.y + w[16 + 4 * i + 2] * c.z +
+                             w[16 + 4 * i + 3] * c.w;
+                    }
+                    acc[r] += s;
                 }
-                acc[r] += s;
             }
         }
     }
+    __shared__ float red[4][MR];
 #pragma unroll
     for (int r = 0; r < MR; r++) {
-        if (r < m) {
-            float s = warp_sum(acc[r]);
-            if (lane == 0) {
-                if (bias) s += bias[n];
-                if (MODE == 1) Y[(size_t)r * N + n] += s;
-                else Y[(size_t)r * N + n] = s;
+        float v = warp_sum(acc[r]);
+        if (WPR > 1) {
+            if (lane == 0) red[wid][r] = v;
+        } else if (lane == 0 && r < m && n < N) {
+            if (bias) v += bias[n];
+            if (MODE == 1) Y[(size_t)r * N + n] += v;
+            else Y[(size_t)r * N + n] = v;
+        }
+    }
+    if (WPR > 1) {
+        __syncthreads();
+        if (part == 0 && lane == 0 && n < N) {
+#pragma unroll
+            for (int r = 0; r < MR; r++) {
+                if (r < m) {
+                    float v = 0.f;
+                    for (int p = 0; p < WPR; p++) v += red[wid + p][r];
+                    if (bias) v += bias[n];
+                    if (MODE == 1) Y[(size_t)r * N + n] += v;
+                    else Y[(size_t)r * N + n] = v;
+                }
             }
         }
     }
@@ -612,10 +633,11 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
     for (int e = 0; e < E; e++) acc[e] = 0.f;
     for (int base = start + 32 * wid; base < end; base += 32 * ATT_WARPS) {
         const int p = base + lane;
+        // Tiles are 32-aligned and pages hold a multiple of 32 positions: one page per tile.
+        const size_t prow = (size_t)tab[base / PAGE_SIZE] * PAGE_SIZE + base % PAGE_SIZE;
         float s = -1e30f;
         if (p < end) {
-            const uint4* kr = (const uint4*)(kc + ((size_t)tab[p / PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE) * KV_DIM +
-                                             kvh * HEAD_DIM);
+            const uint4* kr = (const uint4*)(kc + (prow + lane) * KV_DIM + kvh * HEAD_DIM);
             float d = 0.f;
 #pragma unroll
             for (int i = 0; i < HEAD_DIM / 8; i++) {
@@ -637,14 +659,23 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
 #pragma unroll
         for (int e = 0; e < E; e++) acc[e] *= corr;
         const int cnt = min(32, end - base);
-#pragma unroll 8
-        for (int j = 0; j < cnt; j++) {
-            const float pj = __shfl_sync(0xffffffffu, pr, j);
-            const int pp = base + j;
-            const u16* vr = vc + ((size_t)tab[pp / PAGE_SIZE] * PAGE_SIZE + pp % PAGE_SIZE) * KV_DIM + kvh * HEAD_DIM +
-                            lane * E;
+        const u16* vb = vc + prow * KV_DIM + kvh * HEAD_DIM + lane * E;
 #pragma unroll
-            for (int e = 0; e < E; e++) acc[e] += pj * h2f(vr[e]);
+        for (int j = 0; j < 32; j++) {
+            const float pj = __shfl_sync(0xffffffffu, pr, j);
+            if (j < cnt) {
+                const u16* vr = vb + (size_t)j * KV_DIM;
+                if (E == 4) {
+                    uint2 v4 = *(const uint2*)vr;
+                    acc[0] += pj * h2f((u16)(v4.x & 0xFFFF));
+                    acc[1 % E] += pj * h2f((u16)(v4.x >> 16));
+                    acc[2 % E] += pj * h2f((u16)(v4.y & 0xFFFF));
+                    acc[3 % E] += pj * h2f((u16)(v4.y >> 16));
+                } else {
+#pragma unroll
+                    for (int e = 0; e < E; e++) acc[e] += pj * h2f(vr[e]);
+                }
+            }
         }
         mx = mn;
     }
