@@ -116,6 +116,8 @@ struct Scratch {
     xq: DevBuf,
     /// Attention partials of the splits.
     part: DevBuf,
+    /// Per (row, head): splits finished (the last one merges); zero between launches.
+    counters: DevBuf,
     logits: DevBuf,
     tokens: DevBuf,
     pos: DevBuf,
@@ -265,8 +267,10 @@ pub fn kernel_source(
         for mr in MRS {
             s.push_str(&format!(
                 "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wq, const u8* Wk, const u8* Wv, \
-                 const float* X, const float* g, const float* bq, const float* bk, const float* bv, float* q, float* k, \
-                 float* v, int m) {{ qkv_body<{}, {}, {}, {mr}>(Wq, Wk, Wv, X, g, bq, bk, bv, q, k, v, m); }}\n",
+                 const float* X, const float* g, const float* bq, const float* bk, const float* bv, float* q, \
+                 const float* inv_freq, const u32* pos, const u32* slot, const u32* table, u16* kc, u16* vc, int m) \
+                 {{ qkv_rope_body<{}, {}, {}, {mr}>(Wq, Wk, Wv, X, g, bq, bk, bv, q, inv_freq, pos, slot, table, kc, \
+                 vc, m); }}\n",
                 qkv_name(tq, tk, tv, mr),
                 type_id(tq),
                 type_id(tk),
@@ -530,6 +534,7 @@ impl CudaRunner {
             up: g.alloc(m * c.ffn_size * f)?,
             xq: g.alloc(m.max(r) * c.hidden_size.max(c.q_dim()).max(c.ffn_size) * f)?,
             part: g.alloc((1..=m).map(|k| k * att_splits(k)).max().unwrap_or(1) * c.num_heads * (c.head_dim + 2) * f)?,
+            counters: g.upload(&vec![0u32; m * c.num_heads])?,
             logits: g.alloc(r * c.vocab_size * f)?,
             tokens: g.alloc(m * 4)?,
             pos: g.alloc(m * 4)?,
@@ -601,22 +606,47 @@ impl CudaRunner {
             Args(vec![self.embd.buf.ptr, s.tokens.ptr, s.x.ptr]),
         )?;
         for (li, l) in self.layers.iter().enumerate() {
-            // The fused norm re-reads the activations and norm weights per weight row (from L1): it pays for decode-sized
-            // batches of small models only (measured: 1.5B faster, 32B slower).
-            if self.opts.exact_activations || m > 8 || c.hidden_size > 2048 {
+            // The fused kernel re-reads the activations and norm weights per weight row (from L1): it pays for small
+            // models only (measured: 1.5B faster, 32B slower). Chosen per model, never per batch, so a sequence's
+            // results do not depend on the batch it runs in.
+            let fused = !self.opts.exact_activations
+                && c.hidden_size <= 2048
+                && c.rope_dim == c.head_dim
+                && !c.qk_norm
+                && c.head_dim % 2 == 0;
+            if !fused {
                 self.launch("rms_norm", (mu, 1, 1), 256, Args(vec![s.x.ptr, l.attn_norm.ptr, s.xn.ptr, 0]))?;
                 let mut memo = None;
                 self.mmv_m(&l.wq, s.xn.ptr, s.q.ptr, l.bq.as_ref(), m, false, &mut memo)?;
                 self.mmv_m(&l.wk, s.xn.ptr, s.k.ptr, l.bk.as_ref(), m, false, &mut memo)?;
                 self.mmv_m(&l.wv, s.xn.ptr, s.v.ptr, l.bv.as_ref(), m, false, &mut memo)?;
+                if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                    self.launch("qk_norm", (mu, 1, 1), 128, Args(vec![s.q.ptr, s.k.ptr, qn.ptr, kn.ptr]))?;
+                }
+                self.launch(
+                    "rope_kv",
+                    (mu, 1, 1),
+                    128,
+                    Args(vec![
+                        s.q.ptr,
+                        s.k.ptr,
+                        s.v.ptr,
+                        self.inv_freq.ptr,
+                        s.pos.ptr,
+                        s.slot.ptr,
+                        s.table.ptr,
+                        self.kc[li].ptr,
+                        self.vc[li].ptr,
+                    ]),
+                )?;
             } else {
-                // RMSNorm fused into one launch of the three projections.
+                // RMSNorm, biases, RoPE and the KV write fused into one launch of the three projections.
                 let mr = pick_mr(m);
-                let rows = c.q_dim() + 2 * c.kv_dim();
+                let pairs = (c.q_dim() + 2 * c.kv_dim()) / 2;
                 let p = |b: &Option<DevBuf>| b.as_ref().map_or(0, |b| b.ptr);
                 self.launch(
                     &qkv_name(l.wq.ty, l.wk.ty, l.wv.ty, mr),
-                    (rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1),
+                    (pairs.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1),
                     128,
                     Args(vec![
                         l.wq.buf.ptr,
@@ -628,42 +658,31 @@ impl CudaRunner {
                         p(&l.bk),
                         p(&l.bv),
                         s.q.ptr,
-                        s.k.ptr,
-                        s.v.ptr,
+                        self.inv_freq.ptr,
+                        s.pos.ptr,
+                        s.slot.ptr,
+                        s.table.ptr,
+                        self.kc[li].ptr,
+                        self.vc[li].ptr,
                         i(m),
                     ]),
                 )?;
             }
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                self.launch("qk_norm", (mu, 1, 1), 128, Args(vec![s.q.ptr, s.k.ptr, qn.ptr, kn.ptr]))?;
-            }
-            self.launch(
-                "rope_kv",
-                (mu, 1, 1),
-                128,
-                Args(vec![
-                    s.q.ptr,
-                    s.k.ptr,
-                    s.v.ptr,
-                    self.inv_freq.ptr,
-                    s.pos.ptr,
-                    s.slot.ptr,
-                    s.table.ptr,
-                    self.kc[li].ptr,
-                    self.vc[li].ptr,
-                ]),
-            )?;
             self.launch(
                 "attention",
                 (mu, c.num_heads as u32, att_splits(m) as u32),
                 (32 * ATT_WARPS) as u32,
-                Args(vec![s.q.ptr, self.kc[li].ptr, self.vc[li].ptr, s.pos.ptr, s.slot.ptr, s.table.ptr, s.part.ptr]),
-            )?;
-            self.launch(
-                "attn_combine",
-                (mu, c.num_heads as u32, 1),
-                c.head_dim as u32,
-                Args(vec![s.part.ptr, s.att.ptr, i(att_splits(m))]),
+                Args(vec![
+                    s.q.ptr,
+                    self.kc[li].ptr,
+                    self.vc[li].ptr,
+                    s.pos.ptr,
+                    s.slot.ptr,
+                    s.table.ptr,
+                    s.part.ptr,
+                    s.att.ptr,
+                    s.counters.ptr,
+                ]),
             )?;
             self.mmv(&l.wo, s.att.ptr, s.x.ptr, None, m, true)?;
             let mut memo = None;

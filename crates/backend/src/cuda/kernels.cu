@@ -332,40 +332,80 @@ __device__ __forceinline__ void row_dot(const u8* __restrict__ row, const float*
     }
 }
 
-// Q, K and V projections in one launch, with the attention RMSNorm fused: blocks cover the rows of wq, then wk,
-// then wv (4 rows per block), each with its bias.
+// Q, K and V projections in one launch with the attention RMSNorm, biases, RoPE and the KV-cache write fused
+// (rope_dim == head_dim). Each warp computes a pair of rows that RoPE rotates together (q and k), or two adjacent
+// rows of v; rotated q goes to `q`, k and v (f16) straight into the paged cache.
 template <int TQ, int TK, int TV, int MR>
-__device__ __forceinline__ void qkv_body(const u8* Wq, const u8* Wk, const u8* Wv, const float* X, const float* g,
-                                         const float* bq, const float* bk, const float* bv, float* q, float* k,
-                                         float* v, int m) {
+__device__ __forceinline__ void qkv_rope_body(const u8* Wq, const u8* Wk, const u8* Wv, const float* X,
+                                              const float* g, const float* bq, const float* bk, const float* bv,
+                                              float* q, const float* inv_freq, const u32* pos, const u32* slot,
+                                              const u32* table, u16* kc, u16* vc, int m) {
     const int lane = threadIdx.x & 31;
-    int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    int w = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     X += (size_t)blockIdx.y * MR * HIDDEN;
     const size_t r0 = (size_t)blockIdx.y * MR;
     m = min(m - (int)blockIdx.y * MR, MR);
-    float out[MR];
-    float* Y;
-    int N;
-    const float* b;
-    if (n < Q_DIM) {
-        row_dot<TQ, HIDDEN, MR, true>(Wq + (size_t)n * (HIDDEN / Fmt<TQ>::BLOCK) * Fmt<TQ>::BYTES, X, g, m, out);
-        Y = q; N = Q_DIM; b = bq;
-    } else if (n < Q_DIM + KV_DIM) {
-        n -= Q_DIM;
-        row_dot<TK, HIDDEN, MR, true>(Wk + (size_t)n * (HIDDEN / Fmt<TK>::BLOCK) * Fmt<TK>::BYTES, X, g, m, out);
-        Y = k; N = KV_DIM; b = bk;
-    } else if (n < Q_DIM + 2 * KV_DIM) {
-        n -= Q_DIM + KV_DIM;
-        row_dot<TV, HIDDEN, MR, true>(Wv + (size_t)n * (HIDDEN / Fmt<TV>::BLOCK) * Fmt<TV>::BYTES, X, g, m, out);
-        Y = v; N = KV_DIM; b = bv;
+    const int HP = HEAD_DIM / 2;
+    float a[MR], b[MR];
+    int kind, n1, n2, fi = 0;
+    const float* bias;
+    if (w < Q_DIM / 2) {
+        const int h = w / HP, i = w % HP;
+        n1 = h * HEAD_DIM + (ROPE_NEOX ? i : 2 * i);
+        n2 = n1 + (ROPE_NEOX ? HP : 1);
+        fi = i;
+        kind = 0;
+        bias = bq;
+        const size_t rb = (size_t)(HIDDEN / Fmt<TQ>::BLOCK) * Fmt<TQ>::BYTES;
+        row_dot<TQ, HIDDEN, MR, true>(Wq + n1 * rb, X, g, m, a);
+        row_dot<TQ, HIDDEN, MR, true>(Wq + n2 * rb, X, g, m, b);
+    } else if (w < Q_DIM / 2 + KV_DIM / 2) {
+        w -= Q_DIM / 2;
+        const int h = w / HP, i = w % HP;
+        n1 = h * HEAD_DIM + (ROPE_NEOX ? i : 2 * i);
+        n2 = n1 + (ROPE_NEOX ? HP : 1);
+        fi = i;
+        kind = 1;
+        bias = bk;
+        const size_t rb = (size_t)(HIDDEN / Fmt<TK>::BLOCK) * Fmt<TK>::BYTES;
+        row_dot<TK, HIDDEN, MR, true>(Wk + n1 * rb, X, g, m, a);
+        row_dot<TK, HIDDEN, MR, true>(Wk + n2 * rb, X, g, m, b);
+    } else if (w < Q_DIM / 2 + KV_DIM) {
+        w -= Q_DIM / 2 + KV_DIM / 2;
+        n1 = 2 * w;
+        n2 = n1 + 1;
+        kind = 2;
+        bias = bv;
+        const size_t rb = (size_t)(HIDDEN / Fmt<TV>::BLOCK) * Fmt<TV>::BYTES;
+        row_dot<TV, HIDDEN, MR, true>(Wv + n1 * rb, X, g, m, a);
+        row_dot<TV, HIDDEN, MR, true>(Wv + n2 * rb, X, g, m, b);
     } else {
         return;
     }
-    if (lane == 0) {
-        const float bias = b ? b[n] : 0.f;
+    if (lane != 0) return;
+    const float b1 = bias ? bias[n1] : 0.f, b2 = bias ? bias[n2] : 0.f;
 #pragma unroll
-        for (int r = 0; r < MR; r++)
-            if (r < m) Y[(r0 + r) * N + n] = out[r] + bias;
+    for (int r = 0; r < MR; r++) {
+        if (r >= m) continue;
+        const size_t t = r0 + r;
+        const u32 p = pos[t];
+        float va = a[r] + b1, vb = b[r] + b2;
+        if (kind < 2) {
+            float sn, cs;
+            sincosf((float)p * inv_freq[fi], &sn, &cs);
+            const float ra = va * cs - vb * sn, rb = va * sn + vb * cs;
+            va = ra;
+            vb = rb;
+        }
+        if (kind == 0) {
+            q[t * Q_DIM + n1] = va;
+            q[t * Q_DIM + n2] = vb;
+        } else {
+            const size_t row = (size_t)table[(size_t)slot[t] * MAX_PAGES + p / PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE;
+            u16* dst = (kind == 1 ? kc : vc) + row * KV_DIM;
+            dst[n1] = f2h(va);
+            dst[n2] = f2h(vb);
+        }
     }
 }
 
@@ -614,7 +654,8 @@ extern "C" __global__ void act_q8_k(const float* x, float* out, int K) { act_qua
 #define E (HEAD_DIM / 32)
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const float* __restrict__ q,
         const u16* __restrict__ kc, const u16* __restrict__ vc, const u32* __restrict__ pos,
-        const u32* __restrict__ slot, const u32* __restrict__ table, float* __restrict__ part) {
+        const u32* __restrict__ slot, const u32* __restrict__ table, float* __restrict__ part, float* out,
+        int* counters) {
     const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, S = gridDim.z;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int kvh = h / (NUM_HEADS / NUM_KV_HEADS);
@@ -686,6 +727,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
     float M = -1e30f;
     for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
     float* o = part + ((size_t)(t * NUM_HEADS + h) * S + z) * (HEAD_DIM + 2);
+    // (partials written below; the last split of (t, h) to finish merges them all)
     for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
         float a = 0.f;
         for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][i] * __expf(sm[w] - M);
@@ -697,6 +739,29 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
         o[0] = M;
         o[1] = L;
     }
+    if (!out) return;
+    // Fused merge: the last split to finish for (t, h) combines all S partials (counters return to 0 for the next
+    // launch, so graph replays need no reset).
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&counters[t * NUM_HEADS + h], 1) == S - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const volatile float* pp = part + (size_t)(t * NUM_HEADS + h) * S * (HEAD_DIM + 2);
+    float MM = -1e30f;
+    for (int zz = 0; zz < S; zz++) MM = fmaxf(MM, pp[zz * (HEAD_DIM + 2)]);
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+        float LL = 0.f, acc2 = 0.f;
+        for (int zz = 0; zz < S; zz++) {
+            const float c = __expf(pp[zz * (HEAD_DIM + 2)] - MM);
+            LL += pp[zz * (HEAD_DIM + 2) + 1] * c;
+            acc2 += pp[zz * (HEAD_DIM + 2) + 2 + i] * c;
+        }
+        out[(size_t)t * Q_DIM + h * HEAD_DIM + i] = acc2 / LL;
+    }
+    if (threadIdx.x == 0) counters[t * NUM_HEADS + h] = 0;
 }
 #undef E
 
