@@ -40,6 +40,9 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Where compiled kernels are cached (None: no cache).
     pub cache_dir: Option<PathBuf>,
+    /// Apply RoPE and write the KV cache inside the fused QKV kernel (two rows per warp) instead of a separate
+    /// launch.
+    pub fuse_rope: bool,
     /// Round activations to 8 bits before quantized matrix products exactly as the CPU backend and ggml do
     /// (Q8_0 / Q8_1 / Q8_K), so both backends compute the same function. Off: f32 activations.
     pub exact_activations: bool,
@@ -49,7 +52,8 @@ impl Default for CudaOptions {
     fn default() -> Self {
         let graphs = std::env::var("SPLASH_CUDA_GRAPHS").map(|v| v != "0").unwrap_or(true);
         let exact_activations = std::env::var("SPLASH_CUDA_EXACT").is_ok_and(|v| v == "1");
-        CudaOptions { device: 0, kv_tokens: 0, graphs, cache_dir: None, exact_activations }
+        let fuse_rope = std::env::var("SPLASH_CUDA_FUSE_ROPE").is_ok_and(|v| v == "1");
+        CudaOptions { device: 0, kv_tokens: 0, graphs, cache_dir: None, exact_activations, fuse_rope }
     }
 }
 
@@ -170,6 +174,9 @@ fn gu_name(ty: GgmlType, k: usize, mr: usize) -> String {
 fn qkv_name(tq: GgmlType, tk: GgmlType, tv: GgmlType, mr: usize) -> String {
     format!("qkv_{}_{}_{}_{mr}", type_id(tq), type_id(tk), type_id(tv))
 }
+fn qkvn_name(tq: GgmlType, tk: GgmlType, tv: GgmlType, mr: usize) -> String {
+    format!("qkvn_{}_{}_{}_{mr}", type_id(tq), type_id(tk), type_id(tv))
+}
 fn embed_name(ty: GgmlType, k: usize) -> String {
     format!("embed_{}_{k}", type_id(ty))
 }
@@ -265,6 +272,15 @@ pub fn kernel_source(
     }
     for &(tq, tk, tv) in qkv {
         for mr in MRS {
+            s.push_str(&format!(
+                "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wq, const u8* Wk, const u8* Wv, \
+                 const float* X, const float* g, const float* bq, const float* bk, const float* bv, float* q, float* k, \
+                 float* v, int m) {{ qkv_body<{}, {}, {}, {mr}>(Wq, Wk, Wv, X, g, bq, bk, bv, q, k, v, m); }}\n",
+                qkvn_name(tq, tk, tv, mr),
+                type_id(tq),
+                type_id(tk),
+                type_id(tv)
+            ));
             s.push_str(&format!(
                 "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wq, const u8* Wk, const u8* Wv, \
                  const float* X, const float* g, const float* bq, const float* bk, const float* bv, float* q, \
@@ -364,6 +380,7 @@ impl CudaRunner {
         for &(tq, tk, tv) in &qkv {
             for mr in MRS {
                 names.push(qkv_name(tq, tk, tv, mr));
+                names.push(qkvn_name(tq, tk, tv, mr));
             }
         }
         names.push(embed_name(weights.token_embd.ty, cfg.hidden_size));
@@ -614,12 +631,38 @@ impl CudaRunner {
                 && c.rope_dim == c.head_dim
                 && !c.qk_norm
                 && c.head_dim % 2 == 0;
-            if !fused {
-                self.launch("rms_norm", (mu, 1, 1), 256, Args(vec![s.x.ptr, l.attn_norm.ptr, s.xn.ptr, 0]))?;
-                let mut memo = None;
-                self.mmv_m(&l.wq, s.xn.ptr, s.q.ptr, l.bq.as_ref(), m, false, &mut memo)?;
-                self.mmv_m(&l.wk, s.xn.ptr, s.k.ptr, l.bk.as_ref(), m, false, &mut memo)?;
-                self.mmv_m(&l.wv, s.xn.ptr, s.v.ptr, l.bv.as_ref(), m, false, &mut memo)?;
+            if !fused || !self.opts.fuse_rope {
+                let p = |b: &Option<DevBuf>| b.as_ref().map_or(0, |b| b.ptr);
+                if fused {
+                    // RMSNorm fused into one launch of the three projections.
+                    let mr = pick_mr(m);
+                    let rows = c.q_dim() + 2 * c.kv_dim();
+                    self.launch(
+                        &qkvn_name(l.wq.ty, l.wk.ty, l.wv.ty, mr),
+                        (rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1),
+                        128,
+                        Args(vec![
+                            l.wq.buf.ptr,
+                            l.wk.buf.ptr,
+                            l.wv.buf.ptr,
+                            s.x.ptr,
+                            l.attn_norm.ptr,
+                            p(&l.bq),
+                            p(&l.bk),
+                            p(&l.bv),
+                            s.q.ptr,
+                            s.k.ptr,
+                            s.v.ptr,
+                            i(m),
+                        ]),
+                    )?;
+                } else {
+                    self.launch("rms_norm", (mu, 1, 1), 256, Args(vec![s.x.ptr, l.attn_norm.ptr, s.xn.ptr, 0]))?;
+                    let mut memo = None;
+                    self.mmv_m(&l.wq, s.xn.ptr, s.q.ptr, l.bq.as_ref(), m, false, &mut memo)?;
+                    self.mmv_m(&l.wk, s.xn.ptr, s.k.ptr, l.bk.as_ref(), m, false, &mut memo)?;
+                    self.mmv_m(&l.wv, s.xn.ptr, s.v.ptr, l.bv.as_ref(), m, false, &mut memo)?;
+                }
                 if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
                     self.launch("qk_norm", (mu, 1, 1), 128, Args(vec![s.q.ptr, s.k.ptr, qn.ptr, kn.ptr]))?;
                 }

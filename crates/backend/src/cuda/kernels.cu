@@ -332,6 +332,43 @@ __device__ __forceinline__ void row_dot(const u8* __restrict__ row, const float*
     }
 }
 
+// Q, K and V projections in one launch, with the attention RMSNorm fused: blocks cover the rows of wq, then wk,
+// then wv (4 rows per block), each with its bias.
+template <int TQ, int TK, int TV, int MR>
+__device__ __forceinline__ void qkv_body(const u8* Wq, const u8* Wk, const u8* Wv, const float* X, const float* g,
+                                         const float* bq, const float* bk, const float* bv, float* q, float* k,
+                                         float* v, int m) {
+    const int lane = threadIdx.x & 31;
+    int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    X += (size_t)blockIdx.y * MR * HIDDEN;
+    const size_t r0 = (size_t)blockIdx.y * MR;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    float out[MR];
+    float* Y;
+    int N;
+    const float* b;
+    if (n < Q_DIM) {
+        row_dot<TQ, HIDDEN, MR, true>(Wq + (size_t)n * (HIDDEN / Fmt<TQ>::BLOCK) * Fmt<TQ>::BYTES, X, g, m, out);
+        Y = q; N = Q_DIM; b = bq;
+    } else if (n < Q_DIM + KV_DIM) {
+        n -= Q_DIM;
+        row_dot<TK, HIDDEN, MR, true>(Wk + (size_t)n * (HIDDEN / Fmt<TK>::BLOCK) * Fmt<TK>::BYTES, X, g, m, out);
+        Y = k; N = KV_DIM; b = bk;
+    } else if (n < Q_DIM + 2 * KV_DIM) {
+        n -= Q_DIM + KV_DIM;
+        row_dot<TV, HIDDEN, MR, true>(Wv + (size_t)n * (HIDDEN / Fmt<TV>::BLOCK) * Fmt<TV>::BYTES, X, g, m, out);
+        Y = v; N = KV_DIM; b = bv;
+    } else {
+        return;
+    }
+    if (lane == 0) {
+        const float bias = b ? b[n] : 0.f;
+#pragma unroll
+        for (int r = 0; r < MR; r++)
+            if (r < m) Y[(r0 + r) * N + n] = out[r] + bias;
+    }
+}
+
 // Q, K and V projections in one launch with the attention RMSNorm, biases, RoPE and the KV-cache write fused
 // (rope_dim == head_dim). Each warp computes a pair of rows that RoPE rotates together (q and k), or two adjacent
 // rows of v; rotated q goes to `q`, k and v (f16) straight into the paged cache.
