@@ -72,6 +72,22 @@ pub async fn status(State(state): State<Arc<AppState>>) -> Json<Value> {
             // Aggregate over all sequences while the engine was stepping (prefill time included).
             "generated_tokens_per_busy_second": if s.busy_s > 0.0 { s.num_generated_tokens as f64 / s.busy_s } else { 0.0 },
         },
+        "speculation": {
+            "acceptance_rate": s.spec.acceptance_rate(),
+            "tokens_per_target_pass": s.spec.tokens_per_pass(),
+            "depth": s.spec.last_depth,
+            "ngram": {"proposed": s.spec.ngram_proposed, "accepted": s.spec.ngram_accepted},
+            "draft": {"proposed": s.spec.draft_proposed, "accepted": s.spec.draft_accepted},
+        },
+        "kv_cache": {
+            "block_tokens": engine::KV_BLOCK_TOKENS,
+            "capacity_blocks": s.kv.capacity_blocks,
+            "used_blocks": s.kv.used_blocks,
+            "cached_blocks": s.kv.cached_blocks,
+            "prefix_hit_tokens": s.kv.hit_tokens,
+            "prefix_lookup_tokens": s.kv.lookup_tokens,
+            "evicted_blocks": s.kv.evicted_blocks,
+        },
     }))
 }
 
@@ -104,6 +120,40 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     metric("generated_tokens_total", "counter", "Tokens sampled.", &[("", s.num_generated_tokens.to_string())]);
     metric("engine_steps_total", "counter", "Engine steps (batches run).", &[("", s.num_steps.to_string())]);
     metric("engine_busy_seconds_total", "counter", "Time spent stepping.", &[("", format!("{:.6}", s.busy_s))]);
+    metric(
+        "spec_draft_tokens_total",
+        "counter",
+        "Draft tokens proposed and accepted, by proposer.",
+        &[
+            ("{proposer=\"ngram\",outcome=\"proposed\"}", s.spec.ngram_proposed.to_string()),
+            ("{proposer=\"ngram\",outcome=\"accepted\"}", s.spec.ngram_accepted.to_string()),
+            ("{proposer=\"draft\",outcome=\"proposed\"}", s.spec.draft_proposed.to_string()),
+            ("{proposer=\"draft\",outcome=\"accepted\"}", s.spec.draft_accepted.to_string()),
+        ],
+    );
+    metric(
+        "spec_tokens_per_target_pass",
+        "gauge",
+        "Tokens produced per target pass of a decoding sequence.",
+        &[("", format!("{:.4}", s.spec.tokens_per_pass()))],
+    );
+    metric("spec_depth", "gauge", "Mean draft depth in the last step.", &[("", format!("{:.3}", s.spec.last_depth))]);
+    metric(
+        "kv_blocks",
+        "gauge",
+        "KV cache blocks by state.",
+        &[
+            ("{state=\"used\"}", s.kv.used_blocks.to_string()),
+            ("{state=\"cached\"}", s.kv.cached_blocks.to_string()),
+            ("{state=\"capacity\"}", s.kv.capacity_blocks.to_string()),
+        ],
+    );
+    metric(
+        "prefix_cache_tokens_total",
+        "counter",
+        "Prompt tokens looked up in, and served from, the prefix cache.",
+        &[("{outcome=\"lookup\"}", s.kv.lookup_tokens.to_string()), ("{outcome=\"hit\"}", s.kv.hit_tokens.to_string())],
+    );
     metric(
         "context_tokens_max",
         "gauge",

@@ -295,7 +295,7 @@ impl Reply {
                         self.finish(StopReason::ToolCalls, usage);
                     }
                 }
-                Some(Ok(Event::Finished { reason, text, usage })) => {
+                Some(Ok(Event::Finished { reason, text, usage, .. })) => {
                     self.stream = None;
                     self.feed(&text);
                     if let Some(p) = &mut self.parser {
@@ -387,6 +387,7 @@ impl Reply {
         let first = self.t_first_token.unwrap_or(now);
         Usage {
             prompt_tokens: self.num_prompt_tokens,
+            cached_tokens: 0,
             completion_tokens: self.num_output_tokens,
             prefill_ms: (first - self.t_start).as_secs_f64() * 1000.0,
             decode_ms: (now - first).as_secs_f64() * 1000.0,

@@ -36,9 +36,21 @@ pub struct Args {
     /// Print one JSON line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Measure speculative decoding instead: greedy chat replies to code-writing and file-editing prompts with
+    /// speculation off, n-gram only, draft only and both; decode speed, acceptance and tokens per target pass.
+    #[arg(long)]
+    spec: bool,
+    /// With --spec: the workload (`code`, `edit` or `all`).
+    #[arg(long, default_value = "all")]
+    workload: String,
+    #[command(flatten)]
+    spec_args: crate::spec::SpecArgs,
 }
 
 pub fn main(a: Args) -> Result<()> {
+    if a.spec {
+        return spec_bench(&a);
+    }
     let loaded = load(&a.model, a.threads, a.device)?;
     let mut runner = loaded.runner;
     let vocab = runner.config().vocab_size as u64;
@@ -149,6 +161,149 @@ pub fn main(a: Args) -> Result<()> {
                 t / tg_med.max(1e-9)
             );
         }
+    }
+    Ok(())
+}
+
+/// Code-writing requests: output the model writes from scratch.
+const CODE_PROMPTS: &[&str] = &[
+    "Write a Python function that parses an ISO 8601 date string and returns a datetime, with error handling and a docstring.",
+    "Write a Rust function that merges two sorted vectors into one sorted vector, with unit tests.",
+    "Write a JavaScript class for an LRU cache with get and put methods.",
+    "Write a C function that reverses a singly linked list in place, and a main that tests it.",
+];
+
+/// A file the edit workload shows the model, asking for it back with one small change.
+const EDIT_FILE: &str = r#"import json
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Task:
+    id: int
+    title: str
+    done: bool = False
+    tags: list = field(default_factory=list)
+
+
+class TaskStore:
+    def __init__(self, path):
+        self.path = path
+        self.tasks = {}
+        self.next_id = 1
+        if os.path.exists(path):
+            self.load()
+
+    def load(self):
+        with open(self.path) as f:
+            data = json.load(f)
+        for item in data["tasks"]:
+            task = Task(**item)
+            self.tasks[task.id] = task
+        self.next_id = data.get("next_id", len(self.tasks) + 1)
+
+    def save(self):
+        data = {"next_id": self.next_id, "tasks": [t.__dict__ for t in self.tasks.values()]}
+        with open(self.path, "w") as f:
+            json.dump(data, f, indent=2)
+
+    def add(self, title, tags=None):
+        task = Task(self.next_id, title, tags=tags or [])
+        self.tasks[task.id] = task
+        self.next_id += 1
+        self.save()
+        return task
+
+    def complete(self, task_id):
+        self.tasks[task_id].done = True
+        self.save()
+
+    def pending(self):
+        return [t for t in self.tasks.values() if not t.done]
+"#;
+
+fn edit_prompt() -> String {
+    format!(
+        "Here is tasks.py:\n\n```python\n{EDIT_FILE}```\n\nRename the method `pending` to `open_tasks` and make it \
+         sort the tasks by id. Reply with the complete updated file in one code block and nothing else."
+    )
+}
+
+fn spec_bench(a: &Args) -> Result<()> {
+    use crate::spec::SpecMode;
+    use engine::{Engine, EngineConfig, GenerateRequest, SamplingParams};
+
+    let loaded = load(&a.model, a.threads, a.device)?;
+    let template = loaded.template.ok_or_else(|| anyhow::anyhow!("{} has no chat template", a.model))?;
+    let tokenizer = loaded.tokenizer.clone();
+    let mut engine = Engine::new(loaded.runner, tokenizer.clone(), EngineConfig::default());
+    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec_args, a.threads, a.device)?;
+    let costs = engine.pass_costs().clone();
+    let mut prompts: Vec<(&str, String)> = Vec::new();
+    if a.workload == "code" || a.workload == "all" {
+        prompts.extend(CODE_PROMPTS.iter().map(|p| ("code", p.to_string())));
+    }
+    if a.workload == "edit" || a.workload == "all" {
+        prompts.push(("edit", edit_prompt()));
+    }
+    anyhow::ensure!(!prompts.is_empty(), "unknown workload {:?} (code, edit or all)", a.workload);
+    let mut modes = vec![SpecMode::Off, SpecMode::Ngram];
+    if draft.is_some() {
+        modes.extend([SpecMode::Draft, SpecMode::Auto]);
+    }
+    let mut results = Vec::new();
+    let mut reference: Vec<Vec<u32>> = Vec::new();
+    for mode in modes {
+        engine.set_spec(a.spec_args.config(mode));
+        for (pi, (kind, prompt)) in prompts.iter().enumerate() {
+            let mut conversation = chat::Conversation::default();
+            conversation.messages.push(chat::Message::user(prompt.as_str()));
+            let text = template.render(&chat::RenderInput::from_conversation(&conversation, true))?;
+            let ids = tokenizer.encode(&text, true)?;
+            let ids_for_json = if a.json { ids.clone() } else { Vec::new() };
+            let before = engine.spec_stats();
+            let req = GenerateRequest::new(ids, SamplingParams::greedy(), a.gen_tokens);
+            let (out, _, usage) = engine.generate(req, |_| {})?;
+            let after = engine.spec_stats();
+            let passes = after.decode_passes - before.decode_passes;
+            let proposed = after.ngram_proposed + after.draft_proposed - before.ngram_proposed - before.draft_proposed;
+            let accepted = after.ngram_accepted + after.draft_accepted - before.ngram_accepted - before.draft_accepted;
+            if mode == SpecMode::Off {
+                reference.push(out.clone());
+            }
+            let identical = reference.get(pi).is_some_and(|r| *r == out);
+            let row = serde_json::json!({
+                "mode": format!("{mode:?}").to_lowercase(), "workload": kind, "prompt": pi,
+                "prompt_tokens": usage.prompt_tokens, "tokens": usage.completion_tokens,
+                "decode_tok_s": usage.decode_tok_s(), "decode_ms": usage.decode_ms,
+                "tokens_per_pass": (after.decode_tokens - before.decode_tokens) as f64 / passes.max(1) as f64,
+                "proposed": proposed, "accepted": accepted,
+                "acceptance": accepted as f64 / proposed.max(1) as f64,
+                "identical_to_off": identical,
+                "prompt_ids": ids_for_json,
+            });
+            if a.json {
+                println!("{row}");
+            } else {
+                println!(
+                    "{:<6} {:<5} #{pi}: {:>4} tokens {:7.1} tok/s  {:4.2} tokens/pass  acceptance {:5.1}% ({accepted}/{proposed})  identical {}",
+                    row["mode"].as_str().unwrap_or(""),
+                    kind,
+                    usage.completion_tokens,
+                    usage.decode_tok_s(),
+                    row["tokens_per_pass"].as_f64().unwrap_or(0.0),
+                    100.0 * row["acceptance"].as_f64().unwrap_or(0.0),
+                    identical
+                );
+            }
+            results.push(row);
+        }
+    }
+    if !a.json {
+        let t1 = costs.target(1);
+        let curve: Vec<String> = costs.target.iter().map(|&(r, t)| format!("{r}:{:.2}", t / t1)).collect();
+        println!("pass cost (rows: × one row): {}; draft pass {:.2} ×", curve.join(" "), costs.draft_s / t1);
     }
     Ok(())
 }

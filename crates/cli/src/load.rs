@@ -33,6 +33,25 @@ impl AnyRunner {
         }
     }
 
+    /// Keeps cached prompt prefixes on disk (CPU backend only for now).
+    pub fn enable_prefix_store(
+        &mut self,
+        root: &std::path::Path,
+        max_bytes: u64,
+    ) -> std::io::Result<&models::prefix_store::PrefixStore> {
+        match self {
+            AnyRunner::Cpu(r) => r.enable_prefix_store(root, max_bytes),
+            AnyRunner::Cuda(_) => Err(std::io::Error::other("the CUDA backend has no prefix cache yet")),
+        }
+    }
+
+    /// The memory plan's KV pages (CPU). The GPU sizes its own KV pool from free device memory at load.
+    pub fn set_kv_blocks(&mut self, num_blocks: usize) {
+        if let AnyRunner::Cpu(r) = self {
+            r.set_kv_blocks(num_blocks)
+        }
+    }
+
     /// CPU threads in use (0 on a GPU).
     pub fn num_threads(&self) -> usize {
         match self {
@@ -78,6 +97,24 @@ impl Runner for AnyRunner {
         match self {
             AnyRunner::Cpu(r) => r.release(seq),
             AnyRunner::Cuda(r) => r.release(seq),
+        }
+    }
+    fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
+        match self {
+            AnyRunner::Cpu(r) => r.attach_prefix(seq, tokens),
+            AnyRunner::Cuda(r) => r.attach_prefix(seq, tokens),
+        }
+    }
+    fn idle_work(&mut self) -> bool {
+        match self {
+            AnyRunner::Cpu(r) => r.idle_work(),
+            AnyRunner::Cuda(r) => r.idle_work(),
+        }
+    }
+    fn kv_usage(&self) -> models::KvUsage {
+        match self {
+            AnyRunner::Cpu(r) => r.kv_usage(),
+            AnyRunner::Cuda(r) => r.kv_usage(),
         }
     }
 }

@@ -8,6 +8,7 @@ mod plan;
 mod pull;
 mod run;
 mod serve;
+mod spec;
 mod synth;
 
 use clap::{Parser, Subcommand};

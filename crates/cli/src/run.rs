@@ -48,6 +48,8 @@ pub struct Args {
     /// Print one JSON line of statistics to stderr.
     #[arg(long)]
     stats: bool,
+    #[command(flatten)]
+    spec: crate::spec::SpecArgs,
 }
 
 pub fn main(a: Args) -> Result<()> {
@@ -63,6 +65,7 @@ pub fn main(a: Args) -> Result<()> {
     };
     sampling.validate().map_err(anyhow::Error::msg)?;
     let mut engine = Engine::new(runner, tokenizer.clone(), EngineConfig::default());
+    crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, a.device)?;
     let encode = |text: &str| -> Result<Vec<u32>> {
         let mut ids = tokenizer.encode(text, true)?;
         if let Some(bos) = tokenizer.bos().filter(|_| tokenizer.add_bos()) {
@@ -106,6 +109,10 @@ pub fn main(a: Args) -> Result<()> {
             "generated_tokens": usage.completion_tokens,
             "prefill_tok_s": usage.prefill_tok_s(),
             "decode_tok_s": usage.decode_tok_s(),
+            "spec_mode": format!("{:?}", a.spec.mode).to_lowercase(),
+            "acceptance": engine.spec_stats().acceptance_rate(),
+            "tokens_per_pass": engine.spec_stats().tokens_per_pass(),
+            "draft_depth": engine.spec_stats().last_depth,
         });
         eprintln!("{stats}");
     }

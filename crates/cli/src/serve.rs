@@ -58,6 +58,17 @@ pub struct Args {
     /// Where the model runs.
     #[arg(long, value_enum, default_value = "auto")]
     device: crate::load::Device,
+    #[command(flatten)]
+    spec: crate::spec::SpecArgs,
+    /// Keep cached prompt prefixes on disk (in $SPLASH_HOME/prefix-cache) up to this size, so they are warm after a
+    /// restart (per model: target and draft each); 0 turns it off.
+    #[arg(long, default_value = "4G", value_parser = parse_size_or_zero)]
+    prefix_cache_disk: u64,
+}
+
+/// A size (`4G`, `512M`, bytes) or `0`.
+fn parse_size_or_zero(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" { Ok(0) } else { crate::plan::parse_size(s) }
 }
 
 /// `16384`, `16K` or `16k` (×1024).
@@ -84,12 +95,15 @@ fn default_model_id(model: &str) -> String {
     }
 }
 
-/// The memory plan for serving `model` (no draft: the engine does not run one yet) on this machine; refuses with the
+/// The memory plan for serving `model` (with its draft, when speculation uses one) on this machine; refuses with the
 /// breakdown when not even a minimal context fits.
 fn memory_plan(a: &Args) -> Result<plan::Plan> {
     let path = crate::load::model_path(&a.model)?;
     let mut input =
         plan::PlanInput::new(crate::plan::model_input(&path)?, crate::plan::device_memory(None)?, plan::Device::Cpu);
+    if let Some(draft) = a.spec.draft_model(&a.model) {
+        input.draft = Some(crate::plan::model_input(&crate::load::model_path(&draft)?)?);
+    }
     input.max_memory_bytes = a.max_memory;
     input.max_context = a.max_context;
     input.max_sequences = a.max_sequences;
@@ -126,16 +140,36 @@ pub fn main(a: Args) -> Result<()> {
         plan::human_bytes(plan.breakdown.budget_bytes),
         plan::human_bytes(plan.breakdown.available_bytes),
     );
-    let Loaded { mut runner, tokenizer, template, load_s } = load(&a.model, a.threads, a.device)?;
+    let t0 = std::time::Instant::now();
+    let Loaded { mut runner, tokenizer, template, .. } = load(&a.model, a.threads, a.device)?;
     runner.limit_context(plan.max_context);
+    runner.set_kv_blocks(plan.num_kv_pages);
     if template.is_none() {
         eprintln!("warning: {} has no chat template; chat requests will be refused", a.model);
     }
-    let engine = Engine::new(
+    let mut engine = Engine::new(
         runner,
         tokenizer.clone(),
         EngineConfig { max_batch_tokens: plan.max_batch_tokens, ..EngineConfig::default() },
     );
+    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, a.device)?;
+    if a.prefix_cache_disk > 0 {
+        let root = pack::home().join("prefix-cache");
+        let store = engine.runner_mut().enable_prefix_store(&root, a.prefix_cache_disk);
+        match store {
+            Ok(s) => eprintln!("prefix cache on disk: {} ({} blocks)", s.dir().display(), s.num_blocks()),
+            Err(e) => eprintln!("warning: no prefix cache on disk ({}): {e}", root.display()),
+        }
+        if let Some(d) = engine.draft_mut() {
+            if let Err(e) = d.enable_prefix_store(&root, a.prefix_cache_disk) {
+                eprintln!("warning: no draft prefix cache on disk: {e}");
+            }
+        }
+    }
+    if let Some(name) = &draft {
+        eprintln!("speculation: {:?}, draft {name}", a.spec.mode);
+    }
+    let load_s = t0.elapsed().as_secs_f64();
     let service = ServiceConfig {
         max_running: plan.max_sequences,
         max_waiting: a.max_queue,

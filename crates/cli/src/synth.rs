@@ -183,7 +183,14 @@ const POOL_BLOCKS: usize = 4096;
 type Pools = std::collections::HashMap<(GgmlType, u32), Vec<u8>>;
 
 /// A `[rows, cols]` matrix of normal values with standard deviation `std`, encoded as `ty`.
-fn random_matrix(ty: GgmlType, rows: usize, cols: usize, std: f32, rng: &mut Rng, pools: &mut Pools) -> Result<Vec<u8>> {
+fn random_matrix(
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    std: f32,
+    rng: &mut Rng,
+    pools: &mut Pools,
+) -> Result<Vec<u8>> {
     let block_len = ty.block_len();
     if cols % block_len != 0 {
         bail!("{ty} needs rows that are a multiple of {block_len} values; this shape has {cols}");
@@ -353,7 +360,8 @@ pub fn build(s: &Shape, forced: Option<GgmlType>, layers: usize, seed: u64) -> R
     let inv_sqrt = |n: usize| 1.0 / (n as f32).sqrt();
     let mut pools = Pools::new();
     let mut mat = |w: &mut GgufWriter, name: String, ty: GgmlType, rows: usize, cols: usize, std: f32| -> Result<()> {
-        let data = random_matrix(ty, rows, cols, std, &mut rng, &mut pools).with_context(|| format!("tensor {name}"))?;
+        let data =
+            random_matrix(ty, rows, cols, std, &mut rng, &mut pools).with_context(|| format!("tensor {name}"))?;
         w.add_tensor(name, &[cols as u64, rows as u64], ty, data)?;
         Ok(())
     };

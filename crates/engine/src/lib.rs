@@ -10,6 +10,7 @@
 mod request;
 pub mod sampler;
 pub mod service;
+pub mod spec;
 mod stop;
 
 use std::sync::Arc;
@@ -18,9 +19,14 @@ use std::time::Instant;
 use models::{Batch, LogitsWanted, Runner, SeqChunk, SeqId};
 use tokenizer::{Detokenizer, Tokenizer};
 
-pub use request::{Event, FinishReason, GenerateRequest, RequestId, Usage};
+pub use models::KvUsage;
+pub use models::kv_cache::BLOCK_TOKENS as KV_BLOCK_TOKENS;
+pub use request::{Event, FinishReason, GenerateRequest, RequestId, TokenConstraint, TokenLogprobs, Usage};
 pub use sampler::{Sampler, SamplingParams};
+pub use spec::SpecConfig;
 pub use stop::StopStrings;
+
+use spec::{Acceptance, Method, PassCosts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -38,11 +44,39 @@ pub struct EngineConfig {
     pub max_batch_tokens: usize,
     /// Most prompt tokens in a step that also decodes: bounds the time between two tokens of a running stream.
     pub max_prefill_tokens_while_decoding: usize,
+    /// Speculative decoding (n-gram and draft model).
+    pub spec: SpecConfig,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_batch_tokens: 512, max_prefill_tokens_while_decoding: 128 }
+        EngineConfig { max_batch_tokens: 512, max_prefill_tokens_while_decoding: 128, spec: SpecConfig::default() }
+    }
+}
+
+/// Counters of speculative decoding since the engine started.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SpecStats {
+    /// Target passes of decoding sequences (one per sequence per step), and the tokens they produced.
+    pub decode_passes: u64,
+    pub decode_tokens: u64,
+    /// Draft tokens proposed and accepted, by proposer.
+    pub ngram_proposed: u64,
+    pub ngram_accepted: u64,
+    pub draft_proposed: u64,
+    pub draft_accepted: u64,
+    /// Depth chosen in the last step, averaged over its decoding sequences.
+    pub last_depth: f64,
+}
+
+impl SpecStats {
+    pub fn acceptance_rate(&self) -> f64 {
+        let proposed = self.ngram_proposed + self.draft_proposed;
+        (self.ngram_accepted + self.draft_accepted) as f64 / (proposed.max(1)) as f64
+    }
+
+    pub fn tokens_per_pass(&self) -> f64 {
+        self.decode_tokens as f64 / self.decode_passes.max(1) as f64
     }
 }
 
@@ -53,14 +87,22 @@ struct Sequence {
     num_prompt_tokens: usize,
     /// Tokens whose KV the runner holds.
     num_computed_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    num_cached_tokens: usize,
+    /// Tokens whose KV the draft runner holds (when this sequence uses the draft model).
+    num_draft_tokens: usize,
+    uses_draft: bool,
     max_tokens: usize,
     sampler: Sampler,
+    constraint: Option<Box<dyn TokenConstraint>>,
     detok: Detokenizer<Arc<Tokenizer>>,
     stops: StopStrings,
     stop_tokens: Vec<u32>,
     ignore_eos: bool,
     /// Text released so far.
     text: String,
+    ngram: Acceptance,
+    draft: Acceptance,
     t_admitted: Instant,
     t_first_token: Option<Instant>,
 }
@@ -70,30 +112,163 @@ impl Sequence {
         self.tokens.len() - self.num_prompt_tokens
     }
 
+    fn is_prefill(&self) -> bool {
+        self.num_computed_tokens < self.num_prompt_tokens
+    }
+
     fn usage(&self) -> Usage {
         let now = Instant::now();
         let first = self.t_first_token.unwrap_or(now);
         Usage {
             prompt_tokens: self.num_prompt_tokens,
+            cached_tokens: self.num_cached_tokens,
             completion_tokens: self.num_output_tokens(),
             prefill_ms: (first - self.t_admitted).as_secs_f64() * 1000.0,
             decode_ms: (now - first).as_secs_f64() * 1000.0,
         }
     }
+
+    /// Picks the next token from `logits` (one row) with this request's sampler and constraint. `Err` when the
+    /// constraint allows nothing or fails.
+    fn sample(&mut self, logits: &[f32]) -> Result<u32, String> {
+        let mut l = logits.to_vec();
+        if let Some(c) = self.constraint.as_mut() {
+            let mut allowed = vec![u32::MAX; l.len().div_ceil(32)];
+            c.allowed_tokens(&mut allowed)?;
+            if allowed.iter().all(|&w| w == 0) {
+                return Err("the output constraint allows no token".into());
+            }
+            for (t, x) in l.iter_mut().enumerate() {
+                if allowed[t / 32] >> (t % 32) & 1 == 0 {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let token = self.sampler.sample(&mut l, &self.tokens);
+        if let Some(c) = self.constraint.as_mut() {
+            c.commit(token)?;
+        }
+        Ok(token)
+    }
+
+    /// Appends a generated token; returns its event and, when it ends the request, the `Finished` event.
+    fn push_token(
+        &mut self,
+        token: u32,
+        logits: &[f32],
+        tokenizer: &Tokenizer,
+        max_context: usize,
+    ) -> (Event, Option<Event>) {
+        let logprobs = self.sampler.params.logprobs.map(|n| token_logprobs(logits, token, n));
+        self.t_first_token.get_or_insert_with(Instant::now);
+        self.tokens.push(token);
+        let is_eog = !self.ignore_eos && tokenizer.is_eog(token);
+        let is_stop_token = self.stop_tokens.contains(&token);
+        let piece = if is_eog || is_stop_token { String::new() } else { self.detok.push(token) };
+        let (text, hit_stop) = self.stops.push(&piece);
+        self.text.push_str(&text);
+        let event = Event::Token { id: token, text, logprobs };
+        let constraint_done = self.constraint.as_ref().is_some_and(|c| c.is_finished());
+        let reason = if is_eog || is_stop_token || hit_stop || constraint_done {
+            FinishReason::Stop
+        } else if self.num_output_tokens() >= self.max_tokens || self.tokens.len() >= max_context {
+            FinishReason::Length
+        } else {
+            return (event, None);
+        };
+        (event, Some(self.finish(reason, hit_stop)))
+    }
+
+    /// The `Finished` event: releases held text (none after a stop string, which ends the text).
+    fn finish(&mut self, reason: FinishReason, hit_stop: bool) -> Event {
+        let mut tail = if hit_stop { String::new() } else { self.detok.finish() };
+        if !hit_stop {
+            let (t, _) = self.stops.push(&tail);
+            tail = t + &self.stops.flush();
+        }
+        self.text.push_str(&tail);
+        let matched_stop = self.stops.matched().map(str::to_string);
+        Event::Finished { reason, text: tail, usage: self.usage(), matched_stop }
+    }
+}
+
+/// Log-probability of `token` and the `n` most likely tokens under the raw logits.
+fn token_logprobs(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max as f64 + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln();
+    let lp = |t: u32| (logits[t as usize] as f64 - lse) as f32;
+    let mut top: Vec<u32> = (0..logits.len() as u32).collect();
+    let order = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    let n = n.min(top.len());
+    if n > 0 && n < top.len() {
+        top.select_nth_unstable_by(n - 1, order);
+    }
+    top.truncate(n);
+    top.sort_unstable_by(order);
+    TokenLogprobs { logprob: lp(token), top: top.into_iter().map(|t| (t, lp(t))).collect() }
+}
+
+/// What a decoding sequence sends to the target this step: the method and its draft tokens (with the draft's
+/// sampling weights per token when they were sampled).
+#[derive(Default)]
+struct Proposal {
+    method: Option<Method>,
+    tokens: Vec<u32>,
+    weights: Vec<Option<Vec<(u32, f64)>>>,
+    /// The proposer's measured acceptance for this sequence.
+    rate: f64,
+    /// The n-gram proposal when the draft model was chosen instead: checked against the tokens that come out, so the
+    /// n-gram acceptance keeps being measured (it costs nothing) and the choice can switch back.
+    shadow: Vec<u32>,
 }
 
 pub struct Engine<R: Runner> {
     runner: R,
+    draft: Option<R>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
     seqs: Vec<Sequence>,
     next_id: u64,
+    costs: PassCosts,
+    stats: SpecStats,
 }
 
 impl<R: Runner> Engine<R> {
     pub fn new(runner: R, tokenizer: Arc<Tokenizer>, mut config: EngineConfig) -> Self {
         config.max_batch_tokens = config.max_batch_tokens.max(1);
-        Engine { runner, tokenizer, config, seqs: Vec::new(), next_id: 0 }
+        Engine {
+            runner,
+            draft: None,
+            tokenizer,
+            config,
+            seqs: Vec::new(),
+            next_id: 0,
+            costs: PassCosts::assumed(),
+            stats: SpecStats::default(),
+        }
+    }
+
+    /// Adds a draft model for speculative decoding. It must share the target's vocabulary.
+    pub fn set_draft(&mut self, draft: R) -> Result<()> {
+        let (t, d) = (self.runner.config().vocab_size, draft.config().vocab_size);
+        // Qwen pads its vocabulary differently per size; the tokens both can produce are what matters.
+        let shared = t.min(d);
+        if shared < self.tokenizer.vocab_size() {
+            return Err(Error::InvalidRequest(format!(
+                "the draft's vocabulary ({d}) does not cover the tokenizer's ({})",
+                self.tokenizer.vocab_size()
+            )));
+        }
+        self.draft = Some(draft);
+        Ok(())
+    }
+
+    pub fn draft(&self) -> Option<&R> {
+        self.draft.as_ref()
+    }
+
+    pub fn draft_mut(&mut self) -> Option<&mut R> {
+        self.draft.as_mut()
     }
 
     pub fn runner(&self) -> &R {
@@ -108,7 +283,65 @@ impl<R: Runner> Engine<R> {
         &self.tokenizer
     }
 
-    /// Validates and admits a request.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Changes the speculation settings; running sequences pick them up at their next step.
+    pub fn set_spec(&mut self, spec: SpecConfig) {
+        self.config.spec = spec;
+    }
+
+    pub fn spec_stats(&self) -> SpecStats {
+        self.stats
+    }
+
+    pub fn pass_costs(&self) -> &PassCosts {
+        &self.costs
+    }
+
+    pub fn set_pass_costs(&mut self, costs: PassCosts) {
+        self.costs = costs;
+    }
+
+    /// Measures target passes of 1 to 33 (and max_draft_tokens + 1) rows and a one-row draft pass, for choosing draft
+    /// depths.
+    /// Takes a few forward passes; call once before serving.
+    pub fn calibrate(&mut self) -> Result<()> {
+        let probe = SeqId(u64::MAX);
+        let max_rows = self.config.spec.max_draft_tokens + 1;
+        let time = |runner: &mut R, rows: usize| -> Result<f64> {
+            let tokens = vec![0u32; rows];
+            let mut best = f64::INFINITY;
+            for _ in 0..2 {
+                let batch = Batch {
+                    chunks: vec![SeqChunk { seq: probe, tokens: &tokens, start_pos: 0, logits: LogitsWanted::All }],
+                };
+                let t0 = Instant::now();
+                let r = runner.forward(&batch).map(|_| ());
+                best = best.min(t0.elapsed().as_secs_f64());
+                runner.release(probe);
+                r?;
+            }
+            Ok(best)
+        };
+        // Up to 33 rows whatever the depth: several sequences' drafts share a step.
+        let mut points: Vec<usize> = vec![1, 2, 3, 5, 9, 17, 33, max_rows];
+        points.sort_unstable();
+        points.dedup();
+        let mut target = Vec::new();
+        for rows in points {
+            target.push((rows, time(&mut self.runner, rows)?));
+        }
+        let draft_s = match self.draft.as_mut() {
+            Some(d) => time(d, 1)?,
+            None => 0.0,
+        };
+        self.costs = PassCosts { target, draft_s };
+        Ok(())
+    }
+
+    /// Validates and admits a request. KV for the longest cached prefix of the prompt is reused.
     pub fn add_request(&mut self, req: GenerateRequest) -> Result<RequestId> {
         let cfg = self.runner.config();
         if req.prompt.is_empty() {
@@ -131,22 +364,45 @@ impl<R: Runner> Engine<R> {
         req.sampling.validate().map_err(Error::InvalidRequest)?;
         let id = RequestId(self.next_id);
         self.next_id += 1;
+        let seq = SeqId(id.0);
+        // At least the last prompt token is computed: its logits give the first output token.
+        let reusable = &req.prompt[..req.prompt.len() - 1];
+        let num_cached = self.runner.attach_prefix(seq, reusable);
+        let spec = &self.config.spec;
+        let uses_draft = spec.max_draft_tokens > 0 && spec.draft_model && req.constraint.is_none();
+        let num_draft = match self.draft.as_mut() {
+            Some(d) if uses_draft => d.attach_prefix(seq, reusable),
+            _ => 0,
+        };
         self.seqs.push(Sequence {
             id,
             num_prompt_tokens: req.prompt.len(),
             tokens: req.prompt,
-            num_computed_tokens: 0,
+            num_computed_tokens: num_cached,
+            num_cached_tokens: num_cached,
+            num_draft_tokens: num_draft,
+            uses_draft: uses_draft && self.draft.is_some(),
             max_tokens: req.max_tokens,
             sampler: Sampler::new(req.sampling),
+            constraint: req.constraint,
             detok: Detokenizer::new(self.tokenizer.clone()),
             stops: StopStrings::new(req.stop_strings),
             stop_tokens: req.stop_tokens,
             ignore_eos: req.ignore_eos,
             text: String::new(),
+            ngram: Acceptance::new(0.5),
+            draft: Acceptance::new(0.6),
             t_admitted: Instant::now(),
             t_first_token: None,
         });
         Ok(id)
+    }
+
+    fn release(&mut self, s: &Sequence) {
+        self.runner.release(SeqId(s.id.0));
+        if let Some(d) = self.draft.as_mut() {
+            d.release(SeqId(s.id.0));
+        }
     }
 
     /// Cancels a request and frees its sequence at once; returns its `Finished` event (None for an unknown or
@@ -154,9 +410,16 @@ impl<R: Runner> Engine<R> {
     pub fn abort(&mut self, id: RequestId) -> Option<Event> {
         let i = self.seqs.iter().position(|s| s.id == id)?;
         let mut s = self.seqs.remove(i);
-        self.runner.release(SeqId(s.id.0));
+        self.release(&s);
         let text = s.stops.flush();
-        Some(Event::Finished { reason: FinishReason::Aborted, text, usage: s.usage() })
+        Some(Event::Finished { reason: FinishReason::Aborted, text, usage: s.usage(), matched_stop: None })
+    }
+
+    /// Background work of the runners while no request runs (see `Runner::idle_work`); true if more remains.
+    pub fn idle_work(&mut self) -> bool {
+        let target = self.runner.idle_work();
+        let draft = self.draft.as_mut().is_some_and(|d| d.idle_work());
+        target || draft
     }
 
     pub fn has_work(&self) -> bool {
@@ -167,53 +430,285 @@ impl<R: Runner> Engine<R> {
         self.seqs.len()
     }
 
+    /// Chooses the proposer for a decoding sequence (the one faster for it alone) and proposes as many tokens as it
+    /// may; [`Self::choose_depths`] then trims them for the whole step.
+    fn propose(&self, s: &Sequence, max_rows: usize) -> Proposal {
+        let spec = &self.config.spec;
+        let max_context = self.runner.config().max_context;
+        // Drafts must fit the context (the target holds them until verified), the output limit (the step emits up
+        // to k + 1 tokens) and the step's row budget.
+        let max_k = spec
+            .max_draft_tokens
+            .min(max_context.saturating_sub(s.tokens.len()))
+            .min(s.max_tokens.saturating_sub(s.num_output_tokens() + 1))
+            .min(max_rows.saturating_sub(1));
+        if max_k == 0 || s.constraint.is_some() {
+            return Proposal::default();
+        }
+        let pick = |method: Method, acc: f64, max: usize| {
+            if spec.adaptive { self.costs.best_depth(method, acc, max) } else { max }
+        };
+        let mut best: Option<(f64, Method, usize)> = None;
+        let mut consider = |method: Method, acc: f64, k: usize| {
+            if k == 0 {
+                return;
+            }
+            let speed = self.costs.speed(method, acc, k);
+            if best.is_none_or(|b| speed > b.0) {
+                best = Some((speed, method, k));
+            }
+        };
+        let ngram = if spec.ngram {
+            spec::ngram_propose(&s.tokens, spec.ngram_min_match, spec.ngram_max_match, max_k)
+        } else {
+            Vec::new()
+        };
+        if !ngram.is_empty() {
+            consider(Method::Ngram, s.ngram.rate, pick(Method::Ngram, s.ngram.rate, ngram.len()));
+        }
+        // The draft first catches up on the tokens it has not seen; a long gap is closed without proposing.
+        let lag = s.tokens.len() - s.num_draft_tokens;
+        if s.uses_draft && lag <= self.config.max_batch_tokens {
+            consider(Method::Draft, s.draft.rate, pick(Method::Draft, s.draft.rate, max_k));
+        }
+        // Adaptive: the depth is settled for the whole step later; propose all that is allowed.
+        let cap = |k: usize, max: usize| if spec.adaptive { max } else { k };
+        match best {
+            Some((_, Method::Ngram, k)) => {
+                let k = cap(k, ngram.len());
+                let rate = s.ngram.rate;
+                let tokens = ngram[..k].to_vec();
+                Proposal { method: Some(Method::Ngram), tokens, weights: vec![None; k], rate, shadow: Vec::new() }
+            }
+            Some((_, Method::Draft, k)) => {
+                let k = cap(k, max_k);
+                let rate = s.draft.rate;
+                Proposal { method: Some(Method::Draft), tokens: vec![0; k], weights: Vec::new(), rate, shadow: ngram }
+            }
+            None => Proposal::default(),
+        }
+    }
+
+    /// Trims the proposals of one step to the depths that maximise the step's expected tokens per second: starting
+    /// from no drafts, repeatedly add the draft token that raises (expected tokens) / (target pass time for all rows
+    /// + draft passes) the most, while it does. A draft token `j` of a sequence adds `rate^j` expected tokens; rows
+    /// cost what `calibrate` measured, so with many sequences or a long prefill in the step (where the machine is
+    /// already busy) fewer drafts pay, and alone on a memory-bound machine more do.
+    fn choose_depths(&self, props: &mut [(usize, Proposal)], base_rows: usize, num_decoding: usize) {
+        if !self.config.spec.adaptive {
+            return;
+        }
+        let mut depth = vec![0usize; props.len()];
+        let mut expected = num_decoding.max(1) as f64;
+        let mut rows = base_rows;
+        let mut draft_depth = 0;
+        let time = |rows: usize, draft_depth: usize| self.costs.target(rows) + draft_depth as f64 * self.costs.draft_s;
+        let mut speed = expected / time(rows, draft_depth);
+        loop {
+            let mut best: Option<(f64, usize, usize)> = None; // (speed, proposal, draft depth)
+            for (j, (_, p)) in props.iter().enumerate() {
+                if depth[j] >= p.tokens.len() {
+                    continue;
+                }
+                let dd = if p.method == Some(Method::Draft) { draft_depth.max(depth[j] + 1) } else { draft_depth };
+                let gain = p.rate.clamp(0.0, 0.999).powi(depth[j] as i32 + 1);
+                let v = (expected + gain) / time(rows + 1, dd);
+                if best.is_none_or(|b| v > b.0) {
+                    best = Some((v, j, dd));
+                }
+            }
+            match best {
+                Some((v, j, dd)) if v > speed * 1.0001 => {
+                    expected += props[j].1.rate.clamp(0.0, 0.999).powi(depth[j] as i32 + 1);
+                    depth[j] += 1;
+                    rows += 1;
+                    draft_depth = dd;
+                    speed = v;
+                }
+                _ => break,
+            }
+        }
+        for ((_, p), d) in props.iter_mut().zip(depth) {
+            p.tokens.truncate(d);
+            p.weights.truncate(d);
+            if d == 0 {
+                p.method = None;
+            }
+        }
+    }
+
+    /// Runs the draft model for the sequences whose proposal uses it: one pass over each one's unseen tokens, then
+    /// one pass per further draft token. Fills in the proposals' tokens (and sampling weights).
+    fn run_draft(&mut self, props: &mut [(usize, Proposal)]) -> Result<()> {
+        let Some(draft) = self.draft.as_mut() else { return Ok(()) };
+        let want: Vec<usize> = (0..props.len()).filter(|&j| props[j].1.method == Some(Method::Draft)).collect();
+        if want.is_empty() {
+            return Ok(());
+        }
+        let vocab = draft.config().vocab_size;
+        let max_k = want.iter().map(|&j| props[j].1.tokens.len()).max().unwrap_or(0);
+        // Per sequence: the history the draft's sampler sees (tokens plus drafts so far).
+        let mut hist: Vec<Vec<u32>> = want.iter().map(|&j| self.seqs[props[j].0].tokens.clone()).collect();
+        for step in 0..max_k {
+            let live: Vec<usize> = (0..want.len()).filter(|&w| props[want[w]].1.tokens.len() > step).collect();
+            let feeds: Vec<(SeqId, usize, Vec<u32>)> = live
+                .iter()
+                .map(|&w| {
+                    let s = &self.seqs[props[want[w]].0];
+                    let start = if step == 0 { s.num_draft_tokens } else { hist[w].len() - 1 };
+                    (SeqId(s.id.0), start, hist[w][start..].to_vec())
+                })
+                .collect();
+            let batch = Batch {
+                chunks: feeds
+                    .iter()
+                    .map(|(seq, start, toks)| SeqChunk {
+                        seq: *seq,
+                        tokens: toks,
+                        start_pos: *start,
+                        logits: LogitsWanted::Last,
+                    })
+                    .collect(),
+            };
+            let logits = draft.forward(&batch)?.to_vec();
+            for (r, &w) in live.iter().enumerate() {
+                let (i, prop) = &mut props[want[w]];
+                let s = &mut self.seqs[*i];
+                let mut row = logits[r * vocab..(r + 1) * vocab].to_vec();
+                // Only tokens the target can emit.
+                row.truncate(self.runner.config().vocab_size.min(vocab));
+                let (token, weights) = if s.sampler.params.is_greedy() {
+                    (s.sampler.sample(&mut row, &hist[w]), None)
+                } else {
+                    let q = s.sampler.weights(&mut row, &hist[w]);
+                    (s.sampler.draw(&q), Some(q))
+                };
+                prop.tokens[step] = token;
+                prop.weights.push(weights);
+                hist[w].push(token);
+            }
+        }
+        for (w, &j) in want.iter().enumerate() {
+            let s = &mut self.seqs[props[j].0];
+            // The draft holds everything it was fed: the tokens and all drafts but the last.
+            s.num_draft_tokens = hist[w].len() - 1;
+        }
+        Ok(())
+    }
+
+    /// Feeds the draft model the prompt chunks the target computes this step, so it is ready when decoding starts.
+    fn draft_prefill(&mut self, chunks: &[(usize, usize)]) -> Result<()> {
+        let Some(draft) = self.draft.as_mut() else { return Ok(()) };
+        let max = self.config.max_batch_tokens;
+        let feeds: Vec<(usize, usize, usize)> = chunks
+            .iter()
+            .filter_map(|&(i, n)| {
+                let s = &self.seqs[i];
+                let end = s.num_computed_tokens + n;
+                (s.uses_draft && s.num_draft_tokens < end)
+                    .then(|| (i, s.num_draft_tokens, end.min(s.num_draft_tokens + max)))
+            })
+            .collect();
+        if feeds.is_empty() {
+            return Ok(());
+        }
+        let batch = Batch {
+            chunks: feeds
+                .iter()
+                .map(|&(i, a, b)| {
+                    let s = &self.seqs[i];
+                    SeqChunk { seq: SeqId(s.id.0), tokens: &s.tokens[a..b], start_pos: a, logits: LogitsWanted::None }
+                })
+                .collect(),
+        };
+        draft.forward(&batch)?;
+        for &(i, _, b) in &feeds {
+            self.seqs[i].num_draft_tokens = b;
+        }
+        Ok(())
+    }
+
     /// Runs one batch and returns the events it produced, in order.
     pub fn step(&mut self) -> Result<Vec<(RequestId, Event)>> {
-        // Schedule: decoding sequences first (one token each), then prompt chunks, fewest tokens left first (ties in
-        // arrival order). While anything decodes, prompts share a smaller budget so streams keep flowing.
+        // Schedule: decoding sequences first (the pending token plus any drafts), then prompt chunks, fewest tokens
+        // left first (ties in arrival order). While anything decodes, prompts share a smaller budget so streams keep
+        // flowing.
         let mut budget = self.config.max_batch_tokens;
-        let remaining = |s: &Sequence| s.tokens.len() - s.num_computed_tokens;
-        let is_prefill = |s: &Sequence| s.num_computed_tokens < s.num_prompt_tokens;
         let mut order: Vec<usize> = (0..self.seqs.len()).collect();
         order.sort_by_key(|&i| {
             let s = &self.seqs[i];
-            if is_prefill(s) { (1, remaining(s)) } else { (0, 0) }
+            if s.is_prefill() { (1, s.tokens.len() - s.num_computed_tokens) } else { (0, 0) }
         });
-        let mut scheduled: Vec<(usize, usize)> = Vec::new(); // (sequence index, number of tokens)
+        let num_decoding = self.seqs.iter().filter(|s| !s.is_prefill()).count();
+        // Drafts share what the step can hold; with many streams each gets less, since batching already fills the
+        // machine.
+        let draft_rows =
+            (self.config.max_batch_tokens / num_decoding.max(1)).min(self.config.spec.max_draft_tokens + 1);
+        let mut scheduled: Vec<(usize, usize, Proposal)> = Vec::new(); // (sequence, tokens, drafts)
         let mut prefill_budget = None;
         for i in order {
             let s = &self.seqs[i];
-            if is_prefill(s) && prefill_budget.is_none() {
+            let remaining = s.tokens.len() - s.num_computed_tokens;
+            if !s.is_prefill() {
+                let prop = self.propose(s, draft_rows.min(budget));
+                let n = remaining.min(budget);
+                if n == 0 {
+                    continue;
+                }
+                budget -= n + prop.tokens.len();
+                scheduled.push((i, n, prop));
+                continue;
+            }
+            if prefill_budget.is_none() {
                 let cap =
                     if scheduled.is_empty() { budget } else { self.config.max_prefill_tokens_while_decoding.max(1) };
                 prefill_budget = Some(cap.min(budget));
             }
-            let limit = prefill_budget.unwrap_or(budget);
-            let n = remaining(s).min(limit);
+            let p = prefill_budget.as_mut().expect("INVARIANT: set above");
+            let n = remaining.min(*p);
             if n == 0 {
                 continue;
             }
             budget -= n;
-            if let Some(p) = prefill_budget.as_mut() {
-                *p -= n;
-            }
-            scheduled.push((i, n));
+            *p -= n;
+            scheduled.push((i, n, Proposal::default()));
         }
         if scheduled.is_empty() {
             return Ok(Vec::new());
         }
+        let mut props: Vec<(usize, Proposal)> = scheduled.iter_mut().map(|(i, _, p)| (*i, std::mem::take(p))).collect();
+        let base_rows = scheduled.iter().map(|&(_, n, _)| n).sum();
+        let num_decoding = scheduled.iter().filter(|(i, _, _)| !self.seqs[*i].is_prefill()).count();
+        self.choose_depths(&mut props, base_rows, num_decoding);
+        self.run_draft(&mut props)?;
+        let prefills: Vec<(usize, usize)> =
+            scheduled.iter().filter(|(i, _, _)| self.seqs[*i].is_prefill()).map(|&(i, n, _)| (i, n)).collect();
+        self.draft_prefill(&prefills)?;
+
+        let feeds: Vec<Vec<u32>> = scheduled
+            .iter()
+            .zip(&props)
+            .map(|(&(i, n, _), (_, p))| {
+                let s = &self.seqs[i];
+                let mut t = s.tokens[s.num_computed_tokens..s.num_computed_tokens + n].to_vec();
+                t.extend_from_slice(&p.tokens);
+                t
+            })
+            .collect();
         let batch = Batch {
             chunks: scheduled
                 .iter()
-                .map(|&(i, n)| {
+                .zip(&feeds)
+                .zip(&props)
+                .map(|((&(i, n, _), toks), (_, p))| {
                     let s = &self.seqs[i];
                     let done = s.num_computed_tokens + n == s.tokens.len();
-                    SeqChunk {
-                        seq: SeqId(s.id.0),
-                        tokens: &s.tokens[s.num_computed_tokens..s.num_computed_tokens + n],
-                        start_pos: s.num_computed_tokens,
-                        logits: if done { LogitsWanted::Last } else { LogitsWanted::None },
-                    }
+                    let logits = match (done, p.tokens.is_empty()) {
+                        (false, _) => LogitsWanted::None,
+                        (true, true) => LogitsWanted::Last,
+                        (true, false) => LogitsWanted::All,
+                    };
+                    SeqChunk { seq: SeqId(s.id.0), tokens: toks, start_pos: s.num_computed_tokens, logits }
                 })
                 .collect(),
         };
@@ -221,51 +716,106 @@ impl<R: Runner> Engine<R> {
         let logits = self.runner.forward(&batch)?.to_vec();
         drop(batch);
         let vocab = self.runner.config().vocab_size;
+        let max_context = self.runner.config().max_context;
         debug_assert_eq!(logits.len(), num_rows * vocab);
 
         let mut events = Vec::new();
         let mut finished = Vec::new();
         let mut row = 0;
-        for &(i, n) in &scheduled {
+        let mut depth_sum = 0;
+        let mut num_verified = 0;
+        for (&(i, n, _), (_, prop)) in scheduled.iter().zip(props) {
             let s = &mut self.seqs[i];
+            let was_decoding = !s.is_prefill();
             s.num_computed_tokens += n;
             if s.num_computed_tokens < s.tokens.len() {
                 continue;
             }
-            let mut l = logits[row * vocab..(row + 1) * vocab].to_vec();
-            row += 1;
-            let token = s.sampler.sample(&mut l, &s.tokens);
-            s.t_first_token.get_or_insert_with(Instant::now);
-            s.tokens.push(token);
-            let is_eog = !s.ignore_eos && self.tokenizer.is_eog(token);
-            let is_stop_token = s.stop_tokens.contains(&token);
-            let piece = if is_eog || is_stop_token { String::new() } else { s.detok.push(token) };
-            let (text, hit_stop) = s.stops.push(&piece);
-            s.text.push_str(&text);
-            events.push((s.id, Event::Token { id: token, text }));
-            let max_context = self.runner.config().max_context;
-            let reason = if is_eog || is_stop_token || hit_stop {
-                Some(FinishReason::Stop)
-            } else if s.num_output_tokens() >= s.max_tokens || s.tokens.len() >= max_context {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
-            if let Some(reason) = reason {
-                let mut tail = if hit_stop { String::new() } else { s.detok.finish() };
-                if !hit_stop {
-                    let (t, _) = s.stops.push(&tail);
-                    tail = t + &s.stops.flush();
+            let k = prop.tokens.len();
+            let rows = &logits[row * vocab..(row + k + 1) * vocab];
+            row += k + 1;
+            let mut accepted = 0;
+            let mut emitted = 0;
+            for j in 0..=k {
+                let l = &rows[j * vocab..(j + 1) * vocab];
+                // The target's choice at this position; for drafts, whether it is the draft.
+                let (token, is_draft) = if j < k {
+                    let d = prop.tokens[j];
+                    let (t, ok) = if s.sampler.params.is_greedy() {
+                        let t = s.sampler.sample(&mut l.to_vec(), &s.tokens);
+                        (t, t == d)
+                    } else {
+                        let p = s.sampler.weights(&mut l.to_vec(), &s.tokens);
+                        spec::verify_sampled(&mut s.sampler, &p, prop.weights[j].as_deref(), d)
+                    };
+                    (t, ok)
+                } else {
+                    match s.sample(l) {
+                        Ok(t) => (t, false),
+                        Err(_) => {
+                            // The constraint cannot continue: end here with what it accepted so far.
+                            events.push((s.id, s.finish(FinishReason::Stop, false)));
+                            finished.push(i);
+                            break;
+                        }
+                    }
+                };
+                accepted += usize::from(is_draft);
+                emitted += 1;
+                let (ev, fin) = s.push_token(token, l, &self.tokenizer, max_context);
+                events.push((s.id, ev));
+                if let Some(fin) = fin {
+                    events.push((s.id, fin));
+                    finished.push(i);
+                    break;
                 }
-                s.text.push_str(&tail);
-                events.push((s.id, Event::Finished { reason, text: tail, usage: s.usage() }));
-                finished.push(i);
+                if !is_draft {
+                    break;
+                }
             }
+            if !prop.shadow.is_empty() {
+                let out = &s.tokens[s.tokens.len() - emitted..];
+                let matched = prop.shadow.iter().zip(out).take_while(|(a, b)| a == b).count();
+                s.ngram.update(prop.shadow.len().min(emitted), matched);
+            }
+            if was_decoding {
+                self.stats.decode_passes += 1;
+                self.stats.decode_tokens += emitted as u64;
+                depth_sum += k;
+                num_verified += 1;
+            }
+            if let Some(method) = prop.method {
+                match method {
+                    Method::Ngram => {
+                        s.ngram.update(k, accepted);
+                        self.stats.ngram_proposed += k as u64;
+                        self.stats.ngram_accepted += accepted as u64;
+                    }
+                    Method::Draft => {
+                        s.draft.update(k, accepted);
+                        self.stats.draft_proposed += k as u64;
+                        self.stats.draft_accepted += accepted as u64;
+                    }
+                }
+                // Roll back the rejected drafts: the runners keep every token but the pending last one.
+                let keep = s.tokens.len() - 1;
+                s.num_computed_tokens = keep;
+                self.runner.truncate(SeqId(s.id.0), keep);
+                if s.num_draft_tokens > keep {
+                    s.num_draft_tokens = keep;
+                    if let Some(d) = self.draft.as_mut() {
+                        d.truncate(SeqId(s.id.0), keep);
+                    }
+                }
+            }
+        }
+        if num_verified > 0 {
+            self.stats.last_depth = depth_sum as f64 / num_verified as f64;
         }
         finished.sort_unstable();
         for i in finished.into_iter().rev() {
             let s = self.seqs.remove(i);
-            self.runner.release(SeqId(s.id.0));
+            self.release(&s);
         }
         Ok(events)
     }
@@ -287,11 +837,11 @@ impl<R: Runner> Engine<R> {
                     continue;
                 }
                 match ev {
-                    Event::Token { id, text } => {
+                    Event::Token { id, text, .. } => {
                         out.push(id);
                         on_text(&text);
                     }
-                    Event::Finished { reason, text, usage } => {
+                    Event::Finished { reason, text, usage, .. } => {
                         on_text(&text);
                         return Ok((out, reason, usage));
                     }

@@ -12,8 +12,19 @@ impl std::fmt::Display for RequestId {
     }
 }
 
+/// Restricts which tokens may come next (structured output, forced tool calls). Called on the engine thread, once
+/// per generated token: `allowed_tokens` before sampling, `commit` with the token chosen.
+pub trait TokenConstraint: Send {
+    /// Clears the bits of the tokens that may not come next in `allowed` (bit `t % 32` of word `t / 32` is token `t`;
+    /// every bit starts set).
+    fn allowed_tokens(&mut self, allowed: &mut [u32]) -> Result<(), String>;
+    /// Advances past `token`.
+    fn commit(&mut self, token: u32) -> Result<(), String>;
+    /// The output is complete: nothing more may follow, and generation stops.
+    fn is_finished(&self) -> bool;
+}
+
 /// A generation request: token ids in, tokens and text out. Knows nothing about HTTP or chat formats.
-#[derive(Debug, Clone)]
 pub struct GenerateRequest {
     pub prompt: Vec<u32>,
     pub sampling: SamplingParams,
@@ -25,6 +36,23 @@ pub struct GenerateRequest {
     pub stop_tokens: Vec<u32>,
     /// Keep going past the model's end-of-generation tokens.
     pub ignore_eos: bool,
+    /// Limits the output to what this constraint allows (e.g. a JSON schema). Requests with a constraint are not
+    /// speculated.
+    pub constraint: Option<Box<dyn TokenConstraint>>,
+}
+
+impl std::fmt::Debug for GenerateRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GenerateRequest")
+            .field("prompt_tokens", &self.prompt.len())
+            .field("sampling", &self.sampling)
+            .field("max_tokens", &self.max_tokens)
+            .field("stop_strings", &self.stop_strings)
+            .field("stop_tokens", &self.stop_tokens)
+            .field("ignore_eos", &self.ignore_eos)
+            .field("constraint", &self.constraint.is_some())
+            .finish()
+    }
 }
 
 impl GenerateRequest {
@@ -36,13 +64,15 @@ impl GenerateRequest {
             stop_strings: Vec::new(),
             stop_tokens: Vec::new(),
             ignore_eos: false,
+            constraint: None,
         }
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An end-of-generation token, a stop token or a stop string.
+    /// An end-of-generation token, a stop token, a stop string, or the output constraint is complete (or could not
+    /// continue: no token allowed).
     Stop,
     /// `max_tokens` reached, or the model's context is full.
     Length,
@@ -54,6 +84,8 @@ pub enum FinishReason {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache instead of being computed.
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     /// From admission to the first sampled token.
     pub prefill_ms: f64,
@@ -72,11 +104,20 @@ impl Usage {
     }
 }
 
+/// Log-probabilities of a generated token under the model (log-softmax of the raw logits, before penalties and
+/// temperature), with the most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// The `SamplingParams::logprobs` most likely tokens, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// A generated token and the text it completes (may be empty while a UTF-8 sequence or a possible stop string
-    /// is incomplete).
-    Token { id: u32, text: String },
-    /// The request is done; no more events follow.
-    Finished { reason: FinishReason, text: String, usage: Usage },
+    /// is incomplete). `logprobs` is set when the request asked for them.
+    Token { id: u32, text: String, logprobs: Option<TokenLogprobs> },
+    /// The request is done; no more events follow. `matched_stop` is the stop string that ended it, if one did.
+    Finished { reason: FinishReason, text: String, usage: Usage, matched_stop: Option<String> },
 }

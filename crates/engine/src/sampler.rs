@@ -21,7 +21,12 @@ pub struct SamplingParams {
     /// How many recent tokens (prompt included) the penalties look at; 0 = all.
     pub penalty_last_n: usize,
     pub seed: Option<u64>,
+    /// Report log-probabilities with this many top alternatives (at most [`MAX_TOP_LOGPROBS`]).
+    pub logprobs: Option<usize>,
 }
+
+/// Most alternatives a request may ask log-probabilities for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -35,6 +40,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             penalty_last_n: 64,
             seed: None,
+            logprobs: None,
         }
     }
 }
@@ -48,7 +54,7 @@ impl SamplingParams {
         self.temperature <= 0.0 || self.top_k == 1
     }
 
-    fn has_penalties(&self) -> bool {
+    pub fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
 
@@ -73,6 +79,9 @@ impl SamplingParams {
         }
         if self.repetition_penalty <= 0.0 {
             return Err("repetition_penalty must be > 0".into());
+        }
+        if self.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return Err(format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}"));
         }
         Ok(())
     }
@@ -124,11 +133,25 @@ impl Sampler {
 
     /// Picks the next token. `history` is the sequence so far (prompt and output), for penalties.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        if self.params.is_greedy() {
+            if self.params.has_penalties() {
+                apply_penalties(&self.params, logits, history);
+            }
+            return argmax(logits);
+        }
+        let weights = self.weights(logits, history);
+        self.draw(&weights)
+    }
+
+    /// The distribution `sample` draws from: (token, weight) pairs with weights relative to the most likely
+    /// candidate (not normalised), after penalties, temperature, top-k, top-p and min-p. Greedy gives the argmax
+    /// with weight 1. `logits` is modified (penalties).
+    pub fn weights(&mut self, logits: &mut [f32], history: &[u32]) -> Vec<(u32, f64)> {
         if self.params.has_penalties() {
             apply_penalties(&self.params, logits, history);
         }
         if self.params.is_greedy() {
-            return argmax(logits);
+            return vec![(argmax(logits), 1.0)];
         }
         let p = self.params.clone();
         let inv_t = 1.0 / p.temperature;
@@ -165,15 +188,25 @@ impl Sampler {
             // The most likely candidate has weight 1; keep those within a factor min_p of it.
             probs.retain(|&(_, w)| w >= p.min_p as f64);
         }
-        let z: f64 = probs.iter().map(|p| p.1).sum();
+        probs
+    }
+
+    /// Draws a token with probability proportional to its weight.
+    pub fn draw(&mut self, weights: &[(u32, f64)]) -> u32 {
+        let z: f64 = weights.iter().map(|p| p.1).sum();
         let mut r = self.rng.next_f64() * z;
-        for &(t, w) in &probs {
+        for &(t, w) in weights {
             r -= w;
             if r < 0.0 {
                 return t;
             }
         }
-        probs.last().map_or(0, |p| p.0)
+        weights.iter().rev().find(|p| p.1 > 0.0).or(weights.last()).map_or(0, |p| p.0)
+    }
+
+    /// Uniform in [0, 1), from this request's generator.
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
     }
 
     /// Fills `self.cand` with the `n` largest logits, sorted descending (ties: lower id first). When `n` covers the

@@ -76,6 +76,8 @@ struct Shared {
     /// Time spent inside `Engine::step`, in microseconds.
     busy_us: AtomicU64,
     alive: AtomicBool,
+    /// Speculation counters and KV-cache occupancy after the last step.
+    engine_state: std::sync::Mutex<(crate::SpecStats, models::KvUsage)>,
 }
 
 /// A snapshot of the service's counters.
@@ -97,6 +99,8 @@ pub struct ServiceStats {
     pub max_running: usize,
     pub max_waiting: usize,
     pub alive: bool,
+    pub spec: crate::SpecStats,
+    pub kv: models::KvUsage,
 }
 
 /// What the engine thread receives.
@@ -223,6 +227,8 @@ impl EngineHandle {
             max_running: self.max_running,
             max_waiting: self.max_waiting,
             alive: s.alive.load(Ordering::Relaxed),
+            spec: s.engine_state.lock().map(|g| g.0).unwrap_or_default(),
+            kv: s.engine_state.lock().map(|g| g.1).unwrap_or_default(),
         }
     }
 }
@@ -295,6 +301,9 @@ impl<R: Runner> Worker<R> {
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.engine.step()));
             let busy_us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
             self.shared.busy_us.fetch_add(busy_us, Ordering::Relaxed);
+            if let Ok(mut g) = self.shared.engine_state.lock() {
+                *g = (self.engine.spec_stats(), self.engine.runner().kv_usage());
+            }
             match result {
                 Ok(Ok(events)) => self.dispatch(events),
                 Ok(Err(e)) => self.fail_running(ServiceError::Engine(e.to_string())),
@@ -322,9 +331,26 @@ impl<R: Runner> Worker<R> {
     /// Takes new commands: blocks while there is nothing else to do. Returns false when the service is over.
     fn receive(&mut self) -> bool {
         if self.running.is_empty() && self.waiting.is_empty() {
-            match self.commands.recv() {
-                Ok(command) => self.handle(command),
-                Err(_) => return false,
+            // Idle: do the runners' background work in small steps, looking for requests in between.
+            loop {
+                match self.commands.try_recv() {
+                    Ok(command) => {
+                        self.handle(command);
+                        break;
+                    }
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        while self.engine.idle_work() {}
+                        return false;
+                    }
+                    Err(mpsc::TryRecvError::Empty) if self.engine.idle_work() => continue,
+                    Err(mpsc::TryRecvError::Empty) => match self.commands.recv() {
+                        Ok(command) => {
+                            self.handle(command);
+                            break;
+                        }
+                        Err(_) => return false,
+                    },
+                }
             }
         }
         loop {
@@ -537,15 +563,21 @@ mod tests {
                 let entry = live.entry(chunk.seq).or_insert((0, None));
                 assert_eq!(entry.0, chunk.start_pos);
                 entry.0 += chunk.tokens.len();
-                if chunk.logits == LogitsWanted::None {
-                    continue;
-                }
+                let n = chunk.tokens.len();
+                let ends: Vec<usize> = match chunk.logits {
+                    LogitsWanted::None => continue,
+                    LogitsWanted::Last => vec![entry.0],
+                    LogitsWanted::All => (entry.0 + 1 - n..=entry.0).collect(),
+                };
+                // The reply is a function of the position after the prompt.
                 let prompt_len = *entry.1.get_or_insert(entry.0);
-                let i = entry.0 - prompt_len;
-                let next = if i >= self.reply_len { EOS } else { u32::from(b'a') + (i % 10) as u32 };
-                let mut row = vec![0.0f32; VOCAB];
-                row[next as usize] = 10.0;
-                self.logits.extend_from_slice(&row);
+                for end in ends {
+                    let i = end - prompt_len;
+                    let next = if i >= self.reply_len { EOS } else { u32::from(b'a') + (i % 10) as u32 };
+                    let mut row = vec![0.0f32; VOCAB];
+                    row[next as usize] = 10.0;
+                    self.logits.extend_from_slice(&row);
+                }
             }
             Ok(&self.logits)
         }

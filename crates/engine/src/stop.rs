@@ -6,11 +6,13 @@ pub struct StopStrings {
     stops: Vec<String>,
     /// Text received but not yet released, because it may begin a stop string.
     held: String,
+    /// The stop string that ended the text, once one has.
+    matched: Option<usize>,
 }
 
 impl StopStrings {
     pub fn new(stops: Vec<String>) -> Self {
-        StopStrings { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new() }
+        StopStrings { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new(), matched: None }
     }
 
     /// Adds `text`; returns the text that is now safe to emit and whether a stop string was hit (in which case the
@@ -20,9 +22,12 @@ impl StopStrings {
         if self.stops.is_empty() {
             return (std::mem::take(&mut self.held), false);
         }
-        if let Some(i) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        // The earliest stop string in the text wins; among those starting at the same byte, the first listed.
+        let hit = self.stops.iter().enumerate().filter_map(|(k, s)| Some((self.held.find(s.as_str())?, k))).min();
+        if let Some((i, k)) = hit {
             let out = self.held[..i].to_string();
             self.held.clear();
+            self.matched = Some(k);
             return (out, true);
         }
         // Hold back the longest tail that is a proper prefix of some stop string.
@@ -43,6 +48,11 @@ impl StopStrings {
         (out, false)
     }
 
+    /// The stop string that ended the text, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|k| self.stops[k].as_str())
+    }
+
     /// Releases whatever is held (the generation ended for another reason).
     pub fn flush(&mut self) -> String {
         std::mem::take(&mut self.held)
@@ -59,6 +69,15 @@ mod tests {
         assert_eq!(s.push("hello E"), ("hello ".into(), false));
         assert_eq!(s.push("N"), ("".into(), false));
         assert_eq!(s.push("Dx"), ("".into(), true));
+        assert_eq!(s.matched(), Some("END"));
+    }
+
+    #[test]
+    fn earliest_stop_wins() {
+        let mut s = StopStrings::new(vec!["b".into(), "ab".into()]);
+        assert_eq!(s.matched(), None);
+        assert_eq!(s.push("xab"), ("x".into(), true));
+        assert_eq!(s.matched(), Some("ab"));
     }
 
     #[test]

@@ -255,7 +255,7 @@ fn engine_with(runner: FakeRunner, max_batch_tokens: usize) -> Engine<FakeRunner
     Engine::new(
         runner,
         build_tokenizer(),
-        EngineConfig { max_batch_tokens, max_prefill_tokens_while_decoding: max_batch_tokens },
+        EngineConfig { max_batch_tokens, max_prefill_tokens_while_decoding: max_batch_tokens, ..Default::default() },
     )
 }
 
@@ -280,12 +280,12 @@ fn record(out: &mut BTreeMap<RequestId, Outcome>, step: usize, events: Vec<(Requ
         let o = out.entry(id).or_default();
         assert!(o.finish.is_none(), "request {id}: event after Finished: {ev:?}");
         match ev {
-            Event::Token { id, text } => {
+            Event::Token { id, text, .. } => {
                 o.tokens.push(id);
                 o.text.push_str(&text);
                 o.token_steps.push(step);
             }
-            Event::Finished { reason, text, usage } => {
+            Event::Finished { reason, text, usage, .. } => {
                 o.text.push_str(&text);
                 o.finish = Some((reason, usage));
             }
@@ -407,7 +407,7 @@ fn short_request_streams_during_a_long_prefill() {
     let mut e = Engine::new(
         FakeRunner::new(1024, letters_script),
         build_tokenizer(),
-        EngineConfig { max_batch_tokens: 64, max_prefill_tokens_while_decoding: 16 },
+        EngineConfig { max_batch_tokens: 64, max_prefill_tokens_while_decoding: 16, ..Default::default() },
     );
     let mut out = BTreeMap::new();
     let long_id = e.add_request(greedy(long.clone(), 2)).expect("valid");

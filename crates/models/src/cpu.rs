@@ -2,9 +2,9 @@
 //!
 //! All rows of a batch (from any number of sequences) go through each matrix product together, so a batch of decode
 //! steps or a verification of k+1 draft tokens reads every weight once. Attention is per row, over the row's own
-//! sequence. KV cache: per sequence and layer, `[num_tokens, kv_dim]` f16 rows (as llama.cpp stores it).
+//! sequence. KV cache: paged (see `kv_cache`), each block holding `[layer][k | v][BLOCK_TOKENS][kv_dim]` f16 values
+//! (as llama.cpp stores them), with prefix reuse across sequences.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use backend::cpu::attention::{self, AttnShape, SeqAttn};
@@ -12,18 +12,14 @@ use backend::cpu::ops::{self, Rope};
 use backend::cpu::{ThreadPool, matmul};
 use gguf::GgufFile;
 
+use crate::kv_cache::{self, BLOCK_TOKENS, BlockTable, KvUsage};
+use crate::prefix_store::{PrefixStore, model_identity};
 use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId, Weights};
 
-/// KV cache of one sequence: per layer, keys and values `[len, kv_dim]` as f16 bits.
-#[derive(Default)]
-struct SeqKv {
-    len: usize,
-    k: Vec<Vec<u16>>,
-    v: Vec<Vec<u16>>,
-}
-
-fn append_f16(dst: &mut Vec<u16>, src: &[f32]) {
-    dst.extend(src.iter().map(|&x| half::f16::from_f32(x).to_bits()));
+fn write_f16(dst: &mut [u16], src: &[f32]) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = half::f16::from_f32(x).to_bits();
+    }
 }
 
 /// Activation buffers, grown to the largest batch seen and reused.
@@ -62,7 +58,11 @@ pub struct CpuRunner {
     weights: Weights,
     rope: Rope,
     pool: ThreadPool,
-    seqs: HashMap<SeqId, SeqKv>,
+    table: BlockTable,
+    /// Storage of block `b`: `[layer][k | v][BLOCK_TOKENS][kv_dim]`.
+    blocks: Vec<Box<[u16]>>,
+    /// Cached prefix blocks on disk, when enabled.
+    store: Option<PrefixStore>,
     scratch: Scratch,
     /// Keeps the mapping alive for the matrices that borrow it.
     _file: Arc<GgufFile>,
@@ -74,12 +74,17 @@ impl CpuRunner {
         let cfg = crate::arch::config_from_gguf(&file)?;
         let weights = Weights::load(&file, &cfg)?;
         let rope = Rope::new(cfg.rope_style, cfg.head_dim, cfg.rope_dim, cfg.rope_theta);
+        // Until the memory plan says otherwise: two full contexts, at least 256 blocks (blocks are allocated as they
+        // are used).
+        let table = BlockTable::new((2 * cfg.max_context.div_ceil(BLOCK_TOKENS)).max(256));
         Ok(CpuRunner {
             cfg,
             weights,
             rope,
             pool: ThreadPool::new(num_threads),
-            seqs: HashMap::new(),
+            table,
+            blocks: Vec::new(),
+            store: None,
             scratch: Scratch::default(),
             _file: file,
         })
@@ -89,6 +94,32 @@ impl CpuRunner {
     /// past the model's own.
     pub fn limit_context(&mut self, max_context: usize) {
         self.cfg.max_context = self.cfg.max_context.min(max_context.max(1));
+    }
+
+    /// Sets how many KV blocks of [`BLOCK_TOKENS`] tokens the cache may hold (the memory plan's pages).
+    pub fn set_kv_blocks(&mut self, num_blocks: usize) {
+        self.table.set_max_blocks(num_blocks);
+    }
+
+    /// Bytes of one KV block.
+    pub fn kv_block_bytes(&self) -> usize {
+        self.block_len() * 2
+    }
+
+    fn block_len(&self) -> usize {
+        self.cfg.num_layers * 2 * BLOCK_TOKENS * self.cfg.kv_dim()
+    }
+
+    /// Keeps cached prefix blocks on disk under `root` (at most `max_bytes`), in a directory of this model's own:
+    /// written while idle, read back when a prompt's prefix is not in memory.
+    pub fn enable_prefix_store(&mut self, root: &std::path::Path, max_bytes: u64) -> std::io::Result<&PrefixStore> {
+        let identity = model_identity(self._file.bytes());
+        Ok(self.store.insert(PrefixStore::open(root, &identity, max_bytes)?))
+    }
+
+    /// Drops every cached prefix block no sequence is using.
+    pub fn evict_prefix_cache(&mut self) {
+        self.table.evict_all();
     }
 
     pub fn weights(&self) -> &Weights {
@@ -116,6 +147,12 @@ impl CpuRunner {
             if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
                 return Err(Error::BadToken(t));
             }
+        }
+        let needed: usize =
+            batch.chunks.iter().map(|c| self.table.blocks_needed(c.seq, c.start_pos + c.tokens.len())).sum();
+        let available = self.table.num_available();
+        if needed > available {
+            return Err(Error::KvCacheFull { needed, available });
         }
         Ok(())
     }
@@ -150,21 +187,16 @@ impl Runner for CpuRunner {
         let mut rows: Vec<(SeqId, usize)> = Vec::with_capacity(m);
         for c in &batch.chunks {
             rows.extend((0..c.tokens.len()).map(|i| (c.seq, c.start_pos + i)));
-            let kv = self.seqs.entry(c.seq).or_default();
-            if kv.k.is_empty() {
-                kv.k = vec![Vec::new(); cfg.num_layers];
-                kv.v = vec![Vec::new(); cfg.num_layers];
-            }
-            // Grow geometrically ahead of time so appending a layer's rows never copies the cache mid-forward, but never
-            // past the model's context: the memory plan counts exactly that much per sequence.
-            let need = (c.start_pos + c.tokens.len()) * kvd;
-            let most = cfg.max_context * kvd;
-            for l in kv.k.iter_mut().chain(kv.v.iter_mut()) {
-                if l.capacity() < need {
-                    l.reserve_exact(need.max(2 * l.capacity()).min(most) - l.len());
-                }
-            }
+            self.table
+                .reserve(c.seq, c.start_pos + c.tokens.len())
+                .map_err(|e| Error::KvCacheFull { needed: e.needed, available: e.available })?;
         }
+        let block_len = cfg.num_layers * 2 * BLOCK_TOKENS * kvd;
+        while self.blocks.len() < self.table.num_created() {
+            self.blocks.push(vec![0u16; block_len].into_boxed_slice());
+        }
+        // Where each row's keys and values go.
+        let slots: Vec<(u32, usize)> = rows.iter().map(|&(seq, pos)| self.table.slot(seq, pos)).collect();
         let tokens = batch.chunks.iter().flat_map(|c| c.tokens.iter().copied());
         for (t, tok) in tokens.enumerate() {
             self.weights.token_embd.dequantize_row(tok as usize, &mut s.x[t * h..(t + 1) * h]);
@@ -203,17 +235,26 @@ impl Runner for CpuRunner {
                 self.rope.apply(&mut s.q[t * qd..(t + 1) * qd], pos);
                 self.rope.apply(&mut s.k[t * kvd..(t + 1) * kvd], pos);
             }
-            for (t, &(seq, _)) in rows.iter().enumerate() {
-                let kv = self.seqs.get_mut(&seq).expect("INVARIANT: created above");
-                append_f16(&mut kv.k[li], &s.k[t * kvd..(t + 1) * kvd]);
-                append_f16(&mut kv.v[li], &s.v[t * kvd..(t + 1) * kvd]);
+            let layer_k = li * 2 * BLOCK_TOKENS * kvd;
+            let layer_v = layer_k + BLOCK_TOKENS * kvd;
+            for (t, &(b, row)) in slots.iter().enumerate() {
+                let blk = &mut self.blocks[b as usize];
+                write_f16(&mut blk[layer_k + row * kvd..][..kvd], &s.k[t * kvd..(t + 1) * kvd]);
+                write_f16(&mut blk[layer_v + row * kvd..][..kvd], &s.v[t * kvd..(t + 1) * kvd]);
             }
+            let blocks = &self.blocks;
             let seq_attn: Vec<SeqAttn> = batch
                 .chunks
                 .iter()
                 .map(|c| {
-                    let kv = &self.seqs[&c.seq];
-                    SeqAttn { k: &kv.k[li], v: &kv.v[li], start_pos: c.start_pos, num_rows: c.tokens.len() }
+                    let ids = self.table.blocks(c.seq);
+                    SeqAttn {
+                        k: ids.iter().map(|&b| &blocks[b as usize][layer_k..layer_k + BLOCK_TOKENS * kvd]).collect(),
+                        v: ids.iter().map(|&b| &blocks[b as usize][layer_v..layer_v + BLOCK_TOKENS * kvd]).collect(),
+                        block_tokens: BLOCK_TOKENS,
+                        start_pos: c.start_pos,
+                        num_rows: c.tokens.len(),
+                    }
                 })
                 .collect();
             attention::attention(pool, shape, &s.q[..m * qd], &seq_attn, &mut s.att[..m * qd]);
@@ -228,7 +269,7 @@ impl Runner for CpuRunner {
             ops::add(&mut s.x[..m * h], &s.proj[..m * h]);
         }
         for c in &batch.chunks {
-            self.seqs.get_mut(&c.seq).expect("INVARIANT: created above").len += c.tokens.len();
+            self.table.commit(c.seq, c.tokens);
         }
 
         // Logits for the rows that want them.
@@ -261,22 +302,65 @@ impl Runner for CpuRunner {
     }
 
     fn seq_len(&self, seq: SeqId) -> usize {
-        self.seqs.get(&seq).map_or(0, |s| s.len)
+        self.table.seq_len(seq)
     }
 
     fn truncate(&mut self, seq: SeqId, len: usize) {
-        let kvd = self.cfg.kv_dim();
-        if let Some(s) = self.seqs.get_mut(&seq)
-            && len < s.len
-        {
-            s.len = len;
-            for l in s.k.iter_mut().chain(s.v.iter_mut()) {
-                l.truncate(len * kvd);
+        if let Some(copy) = self.table.truncate(seq, len) {
+            while self.blocks.len() < self.table.num_created() {
+                self.blocks.push(vec![0u16; self.block_len()].into_boxed_slice());
             }
+            let from = self.blocks[copy.from as usize].clone();
+            self.blocks[copy.to as usize].copy_from_slice(&from);
         }
     }
 
     fn release(&mut self, seq: SeqId) {
-        self.seqs.remove(&seq);
+        self.table.release(seq);
+    }
+
+    fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
+        let mut n = self.table.attach_prefix(seq, tokens);
+        let Some(store) = self.store.as_mut() else { return n };
+        // Continue from disk, block by block, while the next block is there and intact.
+        let block_len = self.cfg.num_layers * 2 * BLOCK_TOKENS * self.cfg.kv_dim();
+        let mut buf = Vec::new();
+        while n + BLOCK_TOKENS <= tokens.len() {
+            let chunk = &tokens[n..n + BLOCK_TOKENS];
+            let h = kv_cache::chain_hash(&self.table.last_hash(seq), chunk);
+            if !store.contains(&h) {
+                break;
+            }
+            buf.resize(block_len, 0);
+            if !store.load(&h, &mut buf) {
+                break;
+            }
+            let Some(b) = self.table.attach_loaded(seq, h, chunk) else { break };
+            while self.blocks.len() < self.table.num_created() {
+                self.blocks.push(vec![0u16; block_len].into_boxed_slice());
+            }
+            self.blocks[b as usize].copy_from_slice(&buf);
+            n += BLOCK_TOKENS;
+        }
+        n
+    }
+
+    fn idle_work(&mut self) -> bool {
+        let Some(store) = self.store.as_mut() else { return false };
+        let pending: Vec<(kv_cache::BlockHash, u32)> =
+            self.table.registered().filter(|(h, _)| !store.contains(h)).map(|(h, b)| (*h, b)).take(9).collect();
+        for &(h, b) in pending.iter().take(8) {
+            if let Err(e) = store.save(&h, &self.blocks[b as usize]) {
+                // A full or read-only disk only costs the warm restart; stop trying.
+                eprintln!("warning: prefix cache on disk disabled: {e}");
+                self.store = None;
+                return false;
+            }
+        }
+        pending.len() > 8
+    }
+
+    fn kv_usage(&self) -> KvUsage {
+        self.table.usage()
     }
 }

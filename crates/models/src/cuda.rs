@@ -550,7 +550,8 @@ impl CudaRunner {
             gate: g.alloc(m * c.ffn_size * f)?,
             up: g.alloc(m * c.ffn_size * f)?,
             xq: g.alloc(m.max(r) * c.hidden_size.max(c.q_dim()).max(c.ffn_size) * f)?,
-            part: g.alloc((1..=m).map(|k| k * att_splits(k)).max().unwrap_or(1) * c.num_heads * (c.head_dim + 2) * f)?,
+            part: g
+                .alloc((1..=m).map(|k| k * att_splits(k)).max().unwrap_or(1) * c.num_heads * (c.head_dim + 2) * f)?,
             counters: g.upload(&vec![0u32; m * c.num_heads])?,
             logits: g.alloc(r * c.vocab_size * f)?,
             tokens: g.alloc(m * 4)?,

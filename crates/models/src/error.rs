@@ -27,4 +27,6 @@ pub enum Error {
     DuplicateSeq(u64),
     #[error("token id {0} is outside the vocabulary")]
     BadToken(u32),
+    #[error("the KV cache is full: {needed} more blocks needed, {available} available")]
+    KvCacheFull { needed: usize, available: usize },
 }

@@ -9,10 +9,13 @@ mod config;
 pub mod cpu;
 pub mod cuda;
 mod error;
+pub mod kv_cache;
+pub mod prefix_store;
 mod runner;
 mod weights;
 
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
+pub use kv_cache::KvUsage;
 pub use runner::{Batch, LogitsWanted, Runner, SeqChunk, SeqId};
 pub use weights::{LayerWeights, Weights};

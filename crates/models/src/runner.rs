@@ -73,4 +73,21 @@ pub trait Runner: Send {
 
     /// Frees everything held for `seq`.
     fn release(&mut self, seq: SeqId);
+
+    /// Starts `seq` (which must hold nothing yet) with the cached KV of the longest prefix of `tokens` that the
+    /// runner still has from earlier sequences; returns how many tokens that covers (0 without a prefix cache).
+    fn attach_prefix(&mut self, _seq: SeqId, _tokens: &[u32]) -> usize {
+        0
+    }
+
+    /// Background work while no request runs (e.g. writing cached prefix blocks to disk), a little at a time; true
+    /// if more remains.
+    fn idle_work(&mut self) -> bool {
+        false
+    }
+
+    /// KV cache occupancy and prefix-cache counters.
+    fn kv_usage(&self) -> crate::KvUsage {
+        crate::KvUsage::default()
+    }
 }

@@ -94,15 +94,21 @@ impl Runner for ScriptedRunner {
                 let prompt = self.pending_prompts.remove(&chunk.seq).unwrap_or_default();
                 script.prompts.push(prompt);
             }
-            let i = held - prompt_len;
-            let next = match script.reply.get(i) {
-                Some(&t) => t,
-                None if script.no_eos => script.reply.last().copied().unwrap_or(self.eos),
-                None => self.eos,
-            };
-            let start = self.logits.len();
-            self.logits.resize(start + vocab, 0.0);
-            self.logits[start + next as usize] = 10.0;
+            // The reply is a function of the position after the prompt; verification chunks want every row.
+            let n = chunk.tokens.len();
+            let ends: Vec<usize> =
+                if chunk.logits == LogitsWanted::All { (held + 1 - n..=held).collect() } else { vec![held] };
+            for end in ends {
+                let i = end - prompt_len;
+                let next = match script.reply.get(i) {
+                    Some(&t) => t,
+                    None if script.no_eos => script.reply.last().copied().unwrap_or(self.eos),
+                    None => self.eos,
+                };
+                let start = self.logits.len();
+                self.logits.resize(start + vocab, 0.0);
+                self.logits[start + next as usize] = 10.0;
+            }
         }
         Ok(&self.logits)
     }

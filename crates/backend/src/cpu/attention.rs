@@ -16,14 +16,30 @@
 
 use super::{ThreadPool, ops, simd};
 
-/// One sequence's rows in the batch and its KV cache: `k`/`v` are `[num_keys, num_kv_heads * head_dim]` f16 values
-/// holding at least `start_pos + num_rows` rows. Row `i` of the run is at position `start_pos + i`.
-#[derive(Clone, Copy)]
+/// One sequence's rows in the batch and its KV cache, stored in blocks: block `j` of `k` / `v` holds the keys /
+/// values of positions `j * block_tokens ..` as `[block_tokens, num_kv_heads * head_dim]` f16 values (the last block
+/// may be shorter). The blocks cover at least `start_pos + num_rows` positions. Row `i` of the run is at position
+/// `start_pos + i`.
+#[derive(Clone)]
 pub struct SeqAttn<'a> {
-    pub k: &'a [u16],
-    pub v: &'a [u16],
+    pub k: Vec<&'a [u16]>,
+    pub v: Vec<&'a [u16]>,
+    pub block_tokens: usize,
     pub start_pos: usize,
     pub num_rows: usize,
+}
+
+impl<'a> SeqAttn<'a> {
+    /// A cache held in one contiguous `[num_keys, kv_dim]` run.
+    pub fn contiguous(k: &'a [u16], v: &'a [u16], kv_dim: usize, start_pos: usize, num_rows: usize) -> Self {
+        let block_tokens = (k.len() / kv_dim.max(1)).max(1);
+        SeqAttn { k: vec![k], v: vec![v], block_tokens, start_pos, num_rows }
+    }
+
+    fn num_keys(&self, kv_dim: usize) -> usize {
+        let whole = self.k.len().saturating_sub(1) * self.block_tokens;
+        whole + self.k.last().map_or(0, |b| b.len() / kv_dim)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -60,7 +76,9 @@ pub fn attention(pool: &ThreadPool, shape: AttnShape, q: &[f32], seqs: &[SeqAttn
     let mut row0 = 0;
     for (si, s) in seqs.iter().enumerate() {
         let kv_dim = shape.num_kv_heads * shape.head_dim;
-        assert!(s.k.len() >= (s.start_pos + s.num_rows) * kv_dim && s.v.len() >= (s.start_pos + s.num_rows) * kv_dim);
+        assert!(s.k.len() == s.v.len() && s.k.iter().zip(&s.v).all(|(k, v)| k.len() == v.len()));
+        assert!(s.k.iter().rev().skip(1).all(|b| b.len() == s.block_tokens * kv_dim));
+        assert!(s.num_keys(kv_dim) >= s.start_pos + s.num_rows);
         let mut first = 0;
         while first < s.num_rows {
             let n = ROW_BLOCK.min(s.num_rows - first);
@@ -104,10 +122,12 @@ fn block_task(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPt
         sc.qh[i * group * hd..(i + 1) * group * hd].copy_from_slice(src);
     }
     simd::round_to_f16(&mut sc.qh);
-    for (dst, src) in [(&mut sc.kf, s.k), (&mut sc.vf, s.v)] {
+    for (dst, src) in [(&mut sc.kf, &s.k), (&mut sc.vf, &s.v)] {
         dst.resize(n * hd, 0.0);
         for j in 0..n {
-            half_to_f32(&src[j * kv_dim + t.g * hd..][..hd], &mut dst[j * hd..(j + 1) * hd]);
+            let block = src[j / s.block_tokens];
+            let row = j % s.block_tokens;
+            half_to_f32(&block[row * kv_dim + t.g * hd..][..hd], &mut dst[j * hd..(j + 1) * hd]);
         }
     }
     // Row by row, each over exactly the keys it sees: the same two products, of the same shapes, as when that row
@@ -231,9 +251,16 @@ mod tests {
         let v2: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 5, 0.7))).collect();
         // A 37-row prefill chunk at position 3, a single decode row, a 3-row verification run.
         let seqs = [
-            SeqAttn { k: &k, v: &v, start_pos: 3, num_rows: 37 },
-            SeqAttn { k: &k2, v: &v2, start_pos: 20, num_rows: 1 },
-            SeqAttn { k: &k2, v: &v2, start_pos: 30, num_rows: 3 },
+            SeqAttn::contiguous(&k, &v, kvd, 3, 37),
+            // The same cache in blocks of 16 (the last one short).
+            SeqAttn {
+                k: k2.chunks(16 * kvd).collect(),
+                v: v2.chunks(16 * kvd).collect(),
+                block_tokens: 16,
+                start_pos: 20,
+                num_rows: 1,
+            },
+            SeqAttn::contiguous(&k2, &v2, kvd, 30, 3),
         ];
         let m = 41;
         let q: Vec<f32> = (0..m * qd).map(|i| f(i + 3, 1.5)).collect();
@@ -243,7 +270,8 @@ mod tests {
         let mut row = 0;
         for s in &seqs {
             for i in 0..s.num_rows {
-                let want = reference(shape, &q[row * qd..(row + 1) * qd], s.k, s.v, s.start_pos + i + 1);
+                let (k, v) = (s.k.concat(), s.v.concat());
+                let want = reference(shape, &q[row * qd..(row + 1) * qd], &k, &v, s.start_pos + i + 1);
                 for (a, b) in out[row * qd..(row + 1) * qd].iter().zip(&want) {
                     assert!((*a as f64 - b).abs() < 3e-3 * b.abs().max(1.0), "row {row}: {a} vs {b}");
                 }

@@ -1,0 +1,266 @@
+//! Speculative decoding: where draft tokens come from, how they are checked against the target, and how deep to
+//! draft.
+//!
+//! Two proposers: prompt lookup (n-gram: the tokens that followed the latest earlier occurrence of the sequence's last
+//! few tokens — free, and strong when a reply copies what it was shown) and a small draft model run on the same
+//! backend. The target scores the pending token and the k drafts in one pass (k+1 rows that read each weight once).
+//! Greedy requests keep the longest prefix of drafts equal to the target's own choices, so the output is token for
+//! token what plain decoding gives. Sampled requests use exact rejection sampling (Leviathan et al. 2023): accept a
+//! draft `d` with probability min(1, p(d)/q(d)), otherwise draw from the normalised residual max(0, p − q); the
+//! output distribution is then exactly the target's. Depth is chosen per sequence from its measured acceptance and
+//! the measured cost of target and draft passes, and is 0 whenever drafting would not pay.
+
+use crate::sampler::Sampler;
+
+/// Speculation settings.
+#[derive(Debug, Clone)]
+pub struct SpecConfig {
+    /// Most draft tokens per verification; 0 turns speculation off.
+    pub max_draft_tokens: usize,
+    /// Propose from the sequence's own tokens (prompt lookup).
+    pub ngram: bool,
+    /// Use the draft model when the engine has one.
+    pub draft_model: bool,
+    /// Longest and shortest suffix the n-gram proposer matches.
+    pub ngram_max_match: usize,
+    pub ngram_min_match: usize,
+    /// Pick the depth from measured acceptance and costs; when false, always draft `max_draft_tokens`.
+    pub adaptive: bool,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        SpecConfig {
+            max_draft_tokens: 8,
+            ngram: true,
+            draft_model: true,
+            ngram_max_match: 4,
+            ngram_min_match: 2,
+            adaptive: true,
+        }
+    }
+}
+
+impl SpecConfig {
+    pub fn off() -> Self {
+        SpecConfig { max_draft_tokens: 0, ngram: false, draft_model: false, ..Default::default() }
+    }
+}
+
+/// Where a proposal came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Ngram,
+    Draft,
+}
+
+/// The tokens that followed the most recent earlier occurrence of the longest suffix of `tokens` (between
+/// `min_match` and `max_match` tokens long), at most `max_tokens` of them.
+pub fn ngram_propose(tokens: &[u32], min_match: usize, max_match: usize, max_tokens: usize) -> Vec<u32> {
+    let len = tokens.len();
+    if max_tokens == 0 || min_match == 0 {
+        return Vec::new();
+    }
+    for n in (min_match..=max_match.min(len.saturating_sub(1))).rev() {
+        let pattern = &tokens[len - n..];
+        // Latest start j < len - n whose n tokens equal the suffix and that has a continuation.
+        if let Some(j) = (0..len - n).rev().find(|&j| &tokens[j..j + n] == pattern) {
+            let from = j + n;
+            return tokens[from..(from + max_tokens).min(len)].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+/// Running acceptance of one proposer for one sequence: the chance that a draft token is accepted, given that the
+/// ones before it were.
+#[derive(Debug, Clone, Copy)]
+pub struct Acceptance {
+    pub rate: f64,
+}
+
+impl Acceptance {
+    pub fn new(prior: f64) -> Self {
+        Acceptance { rate: prior }
+    }
+
+    /// Folds in one verification: `accepted` of `proposed` drafts kept.
+    pub fn update(&mut self, proposed: usize, accepted: usize) {
+        if proposed == 0 {
+            return;
+        }
+        // Each kept draft is a success; the first rejected one (if any) a failure.
+        let trials = accepted + usize::from(accepted < proposed);
+        let sample = accepted as f64 / trials as f64;
+        let w = 0.3f64.min(trials as f64 * 0.1);
+        self.rate = (1.0 - w) * self.rate + w * sample;
+    }
+}
+
+/// Expected tokens produced by one verification of `k` drafts when each is accepted with probability `a` (given the
+/// previous ones were): the accepted prefix plus the target's own next token.
+pub fn expected_tokens(a: f64, k: usize) -> f64 {
+    let a = a.clamp(0.0, 0.999);
+    (1.0 - a.powi(k as i32 + 1)) / (1.0 - a)
+}
+
+/// Time of forward passes by number of rows, for the cost model: measured by `Engine::calibrate`, or assumed.
+#[derive(Debug, Clone, Default)]
+pub struct PassCosts {
+    /// (rows, seconds) of target passes, rows ascending.
+    pub target: Vec<(usize, f64)>,
+    /// Draft pass time for one row, in seconds.
+    pub draft_s: f64,
+}
+
+impl PassCosts {
+    /// Before measuring: a pass of r rows costs 1 + 0.1 (r - 1) single-row passes (weights read once), and a draft
+    /// pass a third of a target one.
+    pub fn assumed() -> Self {
+        PassCosts { target: vec![(1, 1.0), (17, 2.6)], draft_s: 0.33 }
+    }
+
+    /// Target pass time for `rows` rows: piecewise linear through the measured points, extended past the ends.
+    pub fn target(&self, rows: usize) -> f64 {
+        let t = &self.target;
+        let x = rows as f64;
+        match t.len() {
+            0 => x,
+            1 => t[0].1 * x / t[0].0 as f64,
+            n => {
+                let j = t.iter().position(|p| p.0 >= rows).unwrap_or(n - 1).clamp(1, n - 1);
+                let ((x0, y0), (x1, y1)) = (t[j - 1], t[j]);
+                let y = y0 + (y1 - y0) * (x - x0 as f64) / (x1 as f64 - x0 as f64).max(1.0);
+                y.max(t[0].1 * 0.5)
+            }
+        }
+    }
+
+    /// Expected tokens per second of one sequence decoding alone with `k` drafts from `method`.
+    pub fn speed(&self, method: Method, acceptance: f64, k: usize) -> f64 {
+        let draft = if method == Method::Draft { k as f64 * self.draft_s } else { 0.0 };
+        expected_tokens(acceptance, k) / (self.target(k + 1) + draft)
+    }
+
+    /// The depth (0..=max_k) that maximises expected tokens per second for one sequence decoding alone.
+    pub fn best_depth(&self, method: Method, acceptance: f64, max_k: usize) -> usize {
+        let mut best = (self.speed(method, acceptance, 0), 0);
+        for k in 1..=max_k {
+            let speed = self.speed(method, acceptance, k);
+            if speed > best.0 * 1.0001 {
+                best = (speed, k);
+            }
+        }
+        best.1
+    }
+}
+
+/// Verifies draft `d` against the target's sampling weights `p`; `q` is the draft's weights when it was sampled
+/// from a distribution, `None` when it was proposed deterministically (n-gram, or a greedy draft). Returns the token to
+/// emit and whether it is the draft.
+pub fn verify_sampled(sampler: &mut Sampler, p: &[(u32, f64)], q: Option<&[(u32, f64)]>, d: u32) -> (u32, bool) {
+    let zp: f64 = p.iter().map(|x| x.1).sum();
+    let prob = |w: &[(u32, f64)], z: f64, t: u32| w.iter().find(|x| x.0 == t).map_or(0.0, |x| x.1 / z);
+    let pd = if zp > 0.0 { prob(p, zp, d) } else { 0.0 };
+    let (qd, zq) = match q {
+        Some(q) => {
+            let zq: f64 = q.iter().map(|x| x.1).sum();
+            (if zq > 0.0 { prob(q, zq, d) } else { 0.0 }, zq)
+        }
+        None => (1.0, 1.0),
+    };
+    if qd > 0.0 && sampler.uniform() < pd / qd {
+        return (d, true);
+    }
+    // Residual max(0, p - q) over p's support (q's mass outside it contributes nothing).
+    let residual: Vec<(u32, f64)> = p
+        .iter()
+        .map(|&(t, w)| {
+            let qt = match q {
+                Some(q) => prob(q, zq, t),
+                None => f64::from(u8::from(t == d)),
+            };
+            (t, (w / zp - qt).max(0.0))
+        })
+        .filter(|x| x.1 > 0.0)
+        .collect();
+    if residual.is_empty() {
+        // Only reachable through rounding when p == q; p itself is then the right distribution.
+        return (sampler.draw(p), false);
+    }
+    (sampler.draw(&residual), false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SamplingParams;
+
+    #[test]
+    fn ngram_finds_latest_longest_match() {
+        //                0  1  2  3  4  5  6  7  8  9
+        let toks = [1, 2, 3, 4, 9, 2, 3, 5, 1, 2, 3];
+        // Suffix [1,2,3] (n=3) occurs at 0 → continuation 4, 9, 2.
+        assert_eq!(ngram_propose(&toks, 2, 3, 3), vec![4, 9, 2]);
+        // Limited to n=2: suffix [2,3] latest earlier occurrence at 5 → 5, 1, 2.
+        assert_eq!(ngram_propose(&toks, 2, 2, 3), vec![5, 1, 2]);
+        assert_eq!(ngram_propose(&[7, 8, 9], 2, 4, 3), Vec::<u32>::new());
+        assert_eq!(ngram_propose(&[], 2, 4, 3), Vec::<u32>::new());
+        // Continuation runs up to the end of the sequence.
+        assert_eq!(ngram_propose(&[5, 6, 5, 6], 2, 2, 8), vec![5, 6]);
+    }
+
+    #[test]
+    fn depth_follows_acceptance_and_cost() {
+        // Verify of k+1 rows costs 1 + 0.1 k; drafts cost 0.3 each.
+        let costs = PassCosts { target: vec![(1, 1.0), (17, 2.6)], draft_s: 0.3 };
+        assert!((costs.target(5) - 1.4).abs() < 1e-12);
+        assert_eq!(costs.best_depth(Method::Ngram, 0.0, 8), 0);
+        assert!(costs.best_depth(Method::Ngram, 0.9, 8) >= 6);
+        // A draft model with low acceptance does not pay.
+        assert_eq!(costs.best_depth(Method::Draft, 0.2, 8), 0);
+        assert!(costs.best_depth(Method::Draft, 0.8, 8) >= 2);
+        assert!((expected_tokens(0.5, 2) - 1.75).abs() < 1e-12);
+    }
+
+    /// Total-variation distance between the empirical distribution of `f`'s output and `want`.
+    fn tv(counts: &[u64], want: &[f64]) -> f64 {
+        let n: u64 = counts.iter().sum();
+        counts.iter().zip(want).map(|(&c, &w)| (c as f64 / n as f64 - w).abs()).sum::<f64>() / 2.0
+    }
+
+    #[test]
+    fn rejection_sampling_is_exact() {
+        let p = [(0u32, 0.5), (1, 0.3), (2, 0.15), (3, 0.05)];
+        let q = [(0u32, 0.1), (1, 0.6), (2, 0.05), (3, 0.25)];
+        let want: Vec<f64> = p.iter().map(|x| x.1).collect();
+        let n = 400_000;
+        let mut s = Sampler::new(SamplingParams { seed: Some(11), ..Default::default() });
+        // Draft sampled from q.
+        let mut counts = [0u64; 4];
+        let mut accepted = 0;
+        for _ in 0..n {
+            let d = s.draw(&q);
+            let (t, ok) = verify_sampled(&mut s, &p, Some(&q), d);
+            counts[t as usize] += 1;
+            accepted += u64::from(ok);
+        }
+        assert!(tv(&counts, &want) < 0.004, "{counts:?}");
+        // Acceptance rate is Σ min(p, q) = 0.1 + 0.3 + 0.05 + 0.05 = 0.5.
+        assert!((accepted as f64 / n as f64 - 0.5).abs() < 0.005);
+        // Deterministic proposals of every token (n-gram): the output still follows p.
+        for d in 0..4u32 {
+            let mut counts = [0u64; 4];
+            for _ in 0..n / 4 {
+                counts[verify_sampled(&mut s, &p, None, d).0 as usize] += 1;
+            }
+            assert!(tv(&counts, &want) < 0.006, "draft {d}: {counts:?}");
+        }
+        // A draft outside p's support is always rejected.
+        let p2 = [(0u32, 1.0), (1, 3.0)];
+        for _ in 0..1000 {
+            let (t, ok) = verify_sampled(&mut s, &p2, None, 7);
+            assert!(!ok && t < 2);
+        }
+    }
+}

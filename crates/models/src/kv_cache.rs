@@ -1,0 +1,401 @@
+//! Paged KV cache bookkeeping, the same for every backend: fixed-size blocks of [`BLOCK_TOKENS`] positions,
+//! per-sequence block tables, reference counts, and the prefix cache.
+//!
+//! A backend owns the storage of each block (block `b`'s keys and values for every layer) and asks this table which
+//! block and row hold a sequence's position. Full blocks are registered under a chained hash of all tokens up to their
+//! end (so a block is found only after the same prefix), stay after their sequences end, are shared by any sequence
+//! that starts with the same tokens, and are evicted least recently used when a block is needed. Partial blocks are
+//! private to their sequence, so appending never writes into a shared block; rolling back into a registered block
+//! unregisters it, or copies it when another sequence shares it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use sha2::{Digest, Sha256};
+
+use crate::SeqId;
+
+/// Positions per block (the memory plan's page size).
+pub const BLOCK_TOKENS: usize = 16;
+
+/// Identity of a full block: a hash of every token from the start of the sequence to the block's end.
+pub type BlockHash = [u8; 16];
+
+/// The hash of the block after `prev` (the zero hash for the first block) holding `tokens`.
+pub fn chain_hash(prev: &BlockHash, tokens: &[u32]) -> BlockHash {
+    let mut h = Sha256::new();
+    h.update(prev);
+    for t in tokens {
+        h.update(t.to_le_bytes());
+    }
+    let d = h.finalize();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d[..16]);
+    out
+}
+
+/// Counters for `/status` and `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvUsage {
+    /// Most blocks the cache may hold.
+    pub capacity_blocks: usize,
+    /// Blocks held by running sequences.
+    pub used_blocks: usize,
+    /// Unreferenced blocks kept for prefix reuse.
+    pub cached_blocks: usize,
+    /// Prompt tokens served from the prefix cache, and looked up, since start.
+    pub hit_tokens: u64,
+    pub lookup_tokens: u64,
+    pub evicted_blocks: u64,
+}
+
+#[derive(Debug, Default)]
+struct SeqBlocks {
+    blocks: Vec<u32>,
+    tokens: Vec<u32>,
+    /// Chained hash of each full block.
+    hashes: Vec<BlockHash>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the KV cache is full: {needed} more blocks of {BLOCK_TOKENS} tokens needed, {available} available")]
+pub struct CacheFull {
+    pub needed: usize,
+    pub available: usize,
+}
+
+/// A block that must be copied before its sequence writes to it (copy-on-write after a rollback into a shared block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockCopy {
+    pub from: u32,
+    pub to: u32,
+}
+
+#[derive(Debug)]
+pub struct BlockTable {
+    max_blocks: usize,
+    /// Blocks that exist (have storage): ids `0..num_created`.
+    num_created: usize,
+    refs: Vec<u32>,
+    hash_of: Vec<Option<BlockHash>>,
+    last_use: Vec<u64>,
+    by_hash: HashMap<BlockHash, u32>,
+    /// Existing blocks that are unreferenced and not cached.
+    free: Vec<u32>,
+    /// Unreferenced cached blocks by last use.
+    lru: BTreeMap<u64, u32>,
+    tick: u64,
+    seqs: HashMap<SeqId, SeqBlocks>,
+    usage: KvUsage,
+}
+
+impl BlockTable {
+    pub fn new(max_blocks: usize) -> Self {
+        BlockTable {
+            max_blocks,
+            num_created: 0,
+            refs: Vec::new(),
+            hash_of: Vec::new(),
+            last_use: Vec::new(),
+            by_hash: HashMap::new(),
+            free: Vec::new(),
+            lru: BTreeMap::new(),
+            tick: 0,
+            seqs: HashMap::new(),
+            usage: KvUsage::default(),
+        }
+    }
+
+    /// Blocks with storage so far; a backend allocates storage for new ids as this grows.
+    pub fn num_created(&self) -> usize {
+        self.num_created
+    }
+
+    pub fn set_max_blocks(&mut self, max_blocks: usize) {
+        self.max_blocks = max_blocks.max(self.num_created);
+    }
+
+    pub fn usage(&self) -> KvUsage {
+        KvUsage {
+            capacity_blocks: self.max_blocks,
+            used_blocks: self.refs.iter().filter(|&&r| r > 0).count(),
+            cached_blocks: self.lru.len(),
+            ..self.usage
+        }
+    }
+
+    pub fn seq_len(&self, seq: SeqId) -> usize {
+        self.seqs.get(&seq).map_or(0, |s| s.tokens.len())
+    }
+
+    /// The blocks of `seq`, in position order.
+    pub fn blocks(&self, seq: SeqId) -> &[u32] {
+        self.seqs.get(&seq).map_or(&[], |s| &s.blocks)
+    }
+
+    /// Blocks that can still be handed out: free, evictable, or not created yet.
+    pub fn num_available(&self) -> usize {
+        self.free.len() + self.lru.len() + self.max_blocks.saturating_sub(self.num_created)
+    }
+
+    /// New blocks `seq` needs to grow to `new_len` positions.
+    pub fn blocks_needed(&self, seq: SeqId, new_len: usize) -> usize {
+        new_len.div_ceil(BLOCK_TOKENS).saturating_sub(self.blocks(seq).len())
+    }
+
+    fn touch(&mut self, b: u32) {
+        self.tick += 1;
+        self.last_use[b as usize] = self.tick;
+    }
+
+    fn take_ref(&mut self, b: u32) {
+        if self.refs[b as usize] == 0 {
+            self.lru.remove(&self.last_use[b as usize]);
+        }
+        self.refs[b as usize] += 1;
+        self.touch(b);
+    }
+
+    fn drop_ref(&mut self, b: u32) {
+        let r = &mut self.refs[b as usize];
+        *r -= 1;
+        if *r == 0 {
+            if self.hash_of[b as usize].is_some() {
+                self.touch(b);
+                self.lru.insert(self.last_use[b as usize], b);
+            } else {
+                self.free.push(b);
+            }
+        }
+    }
+
+    fn unregister(&mut self, b: u32) {
+        if let Some(h) = self.hash_of[b as usize].take()
+            && self.by_hash.get(&h) == Some(&b)
+        {
+            self.by_hash.remove(&h);
+        }
+    }
+
+    /// A block with no content and one reference. `force` may exceed the capacity by creating a block.
+    fn alloc(&mut self, force: bool) -> Option<u32> {
+        let b = if let Some(b) = self.free.pop() {
+            b
+        } else if self.num_created < self.max_blocks || (force && self.lru.is_empty()) {
+            self.num_created += 1;
+            self.refs.push(0);
+            self.hash_of.push(None);
+            self.last_use.push(0);
+            (self.num_created - 1) as u32
+        } else {
+            let (&t, &b) = self.lru.iter().next()?;
+            self.lru.remove(&t);
+            self.unregister(b);
+            self.usage.evicted_blocks += 1;
+            b
+        };
+        self.refs[b as usize] = 1;
+        self.touch(b);
+        Some(b)
+    }
+
+    /// Starts `seq` (which must hold nothing) with the cached blocks of the longest prefix of `tokens` made of full
+    /// cached blocks; returns the number of tokens they cover.
+    pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
+        if self.seqs.get(&seq).is_some_and(|s| !s.tokens.is_empty()) {
+            return 0;
+        }
+        let mut s = SeqBlocks::default();
+        let mut prev = [0u8; 16];
+        for chunk in tokens.chunks_exact(BLOCK_TOKENS) {
+            let h = chain_hash(&prev, chunk);
+            let Some(&b) = self.by_hash.get(&h) else { break };
+            self.take_ref(b);
+            s.blocks.push(b);
+            s.tokens.extend_from_slice(chunk);
+            s.hashes.push(h);
+            prev = h;
+        }
+        let n = s.tokens.len();
+        self.usage.lookup_tokens += tokens.len() as u64;
+        self.usage.hit_tokens += n as u64;
+        self.seqs.insert(seq, s);
+        n
+    }
+
+    /// The chained hash of `seq`'s last full block (the zero hash when it has none).
+    pub fn last_hash(&self, seq: SeqId) -> BlockHash {
+        self.seqs.get(&seq).and_then(|s| s.hashes.last().copied()).unwrap_or([0; 16])
+    }
+
+    /// Appends to `seq` (which holds only full blocks) a new block for `tokens` whose content the caller fills in
+    /// (loaded from disk), registered under `hash`. `None` when no block is available.
+    pub fn attach_loaded(&mut self, seq: SeqId, hash: BlockHash, tokens: &[u32]) -> Option<u32> {
+        let s = self.seqs.get(&seq)?;
+        if tokens.len() != BLOCK_TOKENS || s.tokens.len() % BLOCK_TOKENS != 0 || self.by_hash.contains_key(&hash) {
+            return None;
+        }
+        if self.num_available() == 0 {
+            return None;
+        }
+        let b = self.alloc(false)?;
+        self.by_hash.insert(hash, b);
+        self.hash_of[b as usize] = Some(hash);
+        let s = self.seqs.get_mut(&seq).expect("INVARIANT: checked above");
+        s.blocks.push(b);
+        s.tokens.extend_from_slice(tokens);
+        s.hashes.push(hash);
+        self.usage.hit_tokens += BLOCK_TOKENS as u64;
+        Some(b)
+    }
+
+    /// Every registered (full, cached) block: its hash and id.
+    pub fn registered(&self) -> impl Iterator<Item = (&BlockHash, u32)> {
+        self.by_hash.iter().map(|(h, &b)| (h, b))
+    }
+
+    /// Makes room for `seq` to grow to `new_len` positions (allocating blocks). Fails without changing anything
+    /// when the cache cannot supply them; call [`Self::num_available`] first to check a whole batch.
+    pub fn reserve(&mut self, seq: SeqId, new_len: usize) -> Result<(), CacheFull> {
+        let needed = self.blocks_needed(seq, new_len);
+        if needed > self.num_available() {
+            return Err(CacheFull { needed, available: self.num_available() });
+        }
+        for _ in 0..needed {
+            let b = self.alloc(false).expect("INVARIANT: availability checked above");
+            self.seqs.entry(seq).or_default().blocks.push(b);
+        }
+        self.seqs.entry(seq).or_default();
+        Ok(())
+    }
+
+    /// Block and row of `seq`'s position `pos` (reserved).
+    pub fn slot(&self, seq: SeqId, pos: usize) -> (u32, usize) {
+        (self.blocks(seq)[pos / BLOCK_TOKENS], pos % BLOCK_TOKENS)
+    }
+
+    /// Records that `tokens` were written after `seq`'s current end, and registers the blocks they complete.
+    pub fn commit(&mut self, seq: SeqId, tokens: &[u32]) {
+        let Some(s) = self.seqs.get_mut(&seq) else { return };
+        s.tokens.extend_from_slice(tokens);
+        let mut fresh = Vec::new();
+        while s.hashes.len() < s.tokens.len() / BLOCK_TOKENS {
+            let i = s.hashes.len();
+            let prev = if i == 0 { [0u8; 16] } else { s.hashes[i - 1] };
+            let h = chain_hash(&prev, &s.tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]);
+            s.hashes.push(h);
+            fresh.push((s.blocks[i], h));
+        }
+        for (b, h) in fresh {
+            // The same content computed twice (two sequences with one prefix at once): keep the first.
+            if self.hash_of[b as usize].is_none() && !self.by_hash.contains_key(&h) {
+                self.by_hash.insert(h, b);
+                self.hash_of[b as usize] = Some(h);
+            }
+        }
+    }
+
+    /// Drops `seq`'s positions from `len` on. Returns a copy the backend must make when the block now partly kept
+    /// was shared (its rows before `len` must be copied to the new block).
+    pub fn truncate(&mut self, seq: SeqId, len: usize) -> Option<BlockCopy> {
+        let s = self.seqs.get_mut(&seq)?;
+        if len >= s.tokens.len() {
+            return None;
+        }
+        s.tokens.truncate(len);
+        s.hashes.truncate(len / BLOCK_TOKENS);
+        let dropped: Vec<u32> = s.blocks.drain(len.div_ceil(BLOCK_TOKENS)..).collect();
+        let partial = (len % BLOCK_TOKENS != 0).then(|| *s.blocks.last().expect("INVARIANT: len > 0 has a block"));
+        for b in dropped {
+            self.drop_ref(b);
+        }
+        let b = partial?;
+        if self.refs[b as usize] > 1 {
+            // Shared: give this sequence its own copy to write into.
+            let to = self.alloc(true).expect("INVARIANT: forced allocation always succeeds");
+            self.refs[b as usize] -= 1;
+            let s = self.seqs.get_mut(&seq).expect("INVARIANT: present above");
+            *s.blocks.last_mut().expect("INVARIANT: present above") = to;
+            return Some(BlockCopy { from: b, to });
+        }
+        self.unregister(b);
+        None
+    }
+
+    /// Frees `seq`; its full registered blocks stay cached.
+    pub fn release(&mut self, seq: SeqId) {
+        if let Some(s) = self.seqs.remove(&seq) {
+            for b in s.blocks {
+                self.drop_ref(b);
+            }
+        }
+    }
+
+    /// Drops every cached block that no sequence holds (tests, and memory pressure from outside).
+    pub fn evict_all(&mut self) {
+        while let Some((t, b)) = self.lru.pop_first() {
+            let _ = t;
+            self.unregister(b);
+            self.free.push(b);
+            self.usage.evicted_blocks += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(n: usize, salt: u32) -> Vec<u32> {
+        (0..n as u32).map(|i| i * 7 + salt).collect()
+    }
+
+    fn write(t: &mut BlockTable, seq: SeqId, tokens: &[u32]) {
+        let len = t.seq_len(seq);
+        t.reserve(seq, len + tokens.len()).expect("room");
+        t.commit(seq, tokens);
+    }
+
+    #[test]
+    fn prefix_is_shared_after_release_and_evicted_lru() {
+        let mut t = BlockTable::new(8);
+        let a = toks(40, 0); // 2 full blocks + 8
+        write(&mut t, SeqId(1), &a);
+        assert_eq!(t.blocks(SeqId(1)).len(), 3);
+        t.release(SeqId(1));
+        assert_eq!(t.usage().cached_blocks, 2);
+        // Same first 35 tokens: both full blocks reused.
+        assert_eq!(t.attach_prefix(SeqId(2), &a[..35]), 32);
+        assert_eq!(t.blocks(SeqId(2)).len(), 2);
+        // A different first block: nothing reused, even though block 2 matches.
+        let mut b = a.clone();
+        b[0] = 999;
+        assert_eq!(t.attach_prefix(SeqId(3), &b), 0);
+        t.release(SeqId(2));
+        t.release(SeqId(3));
+        // Fill the cache with other content: the old blocks are evicted.
+        write(&mut t, SeqId(4), &toks(8 * 16, 5));
+        assert_eq!(t.attach_prefix(SeqId(5), &a), 0);
+        assert!(t.usage().evicted_blocks >= 2);
+        assert!(t.reserve(SeqId(5), 16).is_err(), "all 8 blocks are in use by sequence 4");
+    }
+
+    #[test]
+    fn rollback_unregisters_or_copies() {
+        let mut t = BlockTable::new(16);
+        let a = toks(32, 1);
+        write(&mut t, SeqId(1), &a);
+        // Roll back into the second block: it no longer holds what its hash says.
+        assert_eq!(t.truncate(SeqId(1), 20), None);
+        t.release(SeqId(1));
+        assert_eq!(t.attach_prefix(SeqId(2), &a), 16);
+        // Shared block: the rolled-back sequence gets a copy.
+        write(&mut t, SeqId(2), &a[16..]);
+        assert_eq!(t.attach_prefix(SeqId(3), &a), 32);
+        let shared = t.blocks(SeqId(3))[1];
+        let copy = t.truncate(SeqId(2), 20).expect("a copy");
+        assert_eq!(copy.from, shared);
+        assert_ne!(t.blocks(SeqId(2))[1], shared);
+        assert_eq!(t.blocks(SeqId(3))[1], shared);
+        assert_eq!(t.seq_len(SeqId(2)), 20);
+    }
+}

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Speculative decoding side by side: `splash bench --spec` (plain, n-gram, draft model, both) against llama.cpp's
+plain greedy decode of the very same prompt tokens, in one run on one machine.
+
+    scripts/bench_spec.py --model qwen2.5-coder-1.5b --gen-tokens 256 [--splash target/release/splash] [--json-out F]
+
+Splash side: `splash bench --spec --json` renders each prompt with the model's chat template, generates greedily and
+prints one JSON line per (mode, prompt) with decode_tok_s (tokens after the first / time after the first), tokens per
+target pass, acceptance and whether the output equals the plain run. llama.cpp side (llama-cpp-python 0.3.36 from
+~/.cache/splash/refvenv, n_threads 2, flash_attn off, n_batch 512): evaluates the same prompt ids, then decodes the
+same number of tokens one llama_decode at a time (greedy argmax; each call timed), stopping at an end-of-generation
+token like splash. Ratios are splash mode / llama.cpp per workload (code-writing, file editing), over total tokens /
+total decode time.
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+DEFAULT_REF_PYTHON = os.path.expanduser("~/.cache/splash/refvenv/bin/python")
+
+
+def llamacpp_worker(args):
+    import ctypes
+
+    import numpy as np
+    from llama_cpp import Llama
+
+    jobs = json.load(sys.stdin)
+    llm = Llama(model_path=args.model_file, n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=args.threads,
+                n_threads_batch=args.threads, n_gpu_layers=0, flash_attn=False, logits_all=False, use_mmap=True,
+                verbose=False)
+    n_vocab = llm.n_vocab()
+
+    def argmax():
+        ptr = llm._ctx.get_logits()
+        return int(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,)).argmax())
+
+    import llama_cpp
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    is_eog = lambda t: bool(llama_cpp.llama_vocab_is_eog(vocab, t))
+    out = []
+    for job in jobs:
+        llm.reset()
+        ids = job["prompt_ids"]
+        for i in range(0, len(ids), 512):
+            llm.eval(ids[i:i + 512])
+        tok = argmax()
+        tokens, decode_s = [tok], 0.0
+        while len(tokens) < job["tokens"] and not is_eog(tok):
+            t0 = time.perf_counter()
+            llm.eval([tok])
+            decode_s += time.perf_counter() - t0
+            tok = argmax()
+            tokens.append(tok)
+        out.append({"workload": job["workload"], "prompt": job["prompt"], "tokens": len(tokens),
+                    "decode_s": decode_s, "decode_tok_s": (len(tokens) - 1) / max(decode_s, 1e-9)})
+    print(json.dumps(out), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--gen-tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--splash", default="target/release/splash")
+    ap.add_argument("--ref-python", default=DEFAULT_REF_PYTHON)
+    ap.add_argument("--json-out")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model-file", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return llamacpp_worker(args)
+
+    home = os.environ.get("SPLASH_HOME", os.path.expanduser("~/.cache/splash"))
+    files = {"qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+             "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"}
+    model_file = os.path.join(home, "models", files.get(args.model, args.model))
+
+    cmd = [args.splash, "bench", "--spec", "--json", "--model", args.model, "--threads", str(args.threads),
+           "--gen-tokens", str(args.gen_tokens)]
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    rows = [json.loads(l) for l in subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
+            if l.startswith("{")]
+    jobs = [r for r in rows if r["mode"] == "off"]
+    ref_cmd = [args.ref_python, __file__, "--worker", "--model-file", model_file, "--threads", str(args.threads)]
+    print("+", " ".join(ref_cmd), file=sys.stderr, flush=True)
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    ref = json.loads(subprocess.run(ref_cmd, check=True, capture_output=True, text=True, env=env,
+                                    input=json.dumps(jobs)).stdout.splitlines()[-1])
+
+    def speed(items):
+        tokens = sum(r["tokens"] - 1 for r in items)
+        secs = sum(r["decode_ms"] / 1000 if "decode_ms" in r else r["decode_s"] for r in items)
+        return tokens / max(secs, 1e-9)
+
+    summary = {"machine": platform.node(), "cpu": platform.processor(), "model": args.model,
+               "gen_tokens": args.gen_tokens, "threads": args.threads, "workloads": {}}
+    for wl in ("code", "edit"):
+        base = [r for r in ref if r["workload"] == wl]
+        if not base:
+            continue
+        ref_speed = speed(base)
+        entry = {"llama.cpp": round(ref_speed, 2)}
+        print(f"\n{wl}: llama.cpp plain decode {ref_speed:.1f} tok/s")
+        for mode in ("off", "ngram", "draft", "auto"):
+            items = [r for r in rows if r["mode"] == mode and r["workload"] == wl]
+            if not items:
+                continue
+            sp = speed(items)
+            proposed = sum(r["proposed"] for r in items)
+            accepted = sum(r["accepted"] for r in items)
+            tpp = sum(r["tokens_per_pass"] * r["tokens"] for r in items) / sum(r["tokens"] for r in items)
+            same = all(r["identical_to_off"] for r in items)
+            print(f"  splash {mode:<6} {sp:7.1f} tok/s  x{sp / ref_speed:4.2f} vs llama.cpp   "
+                  f"{tpp:4.2f} tokens/pass  acceptance {accepted}/{proposed}  identical {same}")
+            entry[mode] = {"tok_s": round(sp, 2), "ratio": round(sp / ref_speed, 3), "tokens_per_pass": round(tpp, 3),
+                           "proposed": proposed, "accepted": accepted, "identical_to_off": same}
+        summary["workloads"][wl] = entry
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"summary": summary, "splash": rows, "llama.cpp": ref}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
