@@ -12,7 +12,7 @@ use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use backend::cpu::ops::{Rope, RopeStyle};
+use backend::cpu::ops::RopeStyle;
 use backend::cuda::{CudaError, DevBuf, Gpu};
 use cudarc::driver::{CudaFunction, CudaGraph, CudaModule};
 use gguf::{GgmlType, GgufFile};
@@ -420,22 +420,10 @@ impl CudaRunner {
             });
         }
         let output_norm = gpu.upload(&weights.output_norm)?;
-        let rope = Rope::new(cfg.rope_style, cfg.head_dim, cfg.rope_dim, cfg.rope_theta);
+        // RoPE inverse frequencies computed exactly as the CPU's `Rope` does: a running product of theta^(-2/d) in f32.
         let half = cfg.rope_dim / 2;
-        let inv_freq: Vec<f32> = {
-            // Rope keeps its table private; recover it by rotating unit vectors at position 1 is overkill: recompute
-            // exactly as it does (a running product of theta^(-2/d) in f32).
-            let step = cfg.rope_theta.powf(-2.0 / cfg.rope_dim as f32);
-            let mut f = 1.0f32;
-            (0..half.max(1))
-                .map(|_| {
-                    let v = f;
-                    f *= step;
-                    v
-                })
-                .collect()
-        };
-        let _ = rope;
+        let step = cfg.rope_theta.powf(-2.0 / cfg.rope_dim as f32);
+        let inv_freq: Vec<f32> = std::iter::successors(Some(1.0f32), |f| Some(f * step)).take(half.max(1)).collect();
         let inv_freq = gpu.upload(&inv_freq)?;
         gpu.sync()?;
         stats.upload_s = t0.elapsed().as_secs_f64();
