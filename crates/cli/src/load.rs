@@ -20,6 +20,7 @@ pub enum Device {
 }
 
 /// The runner of either backend.
+#[allow(clippy::large_enum_variant)] // one per process; the CPU runner is the common case
 pub enum AnyRunner {
     Cpu(CpuRunner),
     Cuda(Box<CudaRunner>),

@@ -100,7 +100,7 @@ pub const SHAPES: [Shape; 4] = [
 ];
 
 fn use_more_bits(i: usize, n: usize) -> bool {
-    i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2)
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
 /// The tensor types of one matrix kind in the real Q4_K_M file.
@@ -192,7 +192,7 @@ fn random_matrix(
     pools: &mut Pools,
 ) -> Result<Vec<u8>> {
     let block_len = ty.block_len();
-    if cols % block_len != 0 {
+    if !cols.is_multiple_of(block_len) {
         bail!("{ty} needs rows that are a multiple of {block_len} values; this shape has {cols}");
     }
     let block_bytes = ty.block_bytes();

@@ -619,7 +619,7 @@ impl CudaRunner {
                 && c.hidden_size <= 2048
                 && c.rope_dim == c.head_dim
                 && !c.qk_norm
-                && c.head_dim % 2 == 0;
+                && c.head_dim.is_multiple_of(2);
             if !fused || !self.opts.fuse_rope {
                 let p = |b: &Option<DevBuf>| b.as_ref().map_or(0, |b| b.ptr);
                 if fused {
