@@ -1,18 +1,23 @@
-"""Runs the checks of sdk_openai.py and sdk_anthropic.py against one server and prints one "N passed, M failed"."""
+"""Runs the checks of sdk_openai.py, sdk_anthropic.py and sdk_extras.py against one server and prints one
+"N passed, M failed". Arguments: only run checks whose "module.name" contains one of them."""
 
 import sys
 import time
 import traceback
 
 import sdk_anthropic
+import sdk_extras
 import sdk_openai
 
 
 def main():
     passed = failed = skipped = 0
-    for module in (sdk_openai, sdk_anthropic):
+    only = sys.argv[1:]
+    for module in (sdk_openai, sdk_anthropic, sdk_extras):
         for fn in module.CHECKS:
             name = f"{module.__name__}.{fn.__name__}"
+            if only and not any(o in name for o in only):
+                continue
             t0 = time.time()
             try:
                 fn()

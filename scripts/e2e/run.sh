@@ -2,7 +2,8 @@
 # End-to-end test of `splash serve` with the official client SDKs (pinned in requirements.txt) on the real
 # Qwen2.5-Coder-0.5B. Installs the SDKs into $SPLASH_HOME/sdkvenv (default ~/.cache/splash/sdkvenv) once, builds and
 # starts the server on a free loopback port, runs the SDK tests, stops the server. Prints "N passed, M failed".
-# Usage: scripts/e2e/run.sh [--no-build]
+# Usage: scripts/e2e/run.sh [--no-build] [FILTER...]   (FILTER: run only checks whose "module.name" contains it,
+#        e.g. scripts/e2e/run.sh --no-build sdk_extras)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 home="${SPLASH_HOME:-$HOME/.cache/splash}"
@@ -13,7 +14,12 @@ if ! cmp -s scripts/e2e/requirements.txt "$stamp" 2>/dev/null; then
     "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/e2e/requirements.txt
     cp scripts/e2e/requirements.txt "$stamp"
 fi
-if [[ "${1:-}" != "--no-build" ]]; then
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
+    sed -n '2,6p' "$0"; exit 0
+fi
+if [[ "${1:-}" == "--no-build" ]]; then
+    shift
+else
     cargo build --release --locked -p splash-cli
 fi
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
@@ -30,4 +36,4 @@ for _ in $(seq 1 600); do
 done
 grep -q '^Ready' "$log" || { cat "$log"; echo "splash serve was not ready after 120 s" >&2; exit 1; }
 SPLASH_URL="http://127.0.0.1:$port" SPLASH_KEY="$key" SPLASH_MODEL=splash-e2e SPLASH_MAX_CONTEXT=2048 \
-    "$venv/bin/python" scripts/e2e/main.py
+    "$venv/bin/python" scripts/e2e/main.py "$@"

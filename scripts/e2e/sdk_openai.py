@@ -308,7 +308,8 @@ def expect(error_class, fn, status):
 @check
 def bad_requests_raise_the_right_error_classes():
     create = client.chat.completions.create
-    expect(openai.BadRequestError, lambda: create(model=MODEL, messages=QUESTION, n=2), 400)
+    expect(openai.BadRequestError, lambda: create(model=MODEL, messages=QUESTION, n=0), 400)
+    expect(openai.BadRequestError, lambda: create(model=MODEL, messages=QUESTION, logprobs=True, top_logprobs=21), 400)
     expect(openai.BadRequestError, lambda: create(model=MODEL, messages=QUESTION, temperature=7), 400)
     expect(openai.BadRequestError, lambda: create(model=MODEL, messages=[]), 400)
     expect(openai.BadRequestError, lambda: create(model=MODEL, messages=[{"role": "wizard", "content": "x"}]), 400)

@@ -1,4 +1,4 @@
-//! Server endpoints outside the three chat protocols: `/` (placeholder page), `/health`, `/ready`, `/status` (JSON:
+//! Server endpoints outside the three chat protocols: `/` (text page when the web UI is off), `/health`, `/ready`, `/status` (JSON:
 //! model, limits, queue, sequences, speeds), `/metrics` (Prometheus text), `/tokenize`, `/detokenize` and
 //! `/apply-template` (the prompt a Chat Completions body renders to, without running the model). Errors use OpenAI's
 //! shape.
@@ -22,7 +22,7 @@ pub async fn index(State(state): State<Arc<AppState>>) -> Html<String> {
     Html(format!(
         "<!doctype html><meta charset=utf-8><title>Splash</title><h1>Splash</h1>\
          <p>Serving <code>{}</code>. APIs: <code>/v1/chat/completions</code>, <code>/v1/responses</code>, \
-         <code>/v1/messages</code>. The chat page is not built yet.</p>",
+         <code>/v1/messages</code>. The web UI is off (<code>--no-webui</code>).</p>",
         html_escape(&state.model_id)
     ))
 }

@@ -15,6 +15,8 @@ use engine::service::RequestStream;
 use engine::{Event, FinishReason, GenerateRequest, SamplingParams, Usage};
 
 use crate::AppState;
+use crate::constraint::Constraint;
+pub use crate::constraint::OutputFormat;
 use crate::error::ApiError;
 
 /// Which tool calls the reply may or must contain.
@@ -41,6 +43,8 @@ pub struct ChatTurn {
     /// `None`: the server's default (always lowered to what fits the context).
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
+    /// What the text must be (JSON, a schema), enforced while decoding.
+    pub output_format: OutputFormat,
 }
 
 /// Why a reply ended.
@@ -58,13 +62,60 @@ pub enum StopReason {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Output {
     Text(String),
-    /// A complete call (`id` is `None`: each protocol names its own ids).
+    /// A complete call (`id` is `None`: each protocol names its own ids). After `ToolCallBegin` it closes that call
+    /// (its arguments were sent as `ToolCallArgs`).
     ToolCall(ToolCall),
-    /// The last output.
+    /// A forced call has started: its name is known, its arguments follow as they are generated.
+    ToolCallBegin {
+        name: String,
+    },
+    /// The next piece of the started call's arguments (JSON text; the pieces join to the arguments).
+    ToolCallArgs(String),
+    /// Log-probabilities of generated tokens (when the request asked for them), in order, each before the text it
+    /// is part of is released (text may be held back by the output parser, so a `Text` can follow several).
+    Logprobs(Vec<TokenLogprob>),
+    /// The last output. `matched_stop`: the request's stop string that ended the reply.
     Done {
         reason: StopReason,
         usage: Usage,
+        matched_stop: Option<String>,
     },
+}
+
+/// One generated token's log-probability, with the most likely alternatives, as text and bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// Most likely first.
+    pub top: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopLogprob {
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+impl TokenLogprob {
+    fn new(tokenizer: &tokenizer::Tokenizer, id: u32, lp: &engine::TokenLogprobs) -> Self {
+        let text = |id: u32| {
+            let bytes = tokenizer.piece(id, true).to_vec();
+            (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+        };
+        let (token, bytes) = text(id);
+        let top = lp
+            .top
+            .iter()
+            .map(|&(id, logprob)| {
+                let (token, bytes) = text(id);
+                TopLogprob { token, bytes, logprob }
+            })
+            .collect();
+        TokenLogprob { token, bytes, logprob: lp.logprob, top }
+    }
 }
 
 /// The engine request built from a turn, and what is needed to read its output.
@@ -76,11 +127,15 @@ pub struct Prepared {
     /// The declared tools whose calls are parsed out of the output; empty = no parsing.
     pub tool_names: Vec<String>,
     pub parallel_tool_calls: bool,
+    /// A grammar forces the reply to be one call: its arguments can be streamed as they are generated.
+    pub streams_call: bool,
 }
 
-/// The start of a Hermes-style call, written into the prompt when a call is required: the model can only continue
-/// with the name and arguments.
-const FORCED_CALL_PREFIX: &str = "<tool_call>\n{\"name\": \"";
+/// The start of a Hermes-style call, written into the prompt when a call is required; the grammar of the call
+/// (name, arguments under the tool's schema, closing tag) constrains the rest from the first generated token.
+const FORCED_CALL_PREFIX: &str = "<tool_call>\n";
+/// Without a grammar (it could not be built), the prompt also opens the JSON so the model can only name a tool.
+const FORCED_CALL_PREFIX_UNCONSTRAINED: &str = "<tool_call>\n{\"name\": \"";
 
 /// A turn rendered with the chat template.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,6 +146,8 @@ pub struct Rendered {
     pub prefill: String,
     /// The tools shown to the model (empty when there are none or `tool_choice` is `none`).
     pub tool_names: Vec<String>,
+    /// The tools a forced call may name, with their parameter schemas (empty when no call is forced).
+    pub forced_tools: Vec<(String, serde_json::Value)>,
 }
 
 /// Renders a turn's conversation into prompt text. CPU-bound: call from a blocking thread.
@@ -130,24 +187,56 @@ pub fn render(state: &AppState, turn: &ChatTurn) -> Result<Rendered, ApiError> {
         }
         other => other?,
     };
-    let prefill = match &turn.tool_choice {
-        _ if !use_tools || !template.source().contains("<tool_call>") => String::new(),
-        ToolChoice::Required => FORCED_CALL_PREFIX.to_string(),
-        ToolChoice::Named(name) => format!("{FORCED_CALL_PREFIX}{name}\", \"arguments\": "),
-        ToolChoice::Auto | ToolChoice::None => String::new(),
+    let forced = use_tools && template.source().contains("<tool_call>");
+    let schema = |t: &chat::Tool| (t.name.clone(), t.parameters.clone());
+    let forced_tools: Vec<(String, serde_json::Value)> = match &turn.tool_choice {
+        _ if !forced => Vec::new(),
+        ToolChoice::Required => conversation.tools.iter().map(schema).collect(),
+        ToolChoice::Named(name) => conversation.tools.iter().filter(|t| &t.name == name).map(schema).collect(),
+        ToolChoice::Auto | ToolChoice::None => Vec::new(),
     };
+    let prefill = if forced_tools.is_empty() { String::new() } else { FORCED_CALL_PREFIX.to_string() };
     text.push_str(&prefill);
-    Ok(Rendered { text, prefill, tool_names: if use_tools { tool_names } else { Vec::new() } })
+    Ok(Rendered { text, prefill, tool_names: if use_tools { tool_names } else { Vec::new() }, forced_tools })
+}
+
+/// The grammar of a forced call: the tools' own argument schemas, or (when one of them cannot be compiled) any JSON
+/// object as arguments; `None` when no grammar can be built at all.
+fn forced_call_constraint(
+    tokenizer: &Arc<tokenizer::Tokenizer>,
+    tools: &[(String, serde_json::Value)],
+) -> Option<Constraint> {
+    Constraint::for_tool_call(tokenizer, tools).ok().or_else(|| {
+        let loose: Vec<_> = tools.iter().map(|(n, _)| (n.clone(), serde_json::json!({"type": "object"}))).collect();
+        Constraint::for_tool_call(tokenizer, &loose).ok()
+    })
 }
 
 /// Renders and tokenizes a turn. CPU-bound (templates, tokenizer): call from a blocking thread.
 pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
-    let Rendered { text, prefill, tool_names } = render(state, &turn)?;
+    let Rendered { mut text, mut prefill, tool_names, forced_tools } = render(state, &turn)?;
+    let constraint = if forced_tools.is_empty() {
+        Constraint::for_format(&state.tokenizer, &turn.output_format, "response_format")?
+    } else {
+        let c = forced_call_constraint(&state.tokenizer, &forced_tools);
+        if c.is_none() {
+            // No grammar: fall back to opening the call in the prompt.
+            text.truncate(text.len() - prefill.len());
+            prefill = match &turn.tool_choice {
+                ToolChoice::Named(name) => format!("{FORCED_CALL_PREFIX_UNCONSTRAINED}{name}\", \"arguments\": "),
+                _ => FORCED_CALL_PREFIX_UNCONSTRAINED.to_string(),
+            };
+            text.push_str(&prefill);
+        }
+        c
+    };
+    let streams_call = !forced_tools.is_empty() && constraint.is_some();
     let prompt = encode(&state.tokenizer, &text)?;
     let mut request =
         GenerateRequest::new(prompt, turn.sampling, turn.max_tokens.unwrap_or(state.config.default_max_tokens));
     request.stop_strings = turn.stop;
-    Ok(Prepared { request, prefill, tool_names, parallel_tool_calls: turn.parallel_tool_calls })
+    request.constraint = constraint.map(|c| Box::new(c) as Box<dyn engine::TokenConstraint>);
+    Ok(Prepared { request, prefill, tool_names, parallel_tool_calls: turn.parallel_tool_calls, streams_call })
 }
 
 /// Tokenizes a rendered prompt (special tokens parsed), adding BOS where the model wants it.
@@ -210,9 +299,13 @@ pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<Reply, ApiEr
     let prepared = tokio::task::spawn_blocking(move || prepare(&s, turn))
         .await
         .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))??;
-    let Prepared { request, prefill, tool_names, parallel_tool_calls } = prepared;
+    let Prepared { request, prefill, tool_names, parallel_tool_calls, streams_call } = prepared;
     let stream = state.engine.submit(request)?;
     let mut reply = Reply::new(stream, &prefill, tool_names, parallel_tool_calls);
+    if streams_call {
+        reply.forced_call = Some(ForcedCall::default());
+    }
+    reply.tokenizer = Some(state.tokenizer.clone());
     reply.loop_guard = state.config.max_repeated_chars.map(LoopGuard::new);
     Ok(reply)
 }
@@ -232,6 +325,71 @@ pub struct Reply {
     t_first_token: Option<Instant>,
     /// Stops a reply that has started repeating itself.
     pub loop_guard: Option<LoopGuard>,
+    /// Spells out the tokens of log-probabilities.
+    pub tokenizer: Option<Arc<tokenizer::Tokenizer>>,
+    /// Streams the arguments of a grammar-forced call.
+    forced_call: Option<ForcedCall>,
+}
+
+/// The arguments of a grammar-forced call as they are generated. The grammar fixes the text around them:
+/// `{"name": "NAME", "arguments": ARGS}\n</tool_call>`, so the name is known once its closing quote is written, and
+/// everything after it except the possible closing tail is argument text.
+#[derive(Debug, Default)]
+struct ForcedCall {
+    text: String,
+    /// Byte offset of the arguments in `text`, once the name is known.
+    args_start: Option<usize>,
+    /// Bytes of `text` sent as arguments so far.
+    sent: usize,
+    done: bool,
+}
+
+impl ForcedCall {
+    const HEAD: &'static str = "{\"name\": \"";
+    const AFTER_NAME: &'static str = "\", \"arguments\": ";
+    const TAIL: &'static str = "}\n</tool_call>";
+
+    fn push(&mut self, text: &str, out: &mut VecDeque<Output>) {
+        if self.done {
+            return;
+        }
+        self.text.push_str(text);
+        if self.args_start.is_none()
+            && let Some(rest) = self.text.strip_prefix(Self::HEAD)
+            && let Some(end) = rest.find(Self::AFTER_NAME)
+        {
+            let start = Self::HEAD.len() + end + Self::AFTER_NAME.len();
+            out.push_back(Output::ToolCallBegin { name: rest[..end].to_string() });
+            self.args_start = Some(start);
+            self.sent = start;
+        }
+        if self.args_start.is_some() {
+            // Hold back what could be the start of the closing tail.
+            let mut upto = self.text.len().saturating_sub(Self::TAIL.len()).max(self.sent);
+            while !self.text.is_char_boundary(upto) {
+                upto -= 1;
+            }
+            if upto > self.sent {
+                out.push_back(Output::ToolCallArgs(self.text[self.sent..upto].to_string()));
+                self.sent = upto;
+            }
+        }
+    }
+
+    /// The rest of the arguments, before the parser's complete call.
+    fn finish(&mut self, out: &mut VecDeque<Output>) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        if self.args_start.is_some() {
+            let end = self.text.rfind(Self::TAIL).unwrap_or(self.text.len()).max(self.sent);
+            if end > self.sent {
+                out.push_back(Output::ToolCallArgs(self.text[self.sent..end].to_string()));
+                self.sent = end;
+            }
+        }
+    }
 }
 
 impl Reply {
@@ -253,6 +411,8 @@ impl Reply {
             t_start: Instant::now(),
             t_first_token: None,
             loop_guard: None,
+            tokenizer: None,
+            forced_call: None,
         }
     }
 
@@ -274,8 +434,14 @@ impl Reply {
                 return None;
             };
             match stream.next().await {
-                Some(Ok(Event::Token { text, .. })) => {
+                Some(Ok(Event::Token { id, text, logprobs })) => {
                     self.num_output_tokens += 1;
+                    // End-of-generation tokens are not part of the reply (OpenAI leaves them out too).
+                    if let (Some(lp), Some(tok)) = (&logprobs, &self.tokenizer)
+                        && !tok.is_eog(id)
+                    {
+                        self.pending.push_back(Output::Logprobs(vec![TokenLogprob::new(tok, id, lp)]));
+                    }
                     self.t_first_token.get_or_insert_with(Instant::now);
                     self.feed(&text);
                     if self.loop_guard.as_mut().is_some_and(|g| g.push(&text)) {
@@ -287,15 +453,15 @@ impl Reply {
                         }
                         let usage = self.own_usage();
                         let reason = if self.num_calls > 0 { StopReason::ToolCalls } else { StopReason::Length };
-                        self.finish(reason, usage);
+                        self.finish(reason, usage, None);
                     } else if self.parser.as_ref().is_some_and(ToolCallParser::is_done) {
                         // The calls are complete and the model has moved on: stop it here.
                         self.stream = None;
                         let usage = self.own_usage();
-                        self.finish(StopReason::ToolCalls, usage);
+                        self.finish(StopReason::ToolCalls, usage, None);
                     }
                 }
-                Some(Ok(Event::Finished { reason, text, usage, .. })) => {
+                Some(Ok(Event::Finished { reason, text, usage, matched_stop })) => {
                     self.stream = None;
                     self.feed(&text);
                     if let Some(p) = &mut self.parser {
@@ -307,7 +473,8 @@ impl Reply {
                         FinishReason::Length => StopReason::Length,
                         FinishReason::Stop | FinishReason::Aborted => StopReason::EndTurn,
                     };
-                    self.finish(reason, usage);
+                    let matched_stop = matched_stop.filter(|_| reason == StopReason::EndTurn);
+                    self.finish(reason, usage, matched_stop);
                 }
                 Some(Err(e)) => {
                     self.finished = true;
@@ -330,14 +497,19 @@ impl Reply {
             tool_calls: Vec::new(),
             reason: StopReason::EndTurn,
             usage: Usage::default(),
+            matched_stop: None,
+            logprobs: Vec::new(),
         };
         while let Some(item) = self.next().await {
             match item? {
                 Output::Text(t) => out.text.push_str(&t),
                 Output::ToolCall(c) => out.tool_calls.push(c),
-                Output::Done { reason, usage } => {
+                Output::Logprobs(l) => out.logprobs.extend(l),
+                Output::ToolCallBegin { .. } | Output::ToolCallArgs(_) => {}
+                Output::Done { reason, usage, matched_stop } => {
                     out.reason = reason;
                     out.usage = usage;
+                    out.matched_stop = matched_stop;
                 }
             }
         }
@@ -345,6 +517,9 @@ impl Reply {
     }
 
     fn feed(&mut self, text: &str) {
+        if let Some(f) = &mut self.forced_call {
+            f.push(text, &mut self.pending);
+        }
         match &mut self.parser {
             Some(p) => {
                 let events = p.push(text);
@@ -361,6 +536,9 @@ impl Reply {
                 ParseEvent::Text(t) => self.pending.push_back(Output::Text(t)),
                 ParseEvent::ToolCall(_) if !self.parallel_tool_calls && self.num_calls > 0 => {}
                 ParseEvent::ToolCall(c) => {
+                    if let Some(f) = &mut self.forced_call {
+                        f.finish(&mut self.pending);
+                    }
                     self.num_calls += 1;
                     self.pending.push_back(Output::ToolCall(c));
                 }
@@ -370,13 +548,13 @@ impl Reply {
             // One call is all the client wants: stop generating.
             self.stream = None;
             let usage = self.own_usage();
-            self.finish(StopReason::ToolCalls, usage);
+            self.finish(StopReason::ToolCalls, usage, None);
         }
     }
 
-    fn finish(&mut self, reason: StopReason, usage: Usage) {
+    fn finish(&mut self, reason: StopReason, usage: Usage, matched_stop: Option<String>) {
         if !self.finished {
-            self.pending.push_back(Output::Done { reason, usage });
+            self.pending.push_back(Output::Done { reason, usage, matched_stop });
             self.finished = true;
         }
     }
@@ -438,6 +616,10 @@ pub struct Collected {
     pub tool_calls: Vec<ToolCall>,
     pub reason: StopReason,
     pub usage: Usage,
+    /// The stop string that ended the reply.
+    pub matched_stop: Option<String>,
+    /// Per generated token, when the request asked for log-probabilities.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// A random id with a protocol's prefix: `call_3f9a…`.
@@ -448,6 +630,40 @@ pub fn random_id(prefix: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forced_call_streams_exactly_the_arguments_at_any_split() {
+        let args = r#"{"path": "src/ü.rs", "content": "fn main() {}\n}"}"#;
+        let text = format!("{{\"name\": \"write_file\", \"arguments\": {args}}}\n</tool_call>");
+        let run = |pieces: &[&str]| {
+            let mut f = ForcedCall::default();
+            let mut out = VecDeque::new();
+            for p in pieces {
+                f.push(p, &mut out);
+            }
+            f.finish(&mut out);
+            let mut name = None;
+            let mut joined = String::new();
+            for o in out {
+                match o {
+                    Output::ToolCallBegin { name: n } => {
+                        assert!(name.is_none() && joined.is_empty(), "begin comes first, once");
+                        name = Some(n);
+                    }
+                    Output::ToolCallArgs(a) => joined.push_str(&a),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            (name, joined)
+        };
+        let want = (Some("write_file".to_string()), args.to_string());
+        assert_eq!(run(&[&text]), want);
+        for i in (1..text.len()).filter(|&i| text.is_char_boundary(i)) {
+            assert_eq!(run(&[&text[..i], &text[i..]]), want, "split at {i}");
+        }
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        assert_eq!(run(&chars.iter().map(String::as_str).collect::<Vec<_>>()), want, "one char at a time");
+    }
 
     #[test]
     fn loop_guard_trips_on_exact_repetition_only() {

@@ -1,6 +1,6 @@
 //! Checks at the door, before any handler: the DNS-rebinding guard (the `Host` header must name a loopback address,
 //! the bound address or an `--allowed-host`; a browser's `Origin` must name the same host) and the API key
-//! (`Authorization: Bearer KEY` or `x-api-key: KEY`; `/`, `/health` and `/ready` stay open). Refusals are rendered in
+//! (`Authorization: Bearer KEY` or `x-api-key: KEY`; `/`, the web UI's assets, `/health` and `/ready` stay open). Refusals are rendered in
 //! the shape of the protocol the path belongs to.
 
 use std::sync::Arc;
@@ -25,6 +25,7 @@ pub async fn check(State(state): State<Arc<AppState>>, request: Request, next: N
     }
     if let Some(key) = state.config.api_key.as_deref()
         && !PUBLIC_PATHS.contains(&path.as_str())
+        && !(state.config.webui && crate::webui::PUBLIC_ASSETS.contains(&path.as_str()))
         && !presented_key(request.headers()).is_some_and(|k| same(k, key))
     {
         let e = ApiError::new(

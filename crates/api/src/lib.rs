@@ -10,11 +10,13 @@
 
 pub mod admin;
 pub mod anthropic;
+pub mod constraint;
 pub mod error;
 pub mod generate;
 mod guard;
 pub mod openai;
 pub mod responses;
+pub mod webui;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -52,6 +54,8 @@ pub struct ServerConfig {
     /// Stop a reply whose end repeats itself exactly over this many bytes (reported as the output limit); `None`
     /// = never.
     pub max_repeated_chars: Option<usize>,
+    /// Serve the chat page at `/` (else a short text page).
+    pub webui: bool,
 }
 
 impl Default for ServerConfig {
@@ -66,6 +70,7 @@ impl Default for ServerConfig {
             max_stored_response_bytes: 64 << 20,
             allowed_hosts: Vec::new(),
             max_repeated_chars: Some(2048),
+            webui: true,
         }
     }
 }
@@ -120,8 +125,15 @@ pub fn unix_now() -> u64 {
 
 /// All routes.
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/", get(admin::index))
+    let router = if state.config.webui {
+        Router::new()
+            .route("/", get(webui::index))
+            .route("/ui/app.js", get(webui::app_js))
+            .route("/ui/style.css", get(webui::style_css))
+    } else {
+        Router::new().route("/", get(admin::index))
+    };
+    router
         .route("/health", get(admin::health))
         .route("/ready", get(admin::ready))
         .route("/status", get(admin::status))

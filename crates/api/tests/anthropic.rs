@@ -161,11 +161,12 @@ async fn claude_code_request_with_tool_result() {
 #[tokio::test]
 async fn named_tool_choice_is_forced() {
     let h = harness(Options::default());
-    h.reply("{\"command\": \"pwd\"}}\n</tool_call>");
+    h.reply("{\"name\": \"Bash\", \"arguments\": {\"command\": \"pwd\"}}\n</tool_call>");
     let body = json!({"model": "m", "max_tokens": 40, "tools": [bash_tool()], "tool_choice": {"type": "tool", "name": "Bash"},
                       "messages": [{"role": "user", "content": "where am I"}]});
     let (_, r) = h.post_json(MESSAGES, &body).await;
-    assert!(h.last_prompt_text().ends_with("<tool_call>\n{\"name\": \"Bash\", \"arguments\": "));
+    // The prompt opens the call; the grammar (name Bash, its input schema) constrains the rest.
+    assert!(h.last_prompt_text().ends_with("<|im_start|>assistant\n<tool_call>\n"));
     assert_eq!(
         r["content"],
         json!([{"type": "tool_use", "id": r["content"][0]["id"], "name": "Bash", "input": {"command": "pwd"}}])

@@ -181,20 +181,20 @@ async fn required_and_named_tool_choice_force_the_call() {
     let h = harness(Options::default());
     let bash = json!({"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}});
     let tools = json!([weather_tool(), bash]);
-    // Required: the prompt ends with the start of a call; the model writes the rest.
-    h.reply("get_weather\", \"arguments\": {\"city\": \"Lima\"}}\n</tool_call>");
+    // Required: the prompt ends with the start of a call; the model writes the rest under the call grammar.
+    h.reply("{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\"}}\n</tool_call>");
     let (status, body) =
         h.post_json(CHAT, &json!({"messages": user("Lima?"), "tools": tools, "tool_choice": "required"})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert!(h.last_prompt_text().ends_with("<|im_start|>assistant\n<tool_call>\n{\"name\": \""));
+    assert!(h.last_prompt_text().ends_with("<|im_start|>assistant\n<tool_call>\n"));
     assert_eq!(body["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
-    // Named: the name is written for the model.
-    h.reply("{\"command\": \"ls\"}}\n</tool_call>");
+    // Named: the grammar allows only that tool's name.
+    h.reply("{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>");
     let choice = json!({"type": "function", "function": {"name": "bash"}});
     let (status, body) =
         h.post_json(CHAT, &json!({"messages": user("ls"), "tools": tools, "tool_choice": choice})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert!(h.last_prompt_text().ends_with("<tool_call>\n{\"name\": \"bash\", \"arguments\": "));
+    assert!(h.last_prompt_text().ends_with("<|im_start|>assistant\n<tool_call>\n"));
     let call = &body["choices"][0]["message"]["tool_calls"][0];
     assert_eq!(
         (call["function"]["name"].as_str(), call["function"]["arguments"].as_str()),
@@ -321,7 +321,7 @@ async fn bad_requests_get_openai_errors() {
         (r#"{"messages": [{"role": "bot", "content": "x"}]}"#, Some("messages[0].role")),
         (r#"{"messages": [{"content": "x"}]}"#, None),
         (r#"{"messages": [{"role": "user", "content": {"a": 1}}]}"#, Some("messages[0].content")),
-        (r#"{"messages": [{"role": "user", "content": "x"}], "n": 3}"#, Some("n")),
+        (r#"{"messages": [{"role": "user", "content": "x"}], "n": 0}"#, Some("n")),
         (r#"{"messages": [{"role": "user", "content": "x"}], "temperature": -1}"#, Some("temperature")),
         (r#"{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}"#, Some("temperature")),
         (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}"#, Some("max_tokens")),

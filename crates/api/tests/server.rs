@@ -155,3 +155,39 @@ async fn strict_templates_get_a_reshaped_conversation() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{r}");
     assert!(r["error"]["message"].as_str().unwrap().contains("roles must alternate"), "{r}");
 }
+
+#[tokio::test]
+async fn web_ui_is_served_offline_and_opens_without_the_key() {
+    let server = ServerConfig { api_key: Some("k".into()), ..Default::default() };
+    let h = harness(Options { server, ..Default::default() });
+    let response = h.send(Request::get("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    let csp = response.headers()["content-security-policy"].to_str().unwrap().to_owned();
+    assert!(csp.contains("script-src 'self'") && csp.contains("connect-src 'self'"), "{csp}");
+    let html = body_text(response).await;
+    assert!(html.contains(r#"<script src="/ui/app.js">"#) && html.contains(r#"href="/ui/style.css""#), "{html}");
+    for (path, kind) in [("/ui/app.js", "text/javascript"), ("/ui/style.css", "text/css")] {
+        let response = h.send(Request::get(path).body(Body::empty()).unwrap()).await;
+        assert_eq!(response.status(), StatusCode::OK, "{path} stays open so the page can ask for the key");
+        assert!(response.headers()["content-type"].to_str().unwrap().starts_with(kind));
+        assert!(!body_text(response).await.is_empty());
+    }
+    // The data the page shows still needs the key.
+    let (status, _) = h.get("/status").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = h.get("/ui/other.js").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "only the two assets are open");
+}
+
+#[tokio::test]
+async fn no_webui_leaves_a_text_page() {
+    let server = ServerConfig { webui: false, ..Default::default() };
+    let h = harness(Options { server, ..Default::default() });
+    let response = h.send(Request::get("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = body_text(response).await;
+    assert!(text.contains("--no-webui") && !text.contains("/ui/app.js"), "{text}");
+    let (status, _) = h.get("/ui/app.js").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

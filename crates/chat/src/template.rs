@@ -97,6 +97,11 @@ impl ChatTemplate {
         Self::new(source, token_text("tokenizer.ggml.bos_token_id")?, token_text("tokenizer.ggml.eos_token_id")?)
     }
 
+    /// Another template with this one's BOS and EOS texts: a pack's corrected template replacing the model file's.
+    pub fn with_source(&self, source: impl Into<String>) -> Result<Self> {
+        Self::new(source, self.bos_token.clone(), self.eos_token.clone())
+    }
+
     /// The template's source text.
     pub fn source(&self) -> &str {
         &self.source

@@ -69,24 +69,26 @@ fn input_for(name: &str, spec: Option<&pack::FileSpec>) -> Result<(ModelInput, b
     match resolve(name) {
         Ok(path) => Ok((model_input(&path)?, false)),
         Err(e) => match spec.and_then(|f| f.shapes) {
-            Some(s) => Ok((
-                ModelInput {
-                    shapes: ModelShapes {
-                        num_layers: s.num_layers,
-                        hidden_size: s.hidden_size,
-                        ffn_size: s.ffn_size,
-                        num_heads: s.num_heads,
-                        num_kv_heads: s.num_kv_heads,
-                        head_dim: s.head_dim,
-                        vocab_size: s.vocab_size,
-                        max_context: s.max_context,
-                    },
-                    weight_bytes: s.weight_bytes,
-                },
-                true,
-            )),
+            Some(s) => Ok((manifest_input(&s), true)),
             None => Err(e),
         },
+    }
+}
+
+/// The plan input a pack manifest records for one of its files (tested equal to the file's GGUF header).
+pub fn manifest_input(s: &pack::Shapes) -> ModelInput {
+    ModelInput {
+        shapes: ModelShapes {
+            num_layers: s.num_layers,
+            hidden_size: s.hidden_size,
+            ffn_size: s.ffn_size,
+            num_heads: s.num_heads,
+            num_kv_heads: s.num_kv_heads,
+            head_dim: s.head_dim,
+            vocab_size: s.vocab_size,
+            max_context: s.max_context,
+        },
+        weight_bytes: s.weight_bytes,
     }
 }
 

@@ -91,6 +91,9 @@ struct Sequence {
     num_cached_tokens: usize,
     /// Tokens whose KV the draft runner holds (when this sequence uses the draft model).
     num_draft_tokens: usize,
+    /// The draft sees the sequence from this token on (its position 0): only the end of a long prompt, so drafting
+    /// adds little to prefill.
+    draft_offset: usize,
     uses_draft: bool,
     max_tokens: usize,
     sampler: Sampler,
@@ -370,8 +373,9 @@ impl<R: Runner> Engine<R> {
         let num_cached = self.runner.attach_prefix(seq, reusable);
         let spec = &self.config.spec;
         let uses_draft = spec.max_draft_tokens > 0 && spec.draft_model && req.constraint.is_none();
+        let draft_offset = if spec.draft_window == 0 { 0 } else { reusable.len().saturating_sub(spec.draft_window) };
         let num_draft = match self.draft.as_mut() {
-            Some(d) if uses_draft => d.attach_prefix(seq, reusable),
+            Some(d) if uses_draft => draft_offset + d.attach_prefix(seq, &reusable[draft_offset..]),
             _ => 0,
         };
         self.seqs.push(Sequence {
@@ -381,6 +385,7 @@ impl<R: Runner> Engine<R> {
             num_computed_tokens: num_cached,
             num_cached_tokens: num_cached,
             num_draft_tokens: num_draft,
+            draft_offset,
             uses_draft: uses_draft && self.draft.is_some(),
             max_tokens: req.max_tokens,
             sampler: Sampler::new(req.sampling),
@@ -556,7 +561,7 @@ impl<R: Runner> Engine<R> {
                 .map(|&w| {
                     let s = &self.seqs[props[want[w]].0];
                     let start = if step == 0 { s.num_draft_tokens } else { hist[w].len() - 1 };
-                    (SeqId(s.id.0), start, hist[w][start..].to_vec())
+                    (SeqId(s.id.0), start - s.draft_offset, hist[w][start..].to_vec())
                 })
                 .collect();
             let batch = Batch {
@@ -617,7 +622,8 @@ impl<R: Runner> Engine<R> {
                 .iter()
                 .map(|&(i, a, b)| {
                     let s = &self.seqs[i];
-                    SeqChunk { seq: SeqId(s.id.0), tokens: &s.tokens[a..b], start_pos: a, logits: LogitsWanted::None }
+                    let start_pos = a - s.draft_offset;
+                    SeqChunk { seq: SeqId(s.id.0), tokens: &s.tokens[a..b], start_pos, logits: LogitsWanted::None }
                 })
                 .collect(),
         };
@@ -804,7 +810,7 @@ impl<R: Runner> Engine<R> {
                 if s.num_draft_tokens > keep {
                     s.num_draft_tokens = keep;
                     if let Some(d) = self.draft.as_mut() {
-                        d.truncate(SeqId(s.id.0), keep);
+                        d.truncate(SeqId(s.id.0), keep - s.draft_offset);
                     }
                 }
             }

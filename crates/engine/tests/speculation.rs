@@ -85,6 +85,8 @@ fn greedy_output_is_identical_with_speculation_on_and_off() {
         ngram,
         draft_model,
         adaptive: false,
+        // The draft sees only the prompt's last 32 tokens (its positions start there).
+        draft_window: 32,
         ..SpecConfig::default()
     };
     for (label, spec, together) in [

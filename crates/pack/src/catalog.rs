@@ -56,19 +56,9 @@ impl Catalog {
     /// every name and part must refer to a file in `final_tsv`.
     pub fn parse(names_tsv: &str, parts_tsv: &str, final_tsv: &str) -> Result<Catalog> {
         let mut entries = Vec::new();
-        for (line, cols) in rows(
-            "models-final",
-            final_tsv,
-            &["model_file", "size_bytes", "sha256", "architecture"],
-        )? {
-            let err = |message: String| Error::Catalog {
-                table: "models-final",
-                line,
-                message,
-            };
-            let size_bytes = cols[1]
-                .parse::<u64>()
-                .map_err(|e| err(format!("bad size_bytes `{}`: {e}", cols[1])))?;
+        for (line, cols) in rows("models-final", final_tsv, &["model_file", "size_bytes", "sha256", "architecture"])? {
+            let err = |message: String| Error::Catalog { table: "models-final", line, message };
+            let size_bytes = cols[1].parse::<u64>().map_err(|e| err(format!("bad size_bytes `{}`: {e}", cols[1])))?;
             let sha256 = parse_sha256(cols[2]).map_err(err)?;
             if entries.iter().any(|e: &Entry| e.file == cols[0]) {
                 return Err(err(format!("duplicate model_file `{}`", cols[0])));
@@ -86,23 +76,10 @@ impl Catalog {
         for (line, cols) in rows(
             "models",
             parts_tsv,
-            &[
-                "model_file",
-                "part_index",
-                "package",
-                "version",
-                "wheel_sha256",
-                "path_in_wheel",
-            ],
+            &["model_file", "part_index", "package", "version", "wheel_sha256", "path_in_wheel"],
         )? {
-            let err = |message: String| Error::Catalog {
-                table: "models",
-                line,
-                message,
-            };
-            let index = cols[1]
-                .parse::<u32>()
-                .map_err(|e| err(format!("bad part_index `{}`: {e}", cols[1])))?;
+            let err = |message: String| Error::Catalog { table: "models", line, message };
+            let index = cols[1].parse::<u32>().map_err(|e| err(format!("bad part_index `{}`: {e}", cols[1])))?;
             let wheel_sha256 = parse_sha256(cols[4]).map_err(err)?;
             let entry = entries
                 .iter_mut()
@@ -119,30 +96,19 @@ impl Catalog {
 
         for entry in &mut entries {
             entry.parts.sort_by_key(|p| p.index);
-            let contiguous = entry
-                .parts
-                .iter()
-                .enumerate()
-                .all(|(i, p)| p.index as usize == i + 1);
+            let contiguous = entry.parts.iter().enumerate().all(|(i, p)| p.index as usize == i + 1);
             if entry.parts.is_empty() || !contiguous {
                 let indices: Vec<u32> = entry.parts.iter().map(|p| p.index).collect();
                 return Err(Error::Catalog {
                     table: "models",
                     line: 0,
-                    message: format!(
-                        "parts of `{}` must be numbered 1..=N, found {indices:?}",
-                        entry.file
-                    ),
+                    message: format!("parts of `{}` must be numbered 1..=N, found {indices:?}", entry.file),
                 });
             }
         }
 
         for (line, cols) in rows("names", names_tsv, &["name", "model_file"])? {
-            let err = |message: String| Error::Catalog {
-                table: "names",
-                line,
-                message,
-            };
+            let err = |message: String| Error::Catalog { table: "names", line, message };
             if entries.iter().any(|e| e.name == cols[0]) {
                 return Err(err(format!("duplicate name `{}`", cols[0])));
             }
@@ -162,44 +128,22 @@ impl Catalog {
 
     /// Looks a model up by short name or by file name.
     pub fn get(&self, name: &str) -> Option<&Entry> {
-        self.entries
-            .iter()
-            .find(|e| e.name == name)
-            .or_else(|| self.entries.iter().find(|e| e.file == name))
+        self.entries.iter().find(|e| e.name == name).or_else(|| self.entries.iter().find(|e| e.file == name))
     }
 
     /// Short names, comma-separated, for error messages.
     pub fn known_names(&self) -> String {
-        self.entries
-            .iter()
-            .map(|e| e.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
+        self.entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>().join(", ")
     }
 }
 
 /// Splits a TSV into data rows after checking the header; yields (1-based line number, columns).
-fn rows<'a>(
-    table: &'static str,
-    tsv: &'a str,
-    header: &[&str],
-) -> Result<Vec<(usize, Vec<&'a str>)>> {
-    let mut lines = tsv
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty());
-    let (_, first) = lines.next().ok_or(Error::Catalog {
-        table,
-        line: 1,
-        message: "empty table".into(),
-    })?;
+fn rows<'a>(table: &'static str, tsv: &'a str, header: &[&str]) -> Result<Vec<(usize, Vec<&'a str>)>> {
+    let mut lines = tsv.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    let (_, first) = lines.next().ok_or(Error::Catalog { table, line: 1, message: "empty table".into() })?;
     let found: Vec<&str> = first.split('\t').map(str::trim).collect();
     if found != header {
-        return Err(Error::Catalog {
-            table,
-            line: 1,
-            message: format!("header {found:?}, expected {header:?}"),
-        });
+        return Err(Error::Catalog { table, line: 1, message: format!("header {found:?}, expected {header:?}") });
     }
     lines
         .map(|(i, l)| {
@@ -208,11 +152,7 @@ fn rows<'a>(
                 return Err(Error::Catalog {
                     table,
                     line: i + 1,
-                    message: format!(
-                        "expected {} non-empty columns, found {:?}",
-                        header.len(),
-                        cols
-                    ),
+                    message: format!("expected {} non-empty columns, found {:?}", header.len(), cols),
                 });
             }
             Ok((i + 1, cols))
@@ -238,17 +178,12 @@ mod tests {
         let parts = format!(
             "model_file\tpart_index\tpackage\tversion\twheel_sha256\tpath_in_wheel\n\
              m.gguf\t10\tp10\t1\t{h}\tx\nm.gguf\t2\tp2\t1\t{h}\tx\nm.gguf\t1\tp1\t1\t{h}\tx\n{}",
-            (3..10)
-                .map(|i| format!("m.gguf\t{i}\tp{i}\t1\t{h}\tx\n"))
-                .collect::<String>()
+            (3..10).map(|i| format!("m.gguf\t{i}\tp{i}\t1\t{h}\tx\n")).collect::<String>()
         );
         let fin = format!("model_file\tsize_bytes\tsha256\tarchitecture\nm.gguf\t5\t{h}\tllama\n");
         let cat = Catalog::parse("name\tmodel_file\nm\tm.gguf\n", &parts, &fin).unwrap();
         let e = cat.get("m").unwrap();
-        assert_eq!(
-            e.parts.iter().map(|p| p.index).collect::<Vec<_>>(),
-            (1..=10).collect::<Vec<_>>()
-        );
+        assert_eq!(e.parts.iter().map(|p| p.index).collect::<Vec<_>>(), (1..=10).collect::<Vec<_>>());
         assert_eq!(e.parts[9].package, "p10");
         assert_eq!(cat.get("m.gguf").unwrap().name, "m");
     }
@@ -276,9 +211,8 @@ mod tests {
             .is_err()
         );
         let fin = format!("model_file\tsize_bytes\tsha256\tarchitecture\nm\t5\t{h}\tllama\n");
-        let parts = format!(
-            "model_file\tpart_index\tpackage\tversion\twheel_sha256\tpath_in_wheel\nother\t1\tp\t1\t{h}\tx\n"
-        );
+        let parts =
+            format!("model_file\tpart_index\tpackage\tversion\twheel_sha256\tpath_in_wheel\nother\t1\tp\t1\t{h}\tx\n");
         assert!(Catalog::parse("name\tmodel_file\n", &parts, &fin).is_err());
     }
 }

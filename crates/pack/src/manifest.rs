@@ -16,6 +16,9 @@ const BUILTIN: [(&str, &str); 3] = [
     ("smollm2-135m", include_str!("../packs/smollm2-135m.toml")),
 ];
 
+/// Chat templates packs can use instead of the one in the model file (`[template] chat_template = NAME`).
+const TEMPLATES: [(&str, &str); 1] = [("qwen2.5-coder.jinja", include_str!("../packs/templates/qwen2.5-coder.jinja"))];
+
 /// One pack.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,6 +36,16 @@ pub struct Manifest {
     pub sampling: Sampling,
     pub context: Context,
     pub speculation: Option<Speculation>,
+    /// Fixes to the model file's chat template.
+    pub template: Option<TemplateOverride>,
+}
+
+/// A chat template that replaces the model file's when the pack is used.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateOverride {
+    /// A template built into the binary (`packs/templates/NAME`).
+    pub chat_template: String,
 }
 
 /// One model file of a pack.
@@ -138,16 +151,32 @@ impl Manifest {
         if m.context.default == 0 || m.context.default > m.context.max {
             return Err(err(format!("context default {} must be within 1..={}", m.context.default, m.context.max)));
         }
+        if let Some(t) = &m.template
+            && builtin_template(&t.chat_template).is_none()
+        {
+            let known: Vec<&str> = TEMPLATES.iter().map(|(n, _)| *n).collect();
+            return Err(err(format!("unknown chat_template {:?} (built in: {})", t.chat_template, known.join(", "))));
+        }
         if m.speculation.is_some() && m.draft.is_none() {
             return Err(err("speculation settings without a draft".into()));
         }
         Ok(m)
     }
 
+    /// The Jinja source of the chat template that replaces the model file's, if the pack has one.
+    pub fn chat_template(&self) -> Option<&'static str> {
+        self.template.as_ref().and_then(|t| builtin_template(&t.chat_template))
+    }
+
     /// The pack's files: target, then draft.
     pub fn files(&self) -> impl Iterator<Item = &FileSpec> {
         std::iter::once(&self.target).chain(self.draft.as_ref())
     }
+}
+
+/// A chat template built into the binary, by file name.
+pub fn builtin_template(name: &str) -> Option<&'static str> {
+    TEMPLATES.iter().find(|(n, _)| *n == name).map(|(_, source)| *source)
 }
 
 /// The packs built into this binary (parsed once).
@@ -199,6 +228,22 @@ mod tests {
     }
 
     #[test]
+    fn template_overrides_match_the_jinja2_fixture() {
+        // The Qwen packs carry the corrected template; SmolLM2 keeps its own.
+        for name in ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"] {
+            assert_eq!(pack(name).and_then(Manifest::chat_template), builtin_template("qwen2.5-coder.jinja"), "{name}");
+        }
+        assert_eq!(pack("smollm2-135m").and_then(Manifest::chat_template), None);
+        // The embedded sources are the ones the Jinja2 reference rendered (fixtures/chat/pack_templates.json).
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/chat/pack_templates.json");
+        let fixture: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("JSON");
+        for (name, source) in TEMPLATES {
+            assert_eq!(fixture["templates"][name].as_str(), Some(source), "{name}: regenerate the fixture");
+        }
+    }
+
+    #[test]
     fn huggingface_urls() {
         let f = &pack("qwen2.5-coder-1.5b").expect("built in").target;
         let urls: Vec<String> = f.sources.iter().filter_map(|s| s.url("https://huggingface.co/")).collect();
@@ -222,6 +267,7 @@ mod tests {
             (format!("{good}\nflavour = 1\n"), "unknown field"),
             (good.replace("name = \"smollm2-135m\"", "name = \"a b\""), "bad pack name"),
             (format!("{good}\n[speculation]\nnum_draft_tokens = 4\n"), "without a draft"),
+            (format!("{good}\n[template]\nchat_template = \"nope.jinja\"\n"), "unknown chat_template"),
         ];
         for (text, needle) in cases {
             let e = Manifest::parse("case", &text).expect_err(needle).to_string();

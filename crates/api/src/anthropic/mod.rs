@@ -43,7 +43,7 @@ pub async fn messages(
             content: Vec::new(),
             stop_reason: None,
             stop_sequence: None,
-            usage: convert::usage(reply.num_prompt_tokens(), 0),
+            usage: convert::usage(&engine::Usage { prompt_tokens: reply.num_prompt_tokens(), ..Default::default() }),
         };
         return Ok(stream::sse(reply, start, state.config.keep_alive).into_response());
     }

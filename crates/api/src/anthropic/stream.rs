@@ -13,7 +13,7 @@ use futures::Stream;
 use serde_json::{Value, json};
 
 use super::{convert, error, wire};
-use crate::generate::{Output, Reply};
+use crate::generate::{Output, Reply, random_id};
 
 struct State {
     reply: Reply,
@@ -22,6 +22,8 @@ struct State {
     num_blocks: usize,
     /// A text block is open (its index is `num_blocks - 1`).
     text_open: bool,
+    /// A tool_use block whose input is being streamed.
+    open_call: bool,
     ended: bool,
 }
 
@@ -37,7 +39,7 @@ pub fn sse(
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let start = json!({"type": "message_start", "message": start});
     let queue = VecDeque::from([event("message_start", &start), event("ping", &json!({"type": "ping"}))]);
-    let state = State { reply, queue, num_blocks: 0, text_open: false, ended: false };
+    let state = State { reply, queue, num_blocks: 0, text_open: false, open_call: false, ended: false };
     let stream = futures::stream::unfold(state, |mut s| async move {
         loop {
             if let Some(e) = s.queue.pop_front() {
@@ -62,6 +64,14 @@ impl State {
         }
     }
 
+    fn close_call(&mut self) {
+        if self.open_call {
+            let index = self.num_blocks - 1;
+            self.queue.push_back(event("content_block_stop", &json!({"type": "content_block_stop", "index": index})));
+            self.open_call = false;
+        }
+    }
+
     async fn fill(&mut self) {
         match self.reply.next().await {
             Some(Ok(Output::Text(text))) => {
@@ -76,6 +86,7 @@ impl State {
                                    "delta": {"type": "text_delta", "text": text}});
                 self.queue.push_back(event("content_block_delta", &delta));
             }
+            Some(Ok(Output::ToolCall(_))) if self.open_call => self.close_call(),
             Some(Ok(Output::ToolCall(call))) => {
                 self.close_text();
                 let index = self.num_blocks;
@@ -93,11 +104,30 @@ impl State {
                 self.queue
                     .push_back(event("content_block_stop", &json!({"type": "content_block_stop", "index": index})));
             }
-            Some(Ok(Output::Done { reason, usage })) => {
+            Some(Ok(Output::Logprobs(_))) => {}
+            Some(Ok(Output::ToolCallBegin { name })) => {
                 self.close_text();
+                let index = self.num_blocks;
+                self.num_blocks += 1;
+                let start = json!({"type": "content_block_start", "index": index,
+                                   "content_block": {"type": "tool_use", "id": random_id("toolu_"), "name": name, "input": {}}});
+                self.queue.push_back(event("content_block_start", &start));
+                self.open_call = true;
+            }
+            Some(Ok(Output::ToolCallArgs(partial_json))) => {
+                let delta = json!({"type": "content_block_delta", "index": self.num_blocks - 1,
+                                   "delta": {"type": "input_json_delta", "partial_json": partial_json}});
+                self.queue.push_back(event("content_block_delta", &delta));
+            }
+            Some(Ok(Output::Done { reason, usage, matched_stop })) => {
+                self.close_text();
+                self.close_call();
+                let u = convert::usage(&usage);
                 let delta = json!({"type": "message_delta",
-                                   "delta": {"stop_reason": convert::stop_reason(reason), "stop_sequence": null},
-                                   "usage": {"output_tokens": usage.completion_tokens}});
+                                   "delta": {"stop_reason": convert::stop_reason(reason, matched_stop.as_deref()),
+                                             "stop_sequence": matched_stop},
+                                   "usage": {"output_tokens": u.output_tokens, "input_tokens": u.input_tokens,
+                                             "cache_read_input_tokens": u.cache_read_input_tokens}});
                 self.queue.push_back(event("message_delta", &delta));
                 self.queue.push_back(event("message_stop", &json!({"type": "message_stop"})));
                 self.ended = true;

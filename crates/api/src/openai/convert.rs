@@ -7,32 +7,77 @@ use serde_json::{Map, Value, json};
 
 use super::wire;
 use crate::error::ApiError;
-use crate::generate::{ChatTurn, Collected, StopReason, ToolChoice, random_id};
+use crate::generate::{ChatTurn, Collected, OutputFormat, StopReason, TokenLogprob, ToolChoice, random_id};
 
 /// Most stop strings in one request.
 const MAX_STOP_STRINGS: usize = 16;
+/// Most choices (`n`) in one request; each is a sequence of its own in the engine.
+pub const MAX_CHOICES: u64 = 16;
+/// Most `top_logprobs` (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: u64 = 20;
+
+/// The number of choices a request asks for (`n`, default 1).
+pub fn num_choices(req: &wire::ChatRequest) -> Result<usize, ApiError> {
+    match req.n {
+        None => Ok(1),
+        Some(n) if (1..=MAX_CHOICES).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ApiError::invalid_param("n", format!("n = {n} must be between 1 and {MAX_CHOICES}."))),
+    }
+}
+
+/// Choice `index` of a turn: the same request, with `seed + index` when a seed is given (so choices differ but
+/// each is reproducible).
+pub fn choice_turn(turn: &ChatTurn, index: usize) -> ChatTurn {
+    let mut t = turn.clone();
+    if let Some(seed) = t.sampling.seed {
+        t.sampling.seed = Some(seed.wrapping_add(index as u64));
+    }
+    t
+}
 
 /// Checks a request and converts it; `defaults` fills the sampling parameters the request leaves out.
 pub fn to_turn(req: wire::ChatRequest, defaults: &SamplingParams) -> Result<ChatTurn, ApiError> {
-    if let Some(n) = req.n
-        && n != 1
-    {
-        return Err(ApiError::invalid_param("n", format!("n = {n} is not supported; only one choice (n = 1) is.")));
-    }
-    if req.logprobs == Some(true) || req.top_logprobs.is_some_and(|n| n > 0) {
-        return Err(ApiError::invalid_param("logprobs", "logprobs are not supported yet."));
-    }
+    num_choices(&req)?;
+    let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
+        (_, Some(n)) if n > MAX_TOP_LOGPROBS => {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                format!("top_logprobs = {n} is more than the maximum of {MAX_TOP_LOGPROBS}."),
+            ));
+        }
+        (false, Some(n)) if n > 0 => {
+            return Err(ApiError::invalid_param("top_logprobs", "top_logprobs needs logprobs to be true."));
+        }
+        (true, n) => Some(n.unwrap_or(0) as usize),
+        (false, _) => None,
+    };
     if req.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
         return Err(ApiError::invalid_param("logit_bias", "logit_bias is not supported."));
     }
-    if let Some(format) = &req.response_format
-        && !matches!(format.kind.as_str(), "text" | "json_object" | "json_schema")
-    {
-        return Err(ApiError::invalid_param(
-            "response_format.type",
-            format!("Unknown response_format type '{}'; expected 'text', 'json_object' or 'json_schema'.", format.kind),
-        ));
-    }
+    let output_format = match &req.response_format {
+        None => OutputFormat::Text,
+        Some(f) => match f.kind.as_str() {
+            "text" => OutputFormat::Text,
+            "json_object" => OutputFormat::JsonObject,
+            // `{"json_schema": {"name", "schema", "strict"?}}`; no schema means any JSON.
+            "json_schema" => match f.json_schema.as_ref().and_then(|j| j.get("schema")) {
+                Some(s) if s.is_object() => OutputFormat::JsonSchema(s.clone()),
+                Some(_) => {
+                    return Err(ApiError::invalid_param(
+                        "response_format.json_schema.schema",
+                        "The schema must be a JSON object.",
+                    ));
+                }
+                None => OutputFormat::JsonObject,
+            },
+            other => {
+                return Err(ApiError::invalid_param(
+                    "response_format.type",
+                    format!("Unknown response_format type '{other}'; expected 'text', 'json_object' or 'json_schema'."),
+                ));
+            }
+        },
+    };
     let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
         Some(0) => return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1.")),
         Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
@@ -52,13 +97,16 @@ pub fn to_turn(req: wire::ChatRequest, defaults: &SamplingParams) -> Result<Chat
     let tool_choice = convert_tool_choice(req.tool_choice.as_ref())?;
     let messages =
         req.messages.into_iter().enumerate().map(|(i, m)| convert_message(i, m)).collect::<Result<Vec<_>, _>>()?;
+    let mut sampling = sampling(&requested, defaults)?;
+    sampling.logprobs = logprobs;
     Ok(ChatTurn {
         conversation: Conversation { messages, tools },
         tool_choice,
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
-        sampling: sampling(&requested, defaults)?,
+        sampling,
         max_tokens,
         stop: convert_stop(req.stop.as_ref())?,
+        output_format,
     })
 }
 
@@ -294,7 +342,7 @@ pub fn usage(u: &Usage) -> wire::Usage {
         prompt_tokens: u.prompt_tokens,
         completion_tokens: u.completion_tokens,
         total_tokens: u.prompt_tokens + u.completion_tokens,
-        prompt_tokens_details: wire::PromptTokensDetails { cached_tokens: 0 },
+        prompt_tokens_details: wire::PromptTokensDetails { cached_tokens: u.cached_tokens },
     }
 }
 
@@ -304,8 +352,8 @@ pub fn timings(u: &Usage) -> wire::Timings {
     // The first output token comes out of the prefill; decode time covers the rest.
     let num_decoded = u.completion_tokens.saturating_sub(1);
     wire::Timings {
-        cache_n: 0,
-        prompt_n: u.prompt_tokens,
+        cache_n: u.cached_tokens,
+        prompt_n: u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens),
         prompt_ms: u.prefill_ms,
         prompt_per_token_ms: per_token(u.prefill_ms, u.prompt_tokens),
         prompt_per_second: per_second(u.prefill_ms, u.prompt_tokens),
@@ -326,27 +374,68 @@ pub fn tool_call(call: ToolCall, index: Option<usize>) -> wire::OutToolCall {
     }
 }
 
-pub fn completion(reply: Collected, id: String, created: u64, model: String) -> wire::ChatCompletion {
-    let content = if reply.text.is_empty() && !reply.tool_calls.is_empty() { None } else { Some(reply.text) };
+/// OpenAI's `logprobs` object of a choice: `{"content": [{token, logprob, bytes, top_logprobs}], "refusal": null}`.
+pub fn logprobs(entries: &[TokenLogprob]) -> Value {
+    let content: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            let top: Vec<Value> =
+                e.top.iter().map(|t| json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes})).collect();
+            json!({"token": e.token, "logprob": e.logprob, "bytes": e.bytes, "top_logprobs": top})
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+/// Usage of `n` choices of one prompt: the prompt counted once, the outputs summed, timings of the slowest.
+pub fn combined_usage(usages: &[Usage]) -> Usage {
+    let mut total = usages.first().copied().unwrap_or_default();
+    for u in usages.iter().skip(1) {
+        total.completion_tokens += u.completion_tokens;
+        total.cached_tokens = total.cached_tokens.min(u.cached_tokens);
+        total.prefill_ms = total.prefill_ms.max(u.prefill_ms);
+        total.decode_ms = total.decode_ms.max(u.decode_ms);
+    }
+    total
+}
+
+/// The response for `n` collected choices (in choice order); `want_logprobs`: the request asked for them.
+pub fn completion(
+    replies: Vec<Collected>,
+    want_logprobs: bool,
+    id: String,
+    created: u64,
+    model: String,
+) -> wire::ChatCompletion {
+    let usages: Vec<Usage> = replies.iter().map(|r| r.usage).collect();
+    let total = combined_usage(&usages);
+    let choices = replies
+        .into_iter()
+        .enumerate()
+        .map(|(index, reply)| {
+            let content = if reply.text.is_empty() && !reply.tool_calls.is_empty() { None } else { Some(reply.text) };
+            wire::Choice {
+                index: index as u32,
+                message: wire::AssistantMessage {
+                    role: "assistant",
+                    content,
+                    tool_calls: reply.tool_calls.into_iter().map(|c| tool_call(c, None)).collect(),
+                    refusal: None,
+                },
+                logprobs: want_logprobs.then(|| logprobs(&reply.logprobs)),
+                finish_reason: finish_reason(reply.reason),
+            }
+        })
+        .collect();
     wire::ChatCompletion {
         id,
         object: "chat.completion",
         created,
         model,
-        choices: vec![wire::Choice {
-            index: 0,
-            message: wire::AssistantMessage {
-                role: "assistant",
-                content,
-                tool_calls: reply.tool_calls.into_iter().map(|c| tool_call(c, None)).collect(),
-                refusal: None,
-            },
-            logprobs: None,
-            finish_reason: finish_reason(reply.reason),
-        }],
-        usage: usage(&reply.usage),
+        choices,
+        usage: usage(&total),
         system_fingerprint: super::SYSTEM_FINGERPRINT,
-        timings: timings(&reply.usage),
+        timings: timings(&total),
     }
 }
 
@@ -394,8 +483,13 @@ mod tests {
     #[test]
     fn bad_fields_are_named() {
         let cases = [
-            (json!({"messages": [{"role": "user", "content": "x"}], "n": 2}), "n"),
-            (json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}), "logprobs"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "n": 0}), "n"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "n": 17}), "n"),
+            (
+                json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+            ),
+            (json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}), "top_logprobs"),
             (json!({"messages": [{"role": "user", "content": "x"}], "temperature": 3}), "temperature"),
             (json!({"messages": [{"role": "user", "content": "x"}], "top_k": -5}), "top_k"),
             (json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}), "max_tokens"),

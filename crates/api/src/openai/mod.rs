@@ -33,17 +33,23 @@ pub async fn chat_completions(
     let request: wire::ChatRequest = parse_json(&body)?;
     let streaming = request.stream.unwrap_or(false);
     let include_usage = request.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+    let num_choices = convert::num_choices(&request)?;
     let turn = convert::to_turn(request, &state.config.default_sampling)?;
-    let reply = generate::start(&state, turn).await?;
+    let want_logprobs = turn.sampling.logprobs.is_some();
+    // `n` choices are `n` engine requests (seeds `seed + i`), batched like any concurrent requests.
+    let mut replies = Vec::with_capacity(num_choices);
+    for i in 0..num_choices {
+        replies.push(generate::start(&state, convert::choice_turn(&turn, i)).await?);
+    }
     let id = random_id("chatcmpl-");
     let created = crate::unix_now();
     let model = state.model_id.clone();
     if streaming {
-        let meta = stream::ChunkMeta { id, created, model, include_usage };
-        return Ok(stream::sse(reply, meta, state.config.keep_alive).into_response());
+        let meta = stream::ChunkMeta { id, created, model, include_usage, logprobs: want_logprobs };
+        return Ok(stream::sse(replies, meta, state.config.keep_alive).into_response());
     }
-    let collected = reply.collect().await?;
-    Ok(Json(convert::completion(collected, id, created, model)).into_response())
+    let collected = futures::future::try_join_all(replies.into_iter().map(generate::Reply::collect)).await?;
+    Ok(Json(convert::completion(collected, want_logprobs, id, created, model)).into_response())
 }
 
 fn model_entry(state: &AppState, id: &str) -> wire::Model {

@@ -242,7 +242,26 @@ pub struct Delta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<OutToolCall>,
+    pub tool_calls: Vec<ToolCallDelta>,
+}
+
+/// A piece of a call in a chunk: the first names it (`id`, `type`, `function.name`); later ones carry only more
+/// `function.arguments` (clients join those strings).
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallDelta {
+    pub index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionDelta,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub arguments: String,
 }
 
 /// `GET /v1/models` entries, with the context this server enforces (agents size their prompts from it). Each entry

@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::wire;
 use crate::error::ApiError;
-use crate::generate::{ChatTurn, ToolChoice, random_id};
+use crate::generate::{ChatTurn, OutputFormat, ToolChoice, random_id};
 
 /// The conversation items of an `input` (no instructions), appended to `out`.
 pub fn input_messages(input: Option<&Value>, out: &mut Vec<Message>) -> Result<(), ApiError> {
@@ -218,14 +218,7 @@ pub fn to_turn(
         }
         sampling.top_p = p.max(f32::MIN_POSITIVE);
     }
-    if let Some(format) = req.text.as_ref().and_then(|t| t.get("format")).and_then(|f| f.get("type"))
-        && !matches!(format.as_str(), Some("text" | "json_schema" | "json_object"))
-    {
-        return Err(ApiError::invalid_param(
-            "text.format.type",
-            "text.format.type must be 'text', 'json_schema' or 'json_object'.",
-        ));
-    }
+    let output_format = text_format(req.text.as_ref().and_then(|t| t.get("format")))?;
     let max_tokens = match req.max_output_tokens {
         Some(0) => return Err(ApiError::invalid_param("max_output_tokens", "max_output_tokens must be at least 1.")),
         Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
@@ -238,7 +231,26 @@ pub fn to_turn(
         sampling,
         max_tokens,
         stop: Vec::new(),
+        output_format,
     })
+}
+
+/// `text.format`: `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", "name", "schema",
+/// "strict"?}` (the schema flat in the format object, as Responses has it).
+fn text_format(format: Option<&Value>) -> Result<OutputFormat, ApiError> {
+    let Some(format) = format.filter(|f| !f.is_null()) else { return Ok(OutputFormat::Text) };
+    match format.get("type").and_then(Value::as_str) {
+        None | Some("text") => Ok(OutputFormat::Text),
+        Some("json_object") => Ok(OutputFormat::JsonObject),
+        Some("json_schema") => match format.get("schema") {
+            Some(s) if s.is_object() => Ok(OutputFormat::JsonSchema(s.clone())),
+            _ => Err(ApiError::invalid_param("text.format.schema", "A json_schema format needs a 'schema' object.")),
+        },
+        Some(_) => Err(ApiError::invalid_param(
+            "text.format.type",
+            "text.format.type must be 'text', 'json_schema' or 'json_object'.",
+        )),
+    }
 }
 
 /// An assistant `message` output item.

@@ -25,7 +25,7 @@ use crate::{AppState, body_error};
 pub fn usage(u: &engine::Usage) -> wire::Usage {
     wire::Usage {
         input_tokens: u.prompt_tokens,
-        input_tokens_details: json!({"cached_tokens": 0}),
+        input_tokens_details: json!({"cached_tokens": u.cached_tokens}),
         output_tokens: u.completion_tokens,
         output_tokens_details: json!({"reasoning_tokens": 0}),
         total_tokens: u.prompt_tokens + u.completion_tokens,

@@ -38,6 +38,8 @@ struct State {
     output: Vec<Value>,
     calls: Vec<ToolCall>,
     all_text: String,
+    /// A function call whose arguments are being streamed: item id, call id, output index, name, arguments so far.
+    open_call: Option<(String, String, usize, String, String)>,
     ended: bool,
 }
 
@@ -51,6 +53,7 @@ pub fn sse(reply: Reply, pending: Pending, keep_alive: Duration) -> Sse<impl Str
         text: None,
         output: Vec::new(),
         calls: Vec::new(),
+        open_call: None,
         all_text: String::new(),
         ended: false,
     };
@@ -101,6 +104,22 @@ impl State {
         self.output.push(item);
     }
 
+    /// Ends the streamed call: `call` is the parsed call (its arguments as streamed), `None` when the reply ended
+    /// inside it.
+    fn close_call(&mut self, call: Option<ToolCall>, status: &str) {
+        let Some((id, call_id, index, name, arguments)) = self.open_call.take() else { return };
+        self.push(
+            "response.function_call_arguments.done",
+            json!({"item_id": id, "output_index": index, "name": name, "arguments": arguments}),
+        );
+        let item = convert::function_call_item(&id, &call_id, &name, &arguments, status);
+        self.push("response.output_item.done", json!({"output_index": index, "item": item}));
+        self.output.push(item);
+        if let Some(call) = call {
+            self.calls.push(ToolCall { id: Some(call_id), ..call });
+        }
+    }
+
     async fn fill(&mut self) {
         match self.reply.next().await {
             Some(Ok(Output::Text(delta))) => {
@@ -123,6 +142,7 @@ impl State {
                     json!({"item_id": id, "output_index": *index, "content_index": 0, "delta": delta, "logprobs": []});
                 self.push("response.output_text.delta", data);
             }
+            Some(Ok(Output::ToolCall(call))) if self.open_call.is_some() => self.close_call(Some(call), "completed"),
             Some(Ok(Output::ToolCall(call))) => {
                 self.close_text();
                 let (id, call_id, index) = (random_id("fc_"), random_id("call_"), self.output.len());
@@ -142,8 +162,24 @@ impl State {
                 self.output.push(item);
                 self.calls.push(ToolCall { id: Some(call_id), ..call });
             }
-            Some(Ok(Output::Done { reason, usage })) => {
+            Some(Ok(Output::Logprobs(_))) => {}
+            Some(Ok(Output::ToolCallBegin { name })) => {
                 self.close_text();
+                let (id, call_id, index) = (random_id("fc_"), random_id("call_"), self.output.len());
+                let added = convert::function_call_item(&id, &call_id, &name, "", "in_progress");
+                self.push("response.output_item.added", json!({"output_index": index, "item": added}));
+                self.open_call = Some((id, call_id, index, name, String::new()));
+            }
+            Some(Ok(Output::ToolCallArgs(delta))) => {
+                if let Some((id, _, index, _, arguments)) = self.open_call.as_mut() {
+                    arguments.push_str(&delta);
+                    let data = json!({"item_id": id, "output_index": *index, "delta": delta});
+                    self.push("response.function_call_arguments.delta", data);
+                }
+            }
+            Some(Ok(Output::Done { reason, usage, .. })) => {
+                self.close_text();
+                self.close_call(None, "incomplete");
                 let response = &mut self.pending.response;
                 response.output = std::mem::take(&mut self.output);
                 response.usage = Some(super::usage(&usage));

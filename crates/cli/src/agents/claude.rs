@@ -1,0 +1,152 @@
+//! `splash claude`: Claude Code on the Anthropic Messages endpoint.
+//!
+//! Claude Code lets `env` in the user's `~/.claude/settings.json` override the process environment, so every value is
+//! set twice: in the environment and in a `--settings` file of ours (settings given on the command line win over user
+//! settings and are merged with them; no user file is touched). The file lives under `$SPLASH_HOME/agents/claude/`
+//! with mode 0600 because it carries the token. Also: every model tier mapped to the served model, the real context
+//! limit (else Claude assumes 1M tokens), the attribution header off (it changes the system prompt per request and
+//! defeats prefix caching), non-essential traffic and the auto-updater off, and `--permission-mode manual` unless the
+//! user chose a mode (the default auto mode needs Anthropic's server-side classifier).
+
+use serde_json::{Map, Value};
+
+use super::server::Target;
+use super::{FileWrite, Launch, UserEnv, has_flag, token};
+
+/// The variables we set, in order (all also go into `--settings`).
+pub fn env_vars(target: &Target) -> Vec<(&'static str, String)> {
+    let m = target.model.clone();
+    let ctx = target.context_tokens.to_string();
+    let mut vars = vec![
+        ("ANTHROPIC_BASE_URL", target.base_url.clone()),
+        ("ANTHROPIC_AUTH_TOKEN", token(target).to_owned()),
+        // A set ANTHROPIC_API_KEY would be sent as x-api-key and win over the token.
+        ("ANTHROPIC_API_KEY", String::new()),
+        ("ANTHROPIC_MODEL", m.clone()),
+        ("ANTHROPIC_DEFAULT_OPUS_MODEL", m.clone()),
+        ("ANTHROPIC_DEFAULT_SONNET_MODEL", m.clone()),
+        ("ANTHROPIC_DEFAULT_HAIKU_MODEL", m.clone()),
+        ("ANTHROPIC_SMALL_FAST_MODEL", m.clone()),
+        ("CLAUDE_CODE_SUBAGENT_MODEL", m),
+        ("CLAUDE_CODE_MAX_CONTEXT_TOKENS", ctx.clone()),
+        ("CLAUDE_CODE_ATTRIBUTION_HEADER", "0".into()),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
+        ("DISABLE_AUTOUPDATER", "1".into()),
+        ("CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL", "1".into()),
+        ("CLAUDE_CODE_USE_BEDROCK", "0".into()),
+        ("CLAUDE_CODE_USE_VERTEX", "0".into()),
+        ("CLAUDE_CODE_USE_FOUNDRY", "0".into()),
+    ];
+    // Claude Code rejects an auto-compact window under 100K ("treats it as the 100k minimum"); below that the context
+    // limit alone drives compaction.
+    if target.context_tokens >= MIN_AUTO_COMPACT_WINDOW {
+        vars.push(("CLAUDE_CODE_AUTO_COMPACT_WINDOW", ctx));
+    }
+    vars
+}
+
+/// The smallest `CLAUDE_CODE_AUTO_COMPACT_WINDOW` Claude Code 2.1 accepts.
+pub const MIN_AUTO_COMPACT_WINDOW: usize = 100_000;
+
+pub fn build(target: &Target, user: &UserEnv, user_args: &[String]) -> Launch {
+    let mut launch = Launch::new("claude");
+    let vars = env_vars(target);
+    let mut env = Map::new();
+    for (k, v) in &vars {
+        launch.set(k, v.clone());
+        env.insert((*k).to_owned(), Value::String(v.clone()));
+    }
+    let settings = serde_json::json!({ "env": env });
+    let path = user.splash_home.join("agents").join("claude").join(format!("settings-{}.json", target.port));
+    launch.files.push(FileWrite { path: path.clone(), contents: format!("{settings:#}\n") });
+    if !has_flag(user_args, &["--model"]) {
+        launch.args.extend(["--model".into(), target.model.clone()]);
+    }
+    if !has_flag(user_args, &["--permission-mode", "--dangerously-skip-permissions"]) {
+        launch.args.extend(["--permission-mode".into(), "manual".into()]);
+    }
+    launch.args.extend(["--settings".into(), path.to_string_lossy().into_owned()]);
+    launch.args.extend(user_args.iter().cloned());
+    launch
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{args, target, user};
+    use super::*;
+
+    #[test]
+    fn exact_environment_arguments_and_settings() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let u = user(dir.path());
+        let l = build(&target(Some("k3y")), &u, &[]);
+        let settings_path = dir.path().join("splash/agents/claude/settings-8000.json");
+        assert_eq!(l.program, "claude");
+        assert_eq!(
+            l.args,
+            args(&[
+                "--model",
+                "qwen2.5-coder-0.5b",
+                "--permission-mode",
+                "manual",
+                "--settings",
+                settings_path.to_str().expect("utf8")
+            ])
+        );
+        let expect = [
+            ("ANTHROPIC_BASE_URL", "http://127.0.0.1:8000"),
+            ("ANTHROPIC_AUTH_TOKEN", "k3y"),
+            ("ANTHROPIC_API_KEY", ""),
+            ("ANTHROPIC_MODEL", "qwen2.5-coder-0.5b"),
+            ("ANTHROPIC_DEFAULT_OPUS_MODEL", "qwen2.5-coder-0.5b"),
+            ("ANTHROPIC_DEFAULT_SONNET_MODEL", "qwen2.5-coder-0.5b"),
+            ("ANTHROPIC_DEFAULT_HAIKU_MODEL", "qwen2.5-coder-0.5b"),
+            ("CLAUDE_CODE_SUBAGENT_MODEL", "qwen2.5-coder-0.5b"),
+            ("CLAUDE_CODE_MAX_CONTEXT_TOKENS", "32768"),
+            ("CLAUDE_CODE_ATTRIBUTION_HEADER", "0"),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+            ("DISABLE_AUTOUPDATER", "1"),
+        ];
+        for (k, v) in expect {
+            assert_eq!(l.env_value(k), Some(v), "{k}");
+        }
+        // The same values in --settings, which beats `env` in the user's ~/.claude/settings.json.
+        assert_eq!(l.files.len(), 1);
+        assert_eq!(l.files[0].path, settings_path);
+        let s: Value = serde_json::from_str(&l.files[0].contents).expect("json");
+        for (k, v) in expect {
+            assert_eq!(s["env"][k], v, "{k} in --settings");
+        }
+        assert_eq!(l.env_value("CLAUDE_CODE_AUTO_COMPACT_WINDOW"), None, "32768 is under Claude's 100K minimum");
+        assert!(s["env"].get("CLAUDE_CODE_AUTO_COMPACT_WINDOW").is_none());
+        let mut big = target(None);
+        big.context_tokens = 131072;
+        let l = build(&big, &u, &[]);
+        assert_eq!(l.env_value("CLAUDE_CODE_AUTO_COMPACT_WINDOW"), Some("131072"));
+        assert_eq!(l.env_value("CLAUDE_CODE_MAX_CONTEXT_TOKENS"), Some("131072"));
+    }
+
+    #[test]
+    fn user_choices_after_dashes_win() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let user_args = args(&["--model=other", "--permission-mode", "plan", "-p", "hello"]);
+        let l = build(&target(None), &user(dir.path()), &user_args);
+        assert!(!l.args.iter().any(|a| a == "manual"), "user picked a permission mode: {:?}", l.args);
+        assert!(!l.args.iter().any(|a| a == "qwen2.5-coder-0.5b"), "user picked a model: {:?}", l.args);
+        assert_eq!(&l.args[2..], user_args.as_slice(), "user args passed through after ours, in order");
+        assert_eq!(l.env_value("ANTHROPIC_AUTH_TOKEN"), Some("splash-local"), "placeholder token when open");
+        let l = build(&target(None), &user(dir.path()), &args(&["--dangerously-skip-permissions"]));
+        assert!(!l.args.iter().any(|a| a == "--permission-mode"));
+    }
+
+    #[test]
+    fn settings_file_is_per_port() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut t = target(None);
+        t.port = 9001;
+        t.base_url = "http://127.0.0.1:9001".into();
+        let l = build(&t, &user(dir.path()), &[]);
+        assert!(l.files[0].path.ends_with("agents/claude/settings-9001.json"));
+        assert!(l.files[0].contents.contains("http://127.0.0.1:9001"));
+    }
+}
