@@ -4,3 +4,4 @@
 //! buffers, never model names.
 
 pub mod cpu;
+pub mod cuda;

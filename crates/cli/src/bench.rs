@@ -22,11 +22,17 @@ pub struct Args {
     /// Threads (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
+    /// Where the model runs.
+    #[arg(long, value_enum, default_value = "auto")]
+    device: crate::load::Device,
     #[arg(long, default_value_t = 3)]
     repetitions: usize,
     /// Tokens per prefill batch.
     #[arg(long, default_value_t = 512)]
     batch: usize,
+    /// Also measure aggregate decode with this many sequences decoding together (repeatable).
+    #[arg(long)]
+    concurrent: Vec<usize>,
     /// Print one JSON line instead of a table.
     #[arg(long)]
     json: bool,
@@ -45,7 +51,7 @@ pub fn main(a: Args) -> Result<()> {
     if a.spec {
         return spec_bench(&a);
     }
-    let loaded = load(&a.model, a.threads)?;
+    let loaded = load(&a.model, a.threads, a.device)?;
     let mut runner = loaded.runner;
     let vocab = runner.config().vocab_size as u64;
     // Deterministic pseudo-random prompt over the ordinary vocabulary (as llama-bench does).
@@ -103,6 +109,33 @@ pub fn main(a: Args) -> Result<()> {
         }
         runner.release(seq);
     }
+    // Aggregate decode: n sequences with 32-token prompts, then gen_tokens steps of one token each, all together.
+    let mut agg = Vec::new();
+    for &n in &a.concurrent {
+        let ids: Vec<SeqId> = (0..n).map(|s| SeqId(1000 + s as u64)).collect();
+        let plen = 32.min(prompt.len().max(1));
+        let p: Vec<u32> = (0..plen).map(|i| prompt.get(i).copied().unwrap_or(1)).collect();
+        let chunks = ids.iter().map(|&seq| SeqChunk { seq, tokens: &p, start_pos: 0, logits: LogitsWanted::Last });
+        let l = runner.forward(&Batch { chunks: chunks.collect() })?;
+        let vocab = vocab as usize;
+        let mut next: Vec<[u32; 1]> = l.chunks_exact(vocab).map(|r| [engine::sampler::argmax(r)]).collect();
+        let t = Instant::now();
+        for step in 0..a.gen_tokens {
+            let chunks = ids.iter().zip(&next).map(|(&seq, tok)| SeqChunk {
+                seq,
+                tokens: tok,
+                start_pos: plen + step,
+                logits: LogitsWanted::Last,
+            });
+            let l = runner.forward(&Batch { chunks: chunks.collect() })?;
+            next = l.chunks_exact(vocab).map(|r| [engine::sampler::argmax(r)]).collect();
+        }
+        let tok_s = (n * a.gen_tokens) as f64 / t.elapsed().as_secs_f64();
+        for &id in &ids {
+            runner.release(id);
+        }
+        agg.push((n, tok_s));
+    }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(|a, b| a.total_cmp(b));
         if v.is_empty() { 0.0 } else { v[v.len() / 2] }
@@ -113,13 +146,21 @@ pub fn main(a: Args) -> Result<()> {
         let j = serde_json::json!({
             "model": a.model, "arch": model, "threads": runner.num_threads(), "prompt_tokens": a.prompt_tokens,
             "gen_tokens": a.gen_tokens, "prefill_tok_s": pp_med, "decode_tok_s": tg_med, "load_s": loaded.load_s,
-            "prefill_runs": pp, "decode_runs": tg,
+            "prefill_runs": pp, "decode_runs": tg, "device": runner.device_name(),
+            "concurrent_decode_tok_s": agg.iter().map(|&(n, t)| serde_json::json!({"sequences": n, "tok_s": t})).collect::<Vec<_>>(),
         });
         println!("{j}");
     } else {
-        println!("model {} ({model}), {} threads, load {:.2} s", a.model, runner.num_threads(), loaded.load_s);
+        println!("model {} ({model}), {}, load {:.2} s", a.model, runner.device_name(), loaded.load_s);
         println!("prefill {:>5} tokens: {:8.1} tok/s", a.prompt_tokens, pp_med);
         println!("decode  {:>5} tokens: {:8.1} tok/s", a.gen_tokens, tg_med);
+        for (n, t) in &agg {
+            println!(
+                "decode  {n:>3} sequences x {} tokens: {t:8.1} tok/s aggregate ({:.2}x batch 1)",
+                a.gen_tokens,
+                t / tg_med.max(1e-9)
+            );
+        }
     }
     Ok(())
 }
@@ -193,11 +234,11 @@ fn spec_bench(a: &Args) -> Result<()> {
     use crate::spec::SpecMode;
     use engine::{Engine, EngineConfig, GenerateRequest, SamplingParams};
 
-    let loaded = load(&a.model, a.threads)?;
+    let loaded = load(&a.model, a.threads, a.device)?;
     let template = loaded.template.ok_or_else(|| anyhow::anyhow!("{} has no chat template", a.model))?;
     let tokenizer = loaded.tokenizer.clone();
     let mut engine = Engine::new(loaded.runner, tokenizer.clone(), EngineConfig::default());
-    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec_args, a.threads, true)?;
+    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec_args, a.threads, a.device, true)?;
     let costs = engine.pass_costs().clone();
     let mut prompts: Vec<(&str, String)> = Vec::new();
     if a.workload == "code" || a.workload == "all" {

@@ -6,10 +6,158 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use models::cpu::CpuRunner;
+use models::cuda::{CudaOptions, CudaRunner};
+use models::{Batch, ModelConfig, Runner, SeqId};
 use tokenizer::Tokenizer;
 
+/// Where the model runs: `--device auto|cpu|cuda`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    /// CUDA when a driver, a GPU and NVRTC are present and the model's types are supported, else the CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// The runner of either backend.
+#[allow(clippy::large_enum_variant)] // one per process; the CPU runner is the common case
+pub enum AnyRunner {
+    Cpu(CpuRunner),
+    Cuda(Box<CudaRunner>),
+}
+
+impl AnyRunner {
+    pub fn limit_context(&mut self, max_context: usize) {
+        match self {
+            AnyRunner::Cpu(r) => r.limit_context(max_context),
+            AnyRunner::Cuda(r) => r.limit_context(max_context),
+        }
+    }
+
+    /// Keeps cached prompt prefixes on disk (CPU backend only for now).
+    pub fn enable_prefix_store(
+        &mut self,
+        root: &std::path::Path,
+        max_bytes: u64,
+    ) -> std::io::Result<&models::prefix_store::PrefixStore> {
+        match self {
+            AnyRunner::Cpu(r) => r.enable_prefix_store(root, max_bytes),
+            AnyRunner::Cuda(_) => Err(std::io::Error::other("the CUDA backend has no prefix cache yet")),
+        }
+    }
+
+    /// The memory plan's KV pages (CPU). The GPU sizes its own KV pool from free device memory at load.
+    pub fn set_kv_blocks(&mut self, num_blocks: usize) {
+        if let AnyRunner::Cpu(r) = self {
+            r.set_kv_blocks(num_blocks)
+        }
+    }
+
+    /// CPU threads in use (0 on a GPU).
+    pub fn num_threads(&self) -> usize {
+        match self {
+            AnyRunner::Cpu(r) => r.num_threads(),
+            AnyRunner::Cuda(_) => 0,
+        }
+    }
+
+    pub fn device_name(&self) -> String {
+        match self {
+            AnyRunner::Cpu(r) => format!("cpu ({} threads)", r.num_threads()),
+            AnyRunner::Cuda(r) => format!("cuda ({})", r.device_name()),
+        }
+    }
+}
+
+impl Runner for AnyRunner {
+    fn config(&self) -> &ModelConfig {
+        match self {
+            AnyRunner::Cpu(r) => r.config(),
+            AnyRunner::Cuda(r) => r.config(),
+        }
+    }
+    fn forward(&mut self, batch: &Batch<'_>) -> models::Result<&[f32]> {
+        match self {
+            AnyRunner::Cpu(r) => r.forward(batch),
+            AnyRunner::Cuda(r) => r.forward(batch),
+        }
+    }
+    fn seq_len(&self, seq: SeqId) -> usize {
+        match self {
+            AnyRunner::Cpu(r) => r.seq_len(seq),
+            AnyRunner::Cuda(r) => r.seq_len(seq),
+        }
+    }
+    fn truncate(&mut self, seq: SeqId, len: usize) {
+        match self {
+            AnyRunner::Cpu(r) => r.truncate(seq, len),
+            AnyRunner::Cuda(r) => r.truncate(seq, len),
+        }
+    }
+    fn release(&mut self, seq: SeqId) {
+        match self {
+            AnyRunner::Cpu(r) => r.release(seq),
+            AnyRunner::Cuda(r) => r.release(seq),
+        }
+    }
+    fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
+        match self {
+            AnyRunner::Cpu(r) => r.attach_prefix(seq, tokens),
+            AnyRunner::Cuda(r) => r.attach_prefix(seq, tokens),
+        }
+    }
+    fn idle_work(&mut self) -> bool {
+        match self {
+            AnyRunner::Cpu(r) => r.idle_work(),
+            AnyRunner::Cuda(r) => r.idle_work(),
+        }
+    }
+    fn kv_usage(&self) -> models::KvUsage {
+        match self {
+            AnyRunner::Cpu(r) => r.kv_usage(),
+            AnyRunner::Cuda(r) => r.kv_usage(),
+        }
+    }
+}
+
+/// CUDA options for the command line: kernels cached under `$SPLASH_HOME/kernels`.
+pub fn cuda_options() -> CudaOptions {
+    CudaOptions { cache_dir: Some(pack::home().join("kernels")), ..CudaOptions::default() }
+}
+
+/// Builds the runner for `device` over a parsed file.
+pub fn build_runner(file: Arc<gguf::GgufFile>, threads: usize, device: Device) -> Result<AnyRunner> {
+    match device {
+        Device::Cpu => Ok(AnyRunner::Cpu(CpuRunner::new(file, threads).context("loading the model")?)),
+        Device::Cuda => {
+            let r = CudaRunner::new(file, cuda_options()).context("loading the model on the GPU")?;
+            let st = &r.stats;
+            eprintln!(
+                "cuda: {} ({}), kernels {}, weights {:.2} GB uploaded in {:.2} s, KV {} tokens",
+                st.gpu,
+                st.arch,
+                if st.cache_hit { "from cache".to_string() } else { format!("compiled in {:.2} s", st.compile_s) },
+                st.weight_bytes as f64 / 1e9,
+                st.upload_s,
+                st.kv_tokens
+            );
+            Ok(AnyRunner::Cuda(Box::new(r)))
+        }
+        Device::Auto => match backend::cuda::available() {
+            Ok(()) => match build_runner(file.clone(), threads, Device::Cuda) {
+                Ok(r) => Ok(r),
+                Err(e) => {
+                    eprintln!("cuda unusable ({e:#}); running on the CPU");
+                    build_runner(file, threads, Device::Cpu)
+                }
+            },
+            Err(_) => build_runner(file, threads, Device::Cpu),
+        },
+    }
+}
+
 pub struct Loaded {
-    pub runner: CpuRunner,
+    pub runner: AnyRunner,
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<chat::ChatTemplate>,
     pub load_s: f64,
@@ -33,7 +181,7 @@ pub fn model_path(model: &str) -> Result<std::path::PathBuf> {
     }
 }
 
-pub fn load(model: &str, threads: usize) -> Result<Loaded> {
+pub fn load(model: &str, threads: usize, device: Device) -> Result<Loaded> {
     let path = model_path(model)?;
     let t0 = Instant::now();
     let file = Arc::new(gguf::GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))?);
@@ -43,6 +191,6 @@ pub fn load(model: &str, threads: usize) -> Result<Loaded> {
         Err(chat::Error::NoTemplate) => None,
         Err(e) => return Err(e).context("reading the chat template"),
     };
-    let runner = CpuRunner::new(file, threads).context("loading the model")?;
+    let runner = build_runner(file, threads, device)?;
     Ok(Loaded { runner, tokenizer, template, load_s: t0.elapsed().as_secs_f64() })
 }

@@ -2,6 +2,7 @@
 
 mod agents;
 mod bench;
+mod cuda_check;
 mod load;
 mod ls;
 mod plan;
@@ -9,6 +10,7 @@ mod pull;
 mod run;
 mod serve;
 mod spec;
+mod synth;
 
 use clap::{Parser, Subcommand};
 
@@ -46,6 +48,10 @@ enum Command {
     Hermes(agents::HermesArgs),
     /// Run Pi on the local server (adds a provider entry to Pi's models.json).
     Pi(agents::Args),
+    /// Write a synthetic GGUF with a real model's shapes and tensor types and random values.
+    Synth(synth::Args),
+    /// Check the CUDA backend against the CPU backend on a model (logits, top-1, batched vs unbatched).
+    CudaCheck(cuda_check::Args),
 }
 
 fn main() {
@@ -63,6 +69,8 @@ fn main() {
         Command::OpenCode(a) => agents::main(agents::Client::OpenCode, a, false),
         Command::Hermes(a) => agents::main(agents::Client::Hermes, a.common, a.allow_small_context),
         Command::Pi(a) => agents::main(agents::Client::Pi, a, false),
+        Command::Synth(a) => synth::main(a),
+        Command::CudaCheck(a) => cuda_check::main(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -42,6 +42,9 @@ pub struct Args {
     /// Threads (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
+    /// Where the model runs.
+    #[arg(long, value_enum, default_value = "auto")]
+    device: crate::load::Device,
     /// Print one JSON line of statistics to stderr.
     #[arg(long)]
     stats: bool,
@@ -50,7 +53,7 @@ pub struct Args {
 }
 
 pub fn main(a: Args) -> Result<()> {
-    let Loaded { runner, tokenizer, template, load_s } = load(&a.model, a.threads)?;
+    let Loaded { runner, tokenizer, template, load_s } = load(&a.model, a.threads, a.device)?;
     let sampling = SamplingParams {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -62,7 +65,7 @@ pub fn main(a: Args) -> Result<()> {
     };
     sampling.validate().map_err(anyhow::Error::msg)?;
     let mut engine = Engine::new(runner, tokenizer.clone(), EngineConfig::default());
-    crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, false)?;
+    crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, a.device, false)?;
     let encode = |text: &str| -> Result<Vec<u32>> {
         let mut ids = tokenizer.encode(text, true)?;
         if let Some(bos) = tokenizer.bos().filter(|_| tokenizer.add_bos()) {

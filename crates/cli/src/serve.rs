@@ -58,6 +58,9 @@ pub struct Args {
     /// Threads for the model (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
+    /// Where the model runs.
+    #[arg(long, value_enum, default_value = "auto")]
+    device: crate::load::Device,
     #[command(flatten)]
     spec: crate::spec::SpecArgs,
     /// Keep cached prompt prefixes on disk (in $SPLASH_HOME/prefix-cache) up to this size, so they are warm after a
@@ -173,7 +176,7 @@ pub fn main(a: Args) -> Result<()> {
         plan::human_bytes(plan.breakdown.available_bytes),
     );
     let t0 = std::time::Instant::now();
-    let Loaded { mut runner, tokenizer, template, .. } = load(&a.model, a.threads)?;
+    let Loaded { mut runner, tokenizer, template, .. } = load(&a.model, a.threads, a.device)?;
     let template = apply_pack_template(&a.model, template)?;
     runner.limit_context(plan.max_context);
     runner.set_kv_blocks(plan.num_kv_pages);
@@ -185,7 +188,7 @@ pub fn main(a: Args) -> Result<()> {
         tokenizer.clone(),
         EngineConfig { max_batch_tokens: plan.max_batch_tokens, ..EngineConfig::default() },
     );
-    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, false)?;
+    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, a.device, false)?;
     // Constrained decoding's token trie (~0.2 s for Qwen's vocabulary), built in the background once the engine is set
     // up (not during speculation's cost calibration, which it would skew).
     let warm_tokenizer = tokenizer.clone();

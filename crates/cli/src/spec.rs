@@ -1,11 +1,11 @@
 //! Speculative-decoding options shared by `run`, `bench` and `serve`: which proposers to use, the draft model
 //! (by default the pack's own), the most draft tokens per step; and turning them into a ready engine.
 
+use crate::load::AnyRunner;
 use anyhow::{Context, Result};
 use engine::spec::PassCosts;
 use engine::{Engine, SpecConfig};
 use models::Runner;
-use models::cpu::CpuRunner;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SpecMode {
@@ -66,26 +66,30 @@ impl SpecArgs {
     }
 }
 
-/// Loads the draft (if any), sets the speculation config and sets the pass costs for the adaptive depth: from the
-/// cache in $SPLASH_HOME/calibration when this model pair, thread count, CPU and engine were measured before (the
-/// measurement takes a few seconds of start-up), else measured now and cached. `recalibrate` (or `--recalibrate`)
-/// always measures.
+/// Loads the draft (if any) on `device`, sets the speculation config and sets the pass costs for the adaptive
+/// depth: from the cache in $SPLASH_HOME/calibration when this model pair, device, CPU and engine were measured before
+/// (the measurement takes a few seconds of start-up), else measured now and cached. `recalibrate` (or
+/// `--recalibrate`) always measures.
 pub fn setup(
-    engine: &mut Engine<CpuRunner>,
+    engine: &mut Engine<AnyRunner>,
     model: &str,
     args: &SpecArgs,
     threads: usize,
+    device: crate::load::Device,
     recalibrate: bool,
 ) -> Result<Option<String>> {
     let recalibrate = recalibrate || args.recalibrate;
     engine.set_spec(args.config(args.mode));
     let draft_name = args.draft_model(model);
+    let mut draft_path = None;
     if let Some(name) = &draft_name {
         let path = crate::load::model_path(name)?;
         let file = std::sync::Arc::new(
             gguf::GgufFile::open(&path).with_context(|| format!("loading the draft model {}", path.display()))?,
         );
-        let mut runner = CpuRunner::new(file, threads).with_context(|| format!("loading the draft model {name}"))?;
+        draft_path = Some(path);
+        let mut runner = crate::load::build_runner(file, threads, device)
+            .with_context(|| format!("loading the draft model {name}"))?;
         runner.limit_context(engine.runner().config().max_context);
         // Draft and target hold the same positions; the plan's pages count both.
         runner.set_kv_blocks(engine.runner().kv_usage().capacity_blocks);
@@ -94,7 +98,7 @@ pub fn setup(
     if args.mode == SpecMode::Off {
         return Ok(draft_name);
     }
-    let cache = calibration_path(engine);
+    let cache = calibration_path(engine, &crate::load::model_path(model)?, draft_path.as_deref());
     match std::fs::read_to_string(&cache).ok().and_then(|t| parse_costs(&t)) {
         Some(costs) if !recalibrate => engine.set_pass_costs(costs),
         _ => {
@@ -108,13 +112,23 @@ pub fn setup(
     Ok(draft_name)
 }
 
-/// Where the pass costs of this engine's target, draft, thread count, CPU and version are cached.
-fn calibration_path(engine: &Engine<CpuRunner>) -> std::path::PathBuf {
+/// Where the pass costs of this target and draft file (path, size, modification time), device, CPU and version are
+/// cached.
+fn calibration_path(
+    engine: &Engine<AnyRunner>,
+    target: &std::path::Path,
+    draft: Option<&std::path::Path>,
+) -> std::path::PathBuf {
     use sha2::Digest;
     let mut h = sha2::Sha256::new();
-    h.update(engine.runner().identity());
-    h.update(engine.draft().map(CpuRunner::identity).unwrap_or_default());
-    h.update(format!("threads={} depth={}", engine.runner().num_threads(), engine.config().spec.max_draft_tokens));
+    for p in std::iter::once(target).chain(draft) {
+        h.update(p.to_string_lossy().as_bytes());
+        if let Ok(m) = std::fs::metadata(p) {
+            h.update(m.len().to_le_bytes());
+            h.update(format!("{:?}", m.modified().ok()));
+        }
+    }
+    h.update(format!("{} depth={}", engine.runner().device_name(), engine.config().spec.max_draft_tokens));
     let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     h.update(cpu.lines().find(|l| l.starts_with("model name")).unwrap_or(""));
     h.update(env!("CARGO_PKG_VERSION"));

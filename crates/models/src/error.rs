@@ -16,6 +16,8 @@ pub enum Error {
     BadShape { name: String, found: Vec<u64>, expected: Vec<u64> },
     #[error("tensor {name:?} has type {ty}, which the CPU backend does not support")]
     UnsupportedType { name: String, ty: gguf::GgmlType },
+    #[error("GPU backend: {0}")]
+    Backend(String),
     // Request-scoped errors: the batch was wrong, the model is fine.
     #[error("sequence {0} would exceed the model's context of {1} tokens")]
     ContextOverflow(u64, usize),

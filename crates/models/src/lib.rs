@@ -7,6 +7,7 @@
 pub mod arch;
 mod config;
 pub mod cpu;
+pub mod cuda;
 mod error;
 pub mod kv_cache;
 pub mod prefix_store;

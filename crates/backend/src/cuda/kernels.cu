@@ -1,0 +1,818 @@
+// Splash CUDA kernels. The host prepends a block of #defines with the model's constants (HIDDEN, HEAD_DIM, ...)
+// and appends the explicit instantiations this model needs, so every loop bound below is a compile-time constant.
+// No headers: NVRTC compiles this as is; f16 conversions use PTX.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef signed char i8;
+
+#define WARP 32
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// ---- Quant formats: each row is split into units of 32 weights. A unit's weights w[0..16) multiply
+// x[off .. off+16) and w[16..32) multiply x[off+DOFF .. off+DOFF+16).
+
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q4_1 3
+#define T_Q5_0 6
+#define T_Q5_1 7
+#define T_Q8_0 8
+#define T_Q4_K 12
+#define T_Q6_K 14
+
+template <int T> struct Fmt;
+template <> struct Fmt<T_F32> { static const int BLOCK = 32, BYTES = 128, DOFF = 16; };
+template <> struct Fmt<T_F16> { static const int BLOCK = 32, BYTES = 64, DOFF = 16; };
+template <> struct Fmt<T_Q4_0> { static const int BLOCK = 32, BYTES = 18, DOFF = 16; };
+template <> struct Fmt<T_Q4_1> { static const int BLOCK = 32, BYTES = 20, DOFF = 16; };
+template <> struct Fmt<T_Q5_0> { static const int BLOCK = 32, BYTES = 22, DOFF = 16; };
+template <> struct Fmt<T_Q5_1> { static const int BLOCK = 32, BYTES = 24, DOFF = 16; };
+template <> struct Fmt<T_Q8_0> { static const int BLOCK = 32, BYTES = 34, DOFF = 16; };
+template <> struct Fmt<T_Q4_K> { static const int BLOCK = 256, BYTES = 144, DOFF = 32; };
+template <> struct Fmt<T_Q6_K> { static const int BLOCK = 256, BYTES = 210, DOFF = 64; };
+
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, float& d, float& m) {
+    if (j < 4) {
+        d = (float)(q[j] & 63);
+        m = (float)(q[j + 4] & 63);
+    } else {
+        d = (float)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        m = (float)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+// Dequantizes unit `u` of a row starting at `row`; returns the offset of its first half.
+template <int T> __device__ __forceinline__ int unit(const u8* row, int u, float* w);
+
+template <> __device__ __forceinline__ int unit<T_F32>(const u8* row, int u, float* w) {
+    const float4* p = (const float4*)(row + u * 128);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float4 v = p[i];
+        w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_F16>(const u8* row, int u, float* w) {
+    const uint4* p = (const uint4*)(row + u * 64);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint4 v = p[i];
+        u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w[8 * i + 2 * k] = h2f((u16)(a[k] & 0xFFFF));
+            w[8 * i + 2 * k + 1] = h2f((u16)(a[k] >> 16));
+        }
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_Q4_0>(const u8* row, int u, float* w) {
+    const u8* b = row + u * 18;
+    float d = h2f(ld16(b));
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        u16 q = ld16(b + 2 + 2 * j);
+        w[2 * j] = d * (float)((int)(q & 0xF) - 8);
+        w[2 * j + 1] = d * (float)((int)((q >> 8) & 0xF) - 8);
+        w[16 + 2 * j] = d * (float)((int)((q >> 4) & 0xF) - 8);
+        w[16 + 2 * j + 1] = d * (float)((int)(q >> 12) - 8);
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_Q4_1>(const u8* row, int u, float* w) {
+    const u8* b = row + u * 20;
+    float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+    const u32* qs = (const u32*)(b + 4);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        u32 q = qs[j];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 byte = (q >> (8 * k)) & 0xFF;
+            w[4 * j + k] = d * (float)(byte & 0xF) + m;
+            w[16 + 4 * j + k] = d * (float)(byte >> 4) + m;
+        }
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_Q5_0>(const u8* row, int u, float* w) {
+    const u8* b = row + u * 22;
+    float d = h2f(ld16(b));
+    u32 qh = (u32)ld16(b + 2) | ((u32)ld16(b + 4) << 16);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        u16 q = ld16(b + 6 + 2 * j);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int jj = 2 * j + k;
+            u32 byte = (q >> (8 * k)) & 0xFF;
+            int x0 = (int)((byte & 0xF) | (((qh >> jj) & 1) << 4)) - 16;
+            int x1 = (int)((byte >> 4) | (((qh >> (jj + 16)) & 1) << 4)) - 16;
+            w[jj] = d * (float)x0;
+            w[16 + jj] = d * (float)x1;
+        }
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_Q5_1>(const u8* row, int u, float* w) {
+    const u8* b = row + u * 24;
+    float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+    u32 qh = *(const u32*)(b + 4);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        u32 byte = b[8 + j];
+        w[j] = d * (float)((byte & 0xF) | (((qh >> j) & 1) << 4)) + m;
+        w[16 + j] = d * (float)((byte >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m;
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_Q8_0>(const u8* row, int u, float* w) {
+    const u8* b = row + u * 34;
+    float d = h2f(ld16(b));
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        u16 q = ld16(b + 2 + 2 * j);
+        w[2 * j] = d * (float)(i8)(q & 0xFF);
+        w[2 * j + 1] = d * (float)(i8)(q >> 8);
+    }
+    return u * 32;
+}
+template <> __device__ __forceinline__ int unit<T_Q4_K>(const u8* row, int u, float* w) {
+    const u8* b = row + (u >> 3) * 144;
+    int sub = u & 7, j = sub >> 1, h = sub & 1;
+    float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+    float s0, m0, s1, m1;
+    scale_min_k4(2 * j, b + 4, s0, m0);
+    scale_min_k4(2 * j + 1, b + 4, s1, m1);
+    float d0 = d * s0, mm0 = dmin * m0, d1 = d * s1, mm1 = dmin * m1;
+    uint4 q = *(const uint4*)(b + 16 + 32 * j + 16 * h);
+    u32 a[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 byte = (a[i] >> (8 * k)) & 0xFF;
+            w[4 * i + k] = d0 * (float)(byte & 0xF) - mm0;
+            w[16 + 4 * i + k] = d1 * (float)(byte >> 4) - mm1;
+        }
+    }
+    return (u >> 3) * 256 + 64 * j + 16 * h;
+}
+template <> __device__ __forceinline__ int unit<T_Q6_K>(const u8* row, int u, float* w) {
+    const u8* b = row + (u >> 3) * 210;
+    int sub = u & 7, hf = sub >> 2, pp = (sub >> 1) & 1, lg = sub & 1;
+    const u8* ql = b + 64 * hf + 32 * pp + 16 * lg;
+    const u8* qh = b + 128 + 32 * hf + 16 * lg;
+    const i8* sc = (const i8*)(b + 192);
+    float d = h2f(ld16(b + 208));
+    float dlo = d * (float)sc[8 * hf + lg + 2 * pp], dhi = d * (float)sc[8 * hf + lg + 4 + 2 * pp];
+    int shl = 2 * pp, shh = 4 + 2 * pp;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        u16 l2 = ld16(ql + 2 * i), h2 = ld16(qh + 2 * i);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            u32 lb = (l2 >> (8 * k)) & 0xFF, hb = (h2 >> (8 * k)) & 0xFF;
+            int lo = (int)((lb & 0xF) | (((hb >> shl) & 3) << 4)) - 32;
+            int hi = (int)((lb >> 4) | (((hb >> shh) & 3) << 4)) - 32;
+            w[2 * i + k] = dlo * (float)lo;
+            w[16 + 2 * i + k] = dhi * (float)hi;
+        }
+    }
+    return (u >> 3) * 256 + 128 * hf + 32 * pp + 16 * lg;
+}
+
+// ---- Matrix times a few rows: Y[r, n] (+)= sum_k W[n, k] X[r, k] (+ bias[n]) for r < m <= MR.
+// One warp per output row n; every weight is read once for all m rows. MODE 0: store, 1: add to Y (residual).
+
+// WPR warps share each row (split over K, reduced through shared memory): long rows (FFN down) get more loads in
+// flight per row. Blocks hold 4 warps: 4 / WPR rows per block.
+template <int T, int K, int MR, int MODE, int WPR>
+__device__ __forceinline__ void mmv_body(const u8* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y,
+                                         const float* __restrict__ bias, int m, int N) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int n = blockIdx.x * (4 / WPR) + wid / WPR;
+    const int part = wid % WPR;
+    X += (size_t)blockIdx.y * MR * K;
+    Y += (size_t)blockIdx.y * MR * N;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    const int NU = K / 32;
+    const size_t row_bytes = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
+    const u8* row = W + (size_t)min(n, N - 1) * row_bytes;
+    float acc[MR];
+#pragma unroll
+    for (int r = 0; r < MR; r++) acc[r] = 0.f;
+    if (n < N) {
+#pragma unroll 2
+        for (int u = part * 32 + lane; u < NU; u += 32 * WPR) {
+            float w[32];
+            int off = unit<T>(row, u, w);
+#pragma unroll
+            for (int r = 0; r < MR; r++) {
+                if (r < m) {
+                    const float4* x0 = (const float4*)(X + (size_t)r * K + off);
+                    const float4* x1 = (const float4*)(X + (size_t)r * K + off + Fmt<T>::DOFF);
+                    float s = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        float4 a = x0[i], c = x1[i];
+                        s += w[4 * i] * a.x + w[4 * i + 1] * a.y + w[4 * i + 2] * a.z + w[4 * i + 3] * a.w;
+                        s += w[16 + 4 * i] * c.x + w[16 + 4 * i + 1] * c.y + w[16 + 4 * i + 2] * c.z +
+                             w[16 + 4 * i + 3] * c.w;
+                    }
+                    acc[r] += s;
+                }
+            }
+        }
+    }
+    __shared__ float red[4][MR];
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        float v = warp_sum(acc[r]);
+        if (WPR > 1) {
+            if (lane == 0) red[wid][r] = v;
+        } else if (lane == 0 && r < m && n < N) {
+            if (bias) v += bias[n];
+            if (MODE == 1) Y[(size_t)r * N + n] += v;
+            else Y[(size_t)r * N + n] = v;
+        }
+    }
+    if (WPR > 1) {
+        __syncthreads();
+        if (part == 0 && lane == 0 && n < N) {
+#pragma unroll
+            for (int r = 0; r < MR; r++) {
+                if (r < m) {
+                    float v = 0.f;
+                    for (int p = 0; p < WPR; p++) v += red[wid + p][r];
+                    if (bias) v += bias[n];
+                    if (MODE == 1) Y[(size_t)r * N + n] += v;
+                    else Y[(size_t)r * N + n] = v;
+                }
+            }
+        }
+    }
+}
+
+// One weight row against up to MR activation rows, optionally RMS-normalising each activation row on the fly
+// (NORM: x -> x * g * rsqrt(mean(x^2) + eps); every element of x passes through the warp exactly once, so the sum of
+// squares comes free with the dot product). Returns the full sums in every lane.
+template <int T, int K, int MR, bool NORM>
+__device__ __forceinline__ void row_dot(const u8* __restrict__ row, const float* __restrict__ X,
+                                        const float* __restrict__ g, int m, float* out) {
+    const int lane = threadIdx.x & 31;
+    const int NU = K / 32;
+    float acc[MR], ss[MR];
+#pragma unroll
+    for (int r = 0; r < MR; r++) acc[r] = ss[r] = 0.f;
+#pragma unroll 2
+    for (int u = lane; u < NU; u += 32) {
+        float w[32];
+        int off = unit<T>(row, u, w);
+        if (NORM) {
+            const float4* g0 = (const float4*)(g + off);
+            const float4* g1 = (const float4*)(g + off + Fmt<T>::DOFF);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float4 a = g0[i], c = g1[i];
+                w[4 * i] *= a.x; w[4 * i + 1] *= a.y; w[4 * i + 2] *= a.z; w[4 * i + 3] *= a.w;
+                w[16 + 4 * i] *= c.x; w[16 + 4 * i + 1] *= c.y; w[16 + 4 * i + 2] *= c.z; w[16 + 4 * i + 3] *= c.w;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < MR; r++) {
+            if (r < m) {
+                const float4* x0 = (const float4*)(X + (size_t)r * K + off);
+                const float4* x1 = (const float4*)(X + (size_t)r * K + off + Fmt<T>::DOFF);
+                float s = 0.f, q = 0.f;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float4 a = x0[i], c = x1[i];
+                    s += w[4 * i] * a.x + w[4 * i + 1] * a.y + w[4 * i + 2] * a.z + w[4 * i + 3] * a.w;
+                    s += w[16 + 4 * i] * c.x + w[16 + 4 * i + 1] * c.y + w[16 + 4 * i + 2] * c.z +
+                         w[16 + 4 * i + 3] * c.w;
+                    if (NORM) q += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + c.x * c.x + c.y * c.y + c.z * c.z + c.w * c.w;
+                }
+                acc[r] += s;
+                ss[r] += q;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        float v = warp_sum(acc[r]);
+        if (NORM) v *= rsqrtf(warp_sum(ss[r]) / (float)K + RMS_EPS);
+        out[r] = v;
+    }
+}
+
+// Q, K and V projections in one launch, with the attention RMSNorm fused: blocks cover the rows of wq, then wk,
+// then wv (4 rows per block), each with its bias.
+template <int TQ, int TK, int TV, int MR>
+__device__ __forceinline__ void qkv_body(const u8* Wq, const u8* Wk, const u8* Wv, const float* X, const float* g,
+                                         const float* bq, const float* bk, const float* bv, float* q, float* k,
+                                         float* v, int m) {
+    const int lane = threadIdx.x & 31;
+    int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    X += (size_t)blockIdx.y * MR * HIDDEN;
+    const size_t r0 = (size_t)blockIdx.y * MR;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    float out[MR];
+    float* Y;
+    int N;
+    const float* b;
+    if (n < Q_DIM) {
+        row_dot<TQ, HIDDEN, MR, true>(Wq + (size_t)n * (HIDDEN / Fmt<TQ>::BLOCK) * Fmt<TQ>::BYTES, X, g, m, out);
+        Y = q; N = Q_DIM; b = bq;
+    } else if (n < Q_DIM + KV_DIM) {
+        n -= Q_DIM;
+        row_dot<TK, HIDDEN, MR, true>(Wk + (size_t)n * (HIDDEN / Fmt<TK>::BLOCK) * Fmt<TK>::BYTES, X, g, m, out);
+        Y = k; N = KV_DIM; b = bk;
+    } else if (n < Q_DIM + 2 * KV_DIM) {
+        n -= Q_DIM + KV_DIM;
+        row_dot<TV, HIDDEN, MR, true>(Wv + (size_t)n * (HIDDEN / Fmt<TV>::BLOCK) * Fmt<TV>::BYTES, X, g, m, out);
+        Y = v; N = KV_DIM; b = bv;
+    } else {
+        return;
+    }
+    if (lane == 0) {
+        const float bias = b ? b[n] : 0.f;
+#pragma unroll
+        for (int r = 0; r < MR; r++)
+            if (r < m) Y[(r0 + r) * N + n] = out[r] + bias;
+    }
+}
+
+// Q, K and V projections in one launch with the attention RMSNorm, biases, RoPE and the KV-cache write fused
+// (rope_dim == head_dim). Each warp computes a pair of rows that RoPE rotates together (q and k), or two adjacent
+// rows of v; rotated q goes to `q`, k and v (f16) straight into the paged cache.
+template <int TQ, int TK, int TV, int MR>
+__device__ __forceinline__ void qkv_rope_body(const u8* Wq, const u8* Wk, const u8* Wv, const float* X,
+                                              const float* g, const float* bq, const float* bk, const float* bv,
+                                              float* q, const float* inv_freq, const u32* pos, const u32* slot,
+                                              const u32* table, u16* kc, u16* vc, int m) {
+    const int lane = threadIdx.x & 31;
+    int w = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    X += (size_t)blockIdx.y * MR * HIDDEN;
+    const size_t r0 = (size_t)blockIdx.y * MR;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    const int HP = HEAD_DIM / 2;
+    float a[MR], b[MR];
+    int kind, n1, n2, fi = 0;
+    const float* bias;
+    if (w < Q_DIM / 2) {
+        const int h = w / HP, i = w % HP;
+        n1 = h * HEAD_DIM + (ROPE_NEOX ? i : 2 * i);
+        n2 = n1 + (ROPE_NEOX ? HP : 1);
+        fi = i;
+        kind = 0;
+        bias = bq;
+        const size_t rb = (size_t)(HIDDEN / Fmt<TQ>::BLOCK) * Fmt<TQ>::BYTES;
+        row_dot<TQ, HIDDEN, MR, true>(Wq + n1 * rb, X, g, m, a);
+        row_dot<TQ, HIDDEN, MR, true>(Wq + n2 * rb, X, g, m, b);
+    } else if (w < Q_DIM / 2 + KV_DIM / 2) {
+        w -= Q_DIM / 2;
+        const int h = w / HP, i = w % HP;
+        n1 = h * HEAD_DIM + (ROPE_NEOX ? i : 2 * i);
+        n2 = n1 + (ROPE_NEOX ? HP : 1);
+        fi = i;
+        kind = 1;
+        bias = bk;
+        const size_t rb = (size_t)(HIDDEN / Fmt<TK>::BLOCK) * Fmt<TK>::BYTES;
+        row_dot<TK, HIDDEN, MR, true>(Wk + n1 * rb, X, g, m, a);
+        row_dot<TK, HIDDEN, MR, true>(Wk + n2 * rb, X, g, m, b);
+    } else if (w < Q_DIM / 2 + KV_DIM) {
+        w -= Q_DIM / 2 + KV_DIM / 2;
+        n1 = 2 * w;
+        n2 = n1 + 1;
+        kind = 2;
+        bias = bv;
+        const size_t rb = (size_t)(HIDDEN / Fmt<TV>::BLOCK) * Fmt<TV>::BYTES;
+        row_dot<TV, HIDDEN, MR, true>(Wv + n1 * rb, X, g, m, a);
+        row_dot<TV, HIDDEN, MR, true>(Wv + n2 * rb, X, g, m, b);
+    } else {
+        return;
+    }
+    if (lane != 0) return;
+    const float b1 = bias ? bias[n1] : 0.f, b2 = bias ? bias[n2] : 0.f;
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r >= m) continue;
+        const size_t t = r0 + r;
+        const u32 p = pos[t];
+        float va = a[r] + b1, vb = b[r] + b2;
+        if (kind < 2) {
+            float sn, cs;
+            sincosf((float)p * inv_freq[fi], &sn, &cs);
+            const float ra = va * cs - vb * sn, rb = va * sn + vb * cs;
+            va = ra;
+            vb = rb;
+        }
+        if (kind == 0) {
+            q[t * Q_DIM + n1] = va;
+            q[t * Q_DIM + n2] = vb;
+        } else {
+            const size_t row = (size_t)table[(size_t)slot[t] * MAX_PAGES + p / PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE;
+            u16* dst = (kind == 1 ? kc : vc) + row * KV_DIM;
+            dst[n1] = f2h(va);
+            dst[n2] = f2h(vb);
+        }
+    }
+}
+
+// Gate and up projections together with the FFN RMSNorm fused, writing silu(gate) * up.
+template <int T, int MR>
+__device__ __forceinline__ void gu_norm_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
+                                             const float* __restrict__ X, const float* __restrict__ g,
+                                             float* __restrict__ Y, int m) {
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (n >= FFN) return;
+    X += (size_t)blockIdx.y * MR * HIDDEN;
+    Y += (size_t)blockIdx.y * MR * FFN;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    const size_t rb = (size_t)(HIDDEN / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
+    float a[MR], c[MR];
+    row_dot<T, HIDDEN, MR, true>(Wg + n * rb, X, g, m, a);
+    row_dot<T, HIDDEN, MR, true>(Wu + n * rb, X, g, m, c);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < MR; r++)
+            if (r < m) Y[(size_t)r * FFN + n] = a[r] / (1.f + __expf(-a[r])) * c[r];
+    }
+}
+
+// Gate and up projections together, writing silu(gate) * up.
+template <int T, int K, int MR>
+__device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
+                                            const float* __restrict__ X, float* __restrict__ Y, int m, int N) {
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (n >= N) return;
+    X += (size_t)blockIdx.y * MR * K;
+    Y += (size_t)blockIdx.y * MR * N;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    const int NU = K / 32;
+    const size_t row_bytes = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
+    const u8* rg = Wg + (size_t)n * row_bytes;
+    const u8* ru = Wu + (size_t)n * row_bytes;
+    float ag[MR], au[MR];
+#pragma unroll
+    for (int r = 0; r < MR; r++) ag[r] = au[r] = 0.f;
+    for (int u = lane; u < NU; u += 32) {
+        float wg[32], wu[32];
+        int off = unit<T>(rg, u, wg);
+        unit<T>(ru, u, wu);
+#pragma unroll
+        for (int r = 0; r < MR; r++) {
+            if (r < m) {
+                const float4* x0 = (const float4*)(X + (size_t)r * K + off);
+                const float4* x1 = (const float4*)(X + (size_t)r * K + off + Fmt<T>::DOFF);
+                float sg = 0.f, su = 0.f;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float4 a = x0[i], c = x1[i];
+                    sg += wg[4 * i] * a.x + wg[4 * i + 1] * a.y + wg[4 * i + 2] * a.z + wg[4 * i + 3] * a.w;
+                    sg += wg[16 + 4 * i] * c.x + wg[16 + 4 * i + 1] * c.y + wg[16 + 4 * i + 2] * c.z +
+                          wg[16 + 4 * i + 3] * c.w;
+                    su += wu[4 * i] * a.x + wu[4 * i + 1] * a.y + wu[4 * i + 2] * a.z + wu[4 * i + 3] * a.w;
+                    su += wu[16 + 4 * i] * c.x + wu[16 + 4 * i + 1] * c.y + wu[16 + 4 * i + 2] * c.z +
+                          wu[16 + 4 * i + 3] * c.w;
+                }
+                ag[r] += sg;
+                au[r] += su;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r < m) {
+            float g = warp_sum(ag[r]), up = warp_sum(au[r]);
+            if (lane == 0) Y[(size_t)r * N + n] = g / (1.f + __expf(-g)) * up;
+        }
+    }
+}
+
+// Rows of a quantized matrix (token embedding), dequantized: out[t, :] = W[tokens[t], :].
+template <int T, int K>
+__device__ __forceinline__ void embed_body(const u8* __restrict__ W, const u32* __restrict__ tokens,
+                                           float* __restrict__ out) {
+    const int t = blockIdx.x;
+    const size_t row_bytes = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
+    const u8* row = W + (size_t)tokens[t] * row_bytes;
+    for (int u = threadIdx.x; u < K / 32; u += blockDim.x) {
+        float w[32];
+        int off = unit<T>(row, u, w);
+        float* o = out + (size_t)t * K;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            o[off + i] = w[i];
+            o[off + Fmt<T>::DOFF + i] = w[16 + i];
+        }
+    }
+}
+
+// ---- Per-row operations (block of 256 threads per row).
+
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+    v = warp_sum(v);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) s += sh[i];
+    return s;
+}
+
+// out[i, :] = x[rows ? rows[i] : i, :] * rsqrt(mean(x^2) + eps) * w
+extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
+                                    const u32* __restrict__ rows) {
+    __shared__ float sh[32];
+    const int i = blockIdx.x;
+    const float* xr = x + (size_t)(rows ? rows[i] : i) * HIDDEN;
+    float s = 0.f;
+    for (int k = threadIdx.x; k < HIDDEN; k += blockDim.x) s += xr[k] * xr[k];
+    s = block_sum(s, sh);
+    const float scale = rsqrtf(s / (float)HIDDEN + RMS_EPS);
+    for (int k = threadIdx.x; k < HIDDEN; k += blockDim.x) out[(size_t)i * HIDDEN + k] = xr[k] * scale * w[k];
+}
+
+extern "C" __global__ void silu_mul(float* __restrict__ g, const float* __restrict__ u, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float a = g[i];
+        g[i] = a / (1.f + __expf(-a)) * u[i];
+    }
+}
+
+// Per-head RMSNorm of q and k (qwen3), in place; one warp per head.
+extern "C" __global__ void qk_norm(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ qw,
+                                   const float* __restrict__ kw) {
+    const int t = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    for (int h = wid; h < NUM_HEADS + NUM_KV_HEADS; h += blockDim.x >> 5) {
+        float* v = h < NUM_HEADS ? q + (size_t)t * Q_DIM + h * HEAD_DIM
+                                 : k + (size_t)t * KV_DIM + (h - NUM_HEADS) * HEAD_DIM;
+        const float* w = h < NUM_HEADS ? qw : kw;
+        float s = 0.f;
+        for (int i = lane; i < HEAD_DIM; i += 32) s += v[i] * v[i];
+        s = warp_sum(s);
+        float scale = rsqrtf(s / (float)HEAD_DIM + RMS_EPS);
+        for (int i = lane; i < HEAD_DIM; i += 32) v[i] = v[i] * scale * w[i];
+    }
+}
+
+// RoPE on q and k of row t (at position pos[t]), then k and v (f16) into the paged cache.
+// Cache layout per layer: [page][PAGE_SIZE][KV_DIM]; the row's page is table[slot[t] * MAX_PAGES + pos / PAGE_SIZE].
+extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                                   const float* __restrict__ inv_freq, const u32* __restrict__ pos,
+                                   const u32* __restrict__ slot, const u32* __restrict__ table,
+                                   u16* __restrict__ kc, u16* __restrict__ vc) {
+    const int t = blockIdx.x;
+    const u32 p = pos[t];
+    const u32 page = table[(size_t)slot[t] * MAX_PAGES + p / PAGE_SIZE];
+    const size_t cbase = ((size_t)page * PAGE_SIZE + p % PAGE_SIZE) * KV_DIM;
+    const int half = ROPE_DIM / 2;
+    // Each thread handles one rotation pair of one head (q heads then k heads), or copies a dimension.
+    for (int idx = threadIdx.x; idx < (NUM_HEADS + NUM_KV_HEADS) * (HEAD_DIM / 2); idx += blockDim.x) {
+        const int h = idx / (HEAD_DIM / 2), i = idx % (HEAD_DIM / 2);
+        const bool isq = h < NUM_HEADS;
+        const float* src = isq ? q + (size_t)t * Q_DIM + h * HEAD_DIM : k + (size_t)t * KV_DIM + (h - NUM_HEADS) * HEAD_DIM;
+        int ia, ib;
+        if (ROPE_NEOX) { ia = i; ib = i + half; } else { ia = 2 * i; ib = 2 * i + 1; }
+        float a, b;
+        if (i < half) {
+            float s, c;
+            sincosf((float)p * inv_freq[i], &s, &c);
+            float x0 = src[ia], x1 = src[ib];
+            a = x0 * c - x1 * s;
+            b = x0 * s + x1 * c;
+        } else {
+            // Dimensions past rope_dim keep their values.
+            ia = 2 * i;
+            ib = 2 * i + 1;
+            a = src[ia];
+            b = src[ib];
+        }
+        if (isq) {
+            float* dst = q + (size_t)t * Q_DIM + h * HEAD_DIM;
+            dst[ia] = a;
+            dst[ib] = b;
+        } else {
+            u16* dst = kc + cbase + (h - NUM_HEADS) * HEAD_DIM;
+            dst[ia] = f2h(a);
+            dst[ib] = f2h(b);
+        }
+    }
+    for (int i = threadIdx.x; i < KV_DIM; i += blockDim.x) vc[cbase + i] = f2h(v[(size_t)t * KV_DIM + i]);
+}
+
+// Activations rounded exactly as the CPU backend (and ggml) quantize them before a quantized dot product, then
+// dequantized back to f32: FMT 0 = Q8_0 / Q8_1 (32-blocks, d = amax/127 stored as f16, round half away from zero),
+// FMT 1 = Q8_K (256-blocks, iscale = -127/max, round half to even, clamp 127, d = 1/iscale in f32).
+// One warp per block; grid (rows, ceil(blocks_per_row / 8)), 256 threads.
+template <int FMT>
+__device__ __forceinline__ void act_quant_body(const float* __restrict__ x, float* __restrict__ out, int K) {
+    const int BL = FMT == 0 ? 32 : 256, EL = BL / 32;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int b = blockIdx.y * 8 + wid;
+    if (b * BL >= K) return;
+    const size_t base = (size_t)blockIdx.x * K + (size_t)b * BL + lane * EL;
+    float v[EL];
+#pragma unroll
+    for (int e = 0; e < EL; e++) v[e] = x[base + e];
+    if (FMT == 0) {
+        float amax = warp_max(fabsf(v[0]));
+        float d = amax / 127.f;
+        float id = d != 0.f ? 1.f / d : 0.f;
+        float dh = h2f(f2h(d));
+        out[base] = dh * roundf(v[0] * id);
+    } else {
+        // The signed value of largest magnitude (the first one, on ties, as a serial scan finds).
+        float amax = 0.f, mx = 0.f;
+        int idx = 1 << 30;
+#pragma unroll
+        for (int e = 0; e < EL; e++) {
+            float a = fabsf(v[e]);
+            if (a > amax) { amax = a; mx = v[e]; idx = lane * EL + e; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float a2 = __shfl_xor_sync(0xffffffffu, amax, o);
+            float m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+            int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; idx = i2; }
+        }
+        if (amax == 0.f) {
+#pragma unroll
+            for (int e = 0; e < EL; e++) out[base + e] = 0.f;
+            return;
+        }
+        float iscale = -127.f / mx;
+        float d = 1.f / iscale;
+#pragma unroll
+        for (int e = 0; e < EL; e++) out[base + e] = d * fminf(127.f, rintf(iscale * v[e]));
+    }
+}
+extern "C" __global__ void act_q8_0(const float* x, float* out, int K) { act_quant_body<0>(x, out, K); }
+extern "C" __global__ void act_q8_k(const float* x, float* out, int K) { act_quant_body<1>(x, out, K); }
+
+// Causal attention of row t, head h, over positions 0..=pos[t] of its sequence's paged cache, split over gridDim.z
+// blocks (flash-decoding): split z takes a contiguous range of positions and writes its unnormalised partial
+// (max, sum, acc[HEAD_DIM]) to part[((t * NUM_HEADS + h) * S + z) * (HEAD_DIM + 2)]; attn_combine merges them.
+// Inside a split each warp takes tiles of 32 positions, one position per lane for the scores. Queries are rounded
+// to f16 first, as the CPU backend does.
+#define E (HEAD_DIM / 32)
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const float* __restrict__ q,
+        const u16* __restrict__ kc, const u16* __restrict__ vc, const u32* __restrict__ pos,
+        const u32* __restrict__ slot, const u32* __restrict__ table, float* __restrict__ part, float* out,
+        int* counters) {
+    const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, S = gridDim.z;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int kvh = h / (NUM_HEADS / NUM_KV_HEADS);
+    const int n = (int)pos[t] + 1;
+    const int chunk = ((n + S - 1) / S + 32 * ATT_WARPS - 1) / (32 * ATT_WARPS) * (32 * ATT_WARPS);
+    const int start = z * chunk, end = min(n, start + chunk);
+    const u32* tab = table + (size_t)slot[t] * MAX_PAGES;
+    const float scale = rsqrtf((float)HEAD_DIM);
+    __shared__ float qs[HEAD_DIM];
+    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], sacc[ATT_WARPS][HEAD_DIM];
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x)
+        qs[i] = h2f(f2h(q[(size_t)t * Q_DIM + h * HEAD_DIM + i])) * scale;
+    __syncthreads();
+    float mx = -1e30f, l = 0.f, acc[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) acc[e] = 0.f;
+    for (int base = start + 32 * wid; base < end; base += 32 * ATT_WARPS) {
+        const int p = base + lane;
+        // Tiles are 32-aligned and pages hold a multiple of 32 positions: one page per tile.
+        const size_t prow = (size_t)tab[base / PAGE_SIZE] * PAGE_SIZE + base % PAGE_SIZE;
+        float s = -1e30f;
+        if (p < end) {
+            const uint4* kr = (const uint4*)(kc + (prow + lane) * KV_DIM + kvh * HEAD_DIM);
+            float d = 0.f;
+#pragma unroll
+            for (int i = 0; i < HEAD_DIM / 8; i++) {
+                uint4 k8 = kr[i];
+                u32 a[4] = {k8.x, k8.y, k8.z, k8.w};
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    d += qs[8 * i + 2 * c] * h2f((u16)(a[c] & 0xFFFF));
+                    d += qs[8 * i + 2 * c + 1] * h2f((u16)(a[c] >> 16));
+                }
+            }
+            s = d;
+        }
+        const float tmax = warp_max(s);
+        const float mn = fmaxf(mx, tmax);
+        const float corr = __expf(mx - mn);
+        const float pr = p < end ? __expf(s - mn) : 0.f;
+        l = l * corr + warp_sum(pr);
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[e] *= corr;
+        const int cnt = min(32, end - base);
+        const u16* vb = vc + prow * KV_DIM + kvh * HEAD_DIM + lane * E;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            const float pj = __shfl_sync(0xffffffffu, pr, j);
+            if (j < cnt) {
+                const u16* vr = vb + (size_t)j * KV_DIM;
+                if (E == 4) {
+                    uint2 v4 = *(const uint2*)vr;
+                    acc[0] += pj * h2f((u16)(v4.x & 0xFFFF));
+                    acc[1 % E] += pj * h2f((u16)(v4.x >> 16));
+                    acc[2 % E] += pj * h2f((u16)(v4.y & 0xFFFF));
+                    acc[3 % E] += pj * h2f((u16)(v4.y >> 16));
+                } else {
+#pragma unroll
+                    for (int e = 0; e < E; e++) acc[e] += pj * h2f(vr[e]);
+                }
+            }
+        }
+        mx = mn;
+    }
+    if (lane == 0) { sm[wid] = mx; sl[wid] = l; }
+#pragma unroll
+    for (int e = 0; e < E; e++) sacc[wid][lane * E + e] = acc[e];
+    __syncthreads();
+    float M = -1e30f;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
+    float* o = part + ((size_t)(t * NUM_HEADS + h) * S + z) * (HEAD_DIM + 2);
+    // (partials written below; the last split of (t, h) to finish merges them all)
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+        float a = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][i] * __expf(sm[w] - M);
+        o[2 + i] = a;
+    }
+    if (threadIdx.x == 0) {
+        float L = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) L += sl[w] * __expf(sm[w] - M);
+        o[0] = M;
+        o[1] = L;
+    }
+    if (!out) return;
+    // Fused merge: the last split to finish for (t, h) combines all S partials (counters return to 0 for the next
+    // launch, so graph replays need no reset).
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&counters[t * NUM_HEADS + h], 1) == S - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const volatile float* pp = part + (size_t)(t * NUM_HEADS + h) * S * (HEAD_DIM + 2);
+    float MM = -1e30f;
+    for (int zz = 0; zz < S; zz++) MM = fmaxf(MM, pp[zz * (HEAD_DIM + 2)]);
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+        float LL = 0.f, acc2 = 0.f;
+        for (int zz = 0; zz < S; zz++) {
+            const float c = __expf(pp[zz * (HEAD_DIM + 2)] - MM);
+            LL += pp[zz * (HEAD_DIM + 2) + 1] * c;
+            acc2 += pp[zz * (HEAD_DIM + 2) + 2 + i] * c;
+        }
+        out[(size_t)t * Q_DIM + h * HEAD_DIM + i] = acc2 / LL;
+    }
+    if (threadIdx.x == 0) counters[t * NUM_HEADS + h] = 0;
+}
+#undef E
+
+// out[t, h*D + i] = merge of the S partials of (t, h). Grid (m, NUM_HEADS), HEAD_DIM threads.
+extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out, int S) {
+    const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+    const float* p = part + (size_t)(t * NUM_HEADS + h) * S * (HEAD_DIM + 2);
+    float M = -1e30f;
+    for (int z = 0; z < S; z++) M = fmaxf(M, p[z * (HEAD_DIM + 2)]);
+    float L = 0.f, a = 0.f;
+    for (int z = 0; z < S; z++) {
+        const float c = __expf(p[z * (HEAD_DIM + 2)] - M);
+        L += p[z * (HEAD_DIM + 2) + 1] * c;
+        a += p[z * (HEAD_DIM + 2) + 2 + i] * c;
+    }
+    out[(size_t)t * Q_DIM + h * HEAD_DIM + i] = a / L;
+}

@@ -1,0 +1,245 @@
+//! The CUDA backend: device discovery, NVRTC compilation of kernel sources generated with a model's constants (with
+//! an on-disk cache of the compiled machine code), device buffers and kernel launches.
+//!
+//! Everything goes through cudarc with dynamic loading: the binary links no CUDA library, and [`available`] checks
+//! for the driver and NVRTC before anything else touches them, so a machine without CUDA never reaches a call that
+//! would panic. The kernels themselves live in `kernels.cu`; `crates/models/src/cuda.rs` drives them.
+
+use std::ffi::{CString, c_void};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result as dres};
+use cudarc::nvrtc::{Ptx, sys as nsys};
+use sha2::{Digest, Sha256};
+
+/// The kernel library; the host prepends the model's constants and appends instantiations.
+pub const KERNELS: &str = include_str!("kernels.cu");
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("CUDA is not available: {0}")]
+    Unavailable(String),
+    #[error("CUDA driver call failed: {0}")]
+    Driver(String),
+    #[error("NVRTC failed to compile the kernels: {0}")]
+    Compile(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T, E = CudaError> = std::result::Result<T, E>;
+
+fn drv<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> CudaError + '_ {
+    move |e| CudaError::Driver(format!("{what}: {e:?}"))
+}
+
+/// Whether a CUDA driver with at least one device and NVRTC can be loaded. Never panics.
+pub fn available() -> Result<()> {
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(CudaError::Unavailable("libcuda (the NVIDIA driver) was not found".into()));
+    }
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CudaError::Unavailable("libnvrtc was not found".into()));
+    }
+    let n = std::panic::catch_unwind(CudaContext::device_count)
+        .map_err(|_| CudaError::Unavailable("the CUDA driver could not be loaded".into()))?
+        .map_err(|e| CudaError::Unavailable(format!("no usable CUDA device: {e:?}")))?;
+    if n < 1 {
+        return Err(CudaError::Unavailable("no CUDA device".into()));
+    }
+    Ok(())
+}
+
+/// NVRTC's version as (major, minor).
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut a, mut b) = (0, 0);
+    let r = unsafe { nsys::nvrtcVersion(&mut a, &mut b) };
+    if r != nsys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(CudaError::Compile(format!("nvrtcVersion: {r:?}")));
+    }
+    Ok((a, b))
+}
+
+/// One GPU: its context and the stream every kernel runs on.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    /// Compute capability, e.g. (9, 0).
+    pub cc: (i32, i32),
+    pub name: String,
+}
+
+impl Gpu {
+    pub fn new(ordinal: usize) -> Result<Self> {
+        available()?;
+        let ctx = CudaContext::new(ordinal).map_err(drv("creating the context"))?;
+        // Buffers are managed here (raw pointers, one stream); per-slice events would also break graph capture.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(drv("creating a stream"))?;
+        let cc = ctx.compute_capability().map_err(drv("compute capability"))?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        Ok(Gpu { ctx, stream, cc, name })
+    }
+
+    pub fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(drv("binding the context"))
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx.mem_get_info().map_err(drv("memory info"))
+    }
+
+    /// The NVRTC target: `sm_90a` on Hopper (its own instructions), else `sm_XY`.
+    pub fn arch(&self) -> String {
+        let (a, b) = self.cc;
+        if a == 9 && b == 0 { "sm_90a".into() } else { format!("sm_{a}{b}") }
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
+        self.bind()?;
+        let ptr = unsafe { dres::malloc_sync(bytes.max(256)) }.map_err(drv("allocating device memory"))?;
+        Ok(DevBuf { ptr, bytes, ctx: self.ctx.clone() })
+    }
+
+    /// A device copy of `data`.
+    pub fn upload<T: Copy>(&self, data: &[T]) -> Result<DevBuf> {
+        let b = self.alloc(std::mem::size_of_val(data))?;
+        unsafe { dres::memcpy_htod_sync(b.ptr, data) }.map_err(drv("copying to the device"))?;
+        Ok(b)
+    }
+
+    /// Stream-ordered copy into `dst` at byte offset 0.
+    pub fn htod<T: Copy>(&self, dst: &DevBuf, src: &[T]) -> Result<()> {
+        debug_assert!(std::mem::size_of_val(src) <= dst.bytes);
+        unsafe { dres::memcpy_htod_async(dst.ptr, src, self.stream.cu_stream()) }.map_err(drv("copy to device"))
+    }
+
+    /// Stream-ordered copy out of `src`; waits for the stream.
+    pub fn dtoh<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<()> {
+        unsafe { dres::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }.map_err(drv("copy to host"))?;
+        self.sync()
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().map_err(drv("synchronizing the stream"))
+    }
+
+    /// Launches `f` with the given raw kernel arguments (pointers to each argument's value).
+    pub fn launch(&self, f: &CudaFunction, grid: (u32, u32, u32), block: u32, args: &mut [*mut c_void]) -> Result<()> {
+        unsafe { dres::launch_kernel(f.cu_function(), grid, (block, 1, 1), 0, self.stream.cu_stream(), args) }
+            .map_err(drv("launching a kernel"))
+    }
+
+    /// Compiles `src` for this GPU (or loads it from the disk cache) and returns the module and the seconds spent
+    /// compiling (0 on a cache hit).
+    pub fn compile(&self, src: &str, cache_dir: Option<PathBuf>) -> Result<(Arc<CudaModule>, f64, bool)> {
+        let arch = self.arch();
+        let (maj, min) = nvrtc_version()?;
+        let mut h = Sha256::new();
+        h.update(src.as_bytes());
+        h.update(arch.as_bytes());
+        h.update(format!("nvrtc {maj}.{min}").as_bytes());
+        let key: String = h.finalize().iter().take(16).map(|b| format!("{b:02x}")).collect();
+        let path = cache_dir.as_ref().map(|d| d.join(format!("{key}-{arch}.cubin")));
+        if let Some(p) = &path
+            && let Ok(bin) = std::fs::read(p)
+        {
+            self.bind()?;
+            if let Ok(m) = self.ctx.load_module(Ptx::from_binary(bin)) {
+                return Ok((m, 0.0, true));
+            }
+        }
+        let t0 = Instant::now();
+        let bin = nvrtc_cubin(src, &arch)?;
+        let secs = t0.elapsed().as_secs_f64();
+        if let (Some(d), Some(p)) = (&cache_dir, &path) {
+            let _ = std::fs::create_dir_all(d);
+            let tmp = p.with_extension("partial");
+            if std::fs::write(&tmp, &bin).is_ok() {
+                let _ = std::fs::rename(&tmp, p);
+            }
+        }
+        self.bind()?;
+        let m = self.ctx.load_module(Ptx::from_binary(bin)).map_err(drv("loading the compiled kernels"))?;
+        Ok((m, secs, false))
+    }
+}
+
+/// Compiles CUDA C++ to a CUBIN for `arch` with NVRTC.
+pub fn nvrtc_cubin(src: &str, arch: &str) -> Result<Vec<u8>> {
+    let csrc = CString::new(src).map_err(|_| CudaError::Compile("source holds a NUL byte".into()))?;
+    let prog = cudarc::nvrtc::result::create_program(&csrc, Some(c"splash.cu"))
+        .map_err(|e| CudaError::Compile(format!("{e:?}")))?;
+    let opts = [format!("--gpu-architecture={arch}"), "-default-device".into(), "--std=c++17".into()];
+    let res = unsafe { cudarc::nvrtc::result::compile_program(prog, &opts) };
+    if res.is_err() {
+        let log = unsafe { cudarc::nvrtc::result::get_program_log(prog) }.unwrap_or_default();
+        let log: Vec<u8> = log.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
+        unsafe {
+            let _ = cudarc::nvrtc::result::destroy_program(prog);
+        }
+        return Err(CudaError::Compile(String::from_utf8_lossy(&log).into_owned()));
+    }
+    let mut size = 0usize;
+    let bin = unsafe {
+        let r = nsys::nvrtcGetCUBINSize(prog, &mut size);
+        if r != nsys::nvrtcResult::NVRTC_SUCCESS {
+            let _ = cudarc::nvrtc::result::destroy_program(prog);
+            return Err(CudaError::Compile(format!("nvrtcGetCUBINSize: {r:?}")));
+        }
+        let mut bin = vec![0u8; size];
+        let r = nsys::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut _);
+        let _ = cudarc::nvrtc::result::destroy_program(prog);
+        if r != nsys::nvrtcResult::NVRTC_SUCCESS {
+            return Err(CudaError::Compile(format!("nvrtcGetCUBIN: {r:?}")));
+        }
+        bin
+    };
+    Ok(bin)
+}
+
+/// A device allocation, freed on drop.
+pub struct DevBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DevBuf {
+    /// Device address `off` bytes in.
+    pub fn at(&self, off: usize) -> u64 {
+        self.ptr + off as u64
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            unsafe {
+                let _ = dres::free_sync(self.ptr);
+            }
+        }
+    }
+}
+
+// SAFETY: a device address is plain data; the context is thread-safe.
+unsafe impl Send for DevBuf {}
+unsafe impl Sync for DevBuf {}
+
+#[cfg(test)]
+mod tests {
+    /// Without a driver (CPU-only CI) the probe answers with an error; with one it may succeed. It never panics.
+    #[test]
+    fn probing_never_panics() {
+        match super::available() {
+            Ok(()) => eprintln!("a CUDA device is present"),
+            Err(e) => eprintln!("no CUDA: {e}"),
+        }
+        if super::available().is_err() {
+            assert!(super::Gpu::new(0).is_err());
+        }
+    }
+}

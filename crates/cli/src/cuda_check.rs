@@ -1,0 +1,243 @@
+//! `splash cuda-check`: the CUDA backend against the CPU backend (the reference) on one model file.
+//!
+//! 1. Teacher-forced logits over `--positions` tokens: the GPU's prefill (one chunk, every row's logits) and its
+//!    decode (one token per step, CUDA graphs) against the CPU's prefill. Reports the worst and median relative error
+//!    per row (max |gpu - cpu| / max |cpu| over the vocabulary) and top-1 agreement.
+//! 2. Batched against unbatched on the GPU: several sequences decoded greedily together and one at a time must pick
+//!    the same tokens; the largest logit difference is reported.
+//!
+//! Exits with an error when an acceptance threshold is missed (relative error 1e-2, top-1 agreement 99%).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use models::cpu::CpuRunner;
+use models::cuda::CudaRunner;
+use models::{Batch, LogitsWanted, Runner, SeqChunk, SeqId};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, short)]
+    model: String,
+    /// Teacher-forced positions.
+    #[arg(long, default_value_t = 256)]
+    positions: usize,
+    /// Sequences in the batched-vs-unbatched check.
+    #[arg(long, default_value_t = 4)]
+    sequences: usize,
+    /// Greedy steps in the batched-vs-unbatched check.
+    #[arg(long, default_value_t = 32)]
+    steps: usize,
+    /// CPU only: write the CPU's teacher-forced logits to this file (raw f32), to compare another CPU kernel level
+    /// against later with --cpu-compare (the noise floor of the comparison itself).
+    #[arg(long)]
+    cpu_dump: Option<std::path::PathBuf>,
+    /// CPU only: compare this process's CPU logits with a file written by --cpu-dump.
+    #[arg(long)]
+    cpu_compare: Option<std::path::PathBuf>,
+    /// CPU threads for the reference (0 = all cores).
+    #[arg(long, short, default_value_t = 0)]
+    threads: usize,
+}
+
+fn pseudo_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((x >> 33) % vocab.min(100_000) as u64) as u32
+        })
+        .collect()
+}
+
+fn one(seq: SeqId, tokens: &[u32], start_pos: usize, logits: LogitsWanted) -> Batch<'_> {
+    Batch { chunks: vec![SeqChunk { seq, tokens, start_pos, logits }] }
+}
+
+fn argmax(v: &[f32]) -> usize {
+    engine::sampler::argmax(v) as usize
+}
+
+/// Per-row relative errors and top-1 matches of `got` against `want` (`[rows, vocab]`).
+fn compare(got: &[f32], want: &[f32], vocab: usize) -> (Vec<f64>, usize) {
+    let mut errs = Vec::new();
+    let mut top1 = 0;
+    for (g, w) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)) {
+        let scale = w.iter().fold(0f32, |a, &b| a.max(b.abs())).max(1e-30);
+        let diff = g
+            .iter()
+            .zip(w)
+            .fold(0f32, |a, (&x, &y)| if (x - y).is_nan() { f32::INFINITY } else { a.max((x - y).abs()) });
+        errs.push((diff / scale) as f64);
+        top1 += usize::from(argmax(g) == argmax(w));
+    }
+    (errs, top1)
+}
+
+fn summary(name: &str, errs: &mut [f64], top1: usize) -> (f64, f64) {
+    errs.sort_by(|a, b| a.total_cmp(b));
+    let (max, med) = (errs.last().copied().unwrap_or(0.0), errs.get(errs.len() / 2).copied().unwrap_or(0.0));
+    let agree = top1 as f64 / errs.len().max(1) as f64;
+    println!(
+        "{name:<28} rows {:>4}  max rel err {max:.3e}  median {med:.3e}  top-1 agreement {:.2}%",
+        errs.len(),
+        100.0 * agree
+    );
+    (max, agree)
+}
+
+pub fn main(a: Args) -> Result<()> {
+    let path = crate::load::model_path(&a.model)?;
+    let file = Arc::new(gguf::GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))?);
+    if a.cpu_dump.is_some() || a.cpu_compare.is_some() {
+        let mut cpu = CpuRunner::new(file, a.threads).context("loading on the CPU")?;
+        let vocab = cpu.config().vocab_size;
+        let tokens = pseudo_tokens(a.positions.max(1), vocab, 7);
+        let got = cpu.forward(&one(SeqId(1), &tokens, 0, LogitsWanted::All))?.to_vec();
+        if let Some(p) = &a.cpu_dump {
+            let bytes: Vec<u8> = got.iter().flat_map(|v| v.to_le_bytes()).collect();
+            std::fs::write(p, bytes)?;
+            println!("wrote {} rows of CPU logits to {}", tokens.len(), p.display());
+        }
+        if let Some(p) = &a.cpu_compare {
+            let bytes = std::fs::read(p)?;
+            let want: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            if want.len() != got.len() {
+                bail!("{} holds {} values, expected {}", p.display(), want.len(), got.len());
+            }
+            let (mut e, t1) = compare(&got, &want, vocab);
+            summary("cpu vs cpu (other kernels)", &mut e, t1);
+        }
+        return Ok(());
+    }
+    let t0 = Instant::now();
+    let mut gpu = CudaRunner::new(file.clone(), crate::load::cuda_options()).context("loading on the GPU")?;
+    let st = gpu.stats.clone();
+    println!(
+        "gpu {} ({}), kernels {} , upload {:.2} s ({:.2} GB), load total {:.2} s",
+        st.gpu,
+        st.arch,
+        if st.cache_hit { "from cache".to_string() } else { format!("compiled in {:.2} s", st.compile_s) },
+        st.upload_s,
+        st.weight_bytes as f64 / 1e9,
+        t0.elapsed().as_secs_f64()
+    );
+    let mut cpu = CpuRunner::new(file, a.threads).context("loading on the CPU")?;
+    let vocab = cpu.config().vocab_size;
+    let n = a.positions.max(1);
+    let tokens = pseudo_tokens(n, vocab, 7);
+    let seq = SeqId(1);
+
+    let t = Instant::now();
+    let want = cpu.forward(&one(seq, &tokens, 0, LogitsWanted::All))?.to_vec();
+    println!("cpu prefill of {n} positions: {:.2} s", t.elapsed().as_secs_f64());
+    let t = Instant::now();
+    let got = gpu.forward(&one(seq, &tokens, 0, LogitsWanted::All))?.to_vec();
+    println!(
+        "gpu prefill of {n} positions: {:.3} s (first call, includes graph-free launch)",
+        t.elapsed().as_secs_f64()
+    );
+    let (mut e, t1) = compare(&got, &want, vocab);
+    let (max_p, agree_p) = summary("prefill (1 chunk) vs cpu", &mut e, t1);
+    gpu.release(seq);
+
+    let mut got = Vec::with_capacity(n * vocab);
+    let t = Instant::now();
+    for (p, &tok) in tokens.iter().enumerate() {
+        got.extend_from_slice(gpu.forward(&one(seq, &[tok], p, LogitsWanted::Last))?);
+    }
+    println!("gpu decode of {n} positions: {:.3} s", t.elapsed().as_secs_f64());
+    gpu.release(seq);
+    let (mut e, t1) = compare(&got, &want, vocab);
+    let (max_d, agree_d) = summary("decode (1 token/step) vs cpu", &mut e, t1);
+
+    // Batched vs unbatched greedy decoding on the GPU.
+    let prompts: Vec<Vec<u32>> = (0..a.sequences).map(|s| pseudo_tokens(8 + 3 * s, vocab, 100 + s as u64)).collect();
+    let mut alone: Vec<(Vec<u32>, Vec<f32>)> = Vec::new();
+    for (s, p) in prompts.iter().enumerate() {
+        let id = SeqId(100 + s as u64);
+        let b = Batch { chunks: vec![SeqChunk { seq: id, tokens: p, start_pos: 0, logits: LogitsWanted::Last }] };
+        let mut next = argmax(gpu.forward(&b)?) as u32;
+        let mut out = vec![next];
+        let mut all = Vec::new();
+        for step in 0..a.steps {
+            let toks = [next];
+            let b = Batch {
+                chunks: vec![SeqChunk {
+                    seq: id,
+                    tokens: &toks,
+                    start_pos: p.len() + step,
+                    logits: LogitsWanted::Last,
+                }],
+            };
+            let l = gpu.forward(&b)?;
+            all.extend_from_slice(l);
+            next = argmax(l) as u32;
+            out.push(next);
+        }
+        gpu.release(id);
+        alone.push((out, all));
+    }
+    let ids: Vec<SeqId> = (0..a.sequences).map(|s| SeqId(200 + s as u64)).collect();
+    let b = Batch {
+        chunks: prompts
+            .iter()
+            .zip(&ids)
+            .map(|(p, &id)| SeqChunk { seq: id, tokens: p, start_pos: 0, logits: LogitsWanted::Last })
+            .collect(),
+    };
+    let l = gpu.forward(&b)?.to_vec();
+    let mut nexts: Vec<u32> = l.chunks_exact(vocab).map(|r| argmax(r) as u32).collect();
+    let mut outs: Vec<Vec<u32>> = nexts.iter().map(|&t| vec![t]).collect();
+    let mut alls: Vec<Vec<f32>> = vec![Vec::new(); a.sequences];
+    for step in 0..a.steps {
+        let toks: Vec<[u32; 1]> = nexts.iter().map(|&t| [t]).collect();
+        let b = Batch {
+            chunks: (0..a.sequences)
+                .map(|s| SeqChunk {
+                    seq: ids[s],
+                    tokens: &toks[s],
+                    start_pos: prompts[s].len() + step,
+                    logits: LogitsWanted::Last,
+                })
+                .collect(),
+        };
+        let l = gpu.forward(&b)?;
+        for (s, row) in l.chunks_exact(vocab).enumerate() {
+            alls[s].extend_from_slice(row);
+            nexts[s] = argmax(row) as u32;
+            outs[s].push(nexts[s]);
+        }
+    }
+    let mut same_tokens = true;
+    let mut max_diff = 0f32;
+    for s in 0..a.sequences {
+        same_tokens &= outs[s] == alone[s].0;
+        for (x, y) in alls[s].iter().zip(&alone[s].1) {
+            max_diff = max_diff.max((x - y).abs());
+        }
+    }
+    println!(
+        "batched ({} seqs) vs unbatched: greedy tokens {}, max |logit diff| {max_diff:.3e}",
+        a.sequences,
+        if same_tokens { "identical" } else { "DIFFER" }
+    );
+
+    let mut failed = Vec::new();
+    if max_p >= 1e-2 || max_d >= 1e-2 {
+        failed.push(format!("relative error {:.3e} >= 1e-2", max_p.max(max_d)));
+    }
+    if agree_p < 0.99 || agree_d < 0.99 {
+        failed.push(format!("top-1 agreement {:.2}% < 99%", 100.0 * agree_p.min(agree_d)));
+    }
+    if !same_tokens {
+        failed.push("batched and unbatched greedy tokens differ".into());
+    }
+    if failed.is_empty() {
+        println!("PASS");
+        Ok(())
+    } else {
+        bail!("FAIL: {}", failed.join("; "))
+    }
+}
