@@ -7,7 +7,8 @@ plain greedy decode of the very same prompt tokens, in one run on one machine.
 Splash side: `splash bench --spec --json` renders each prompt with the model's chat template, generates greedily and
 prints one JSON line per (mode, prompt) with decode_tok_s (tokens after the first / time after the first), tokens per
 target pass, acceptance and whether the output equals the plain run. llama.cpp side (llama-cpp-python 0.3.36 from
-~/.cache/splash/refvenv, n_threads 2, flash_attn off, n_batch 512): evaluates the same prompt ids, then decodes the
+~/.cache/splash/refvenv, n_threads 2, flash_attn off, n_batch 512, n_ctx just above the longest
+prompt plus output): evaluates the same prompt ids, then decodes the
 same number of tokens one llama_decode at a time (greedy argmax; each call timed), stopping at an end-of-generation
 token like splash. Ratios are splash mode / llama.cpp per workload (code-writing, file editing), over total tokens /
 total decode time.
@@ -31,7 +32,9 @@ def llamacpp_worker(args):
     from llama_cpp import Llama
 
     jobs = json.load(sys.stdin)
-    llm = Llama(model_path=args.model_file, n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=args.threads,
+    # A context just big enough (as bench_vs_llamacpp.py does), rounded up to llama.cpp's 256-cell padding.
+    need = max(len(j["prompt_ids"]) + j["tokens"] for j in jobs) + 16
+    llm = Llama(model_path=args.model_file, n_ctx=(need + 255) // 256 * 256, n_batch=512, n_ubatch=512, n_threads=args.threads,
                 n_threads_batch=args.threads, n_gpu_layers=0, flash_attn=False, logits_all=False, use_mmap=True,
                 verbose=False)
     n_vocab = llm.n_vocab()
