@@ -151,19 +151,15 @@ fn parse_type(s: &str) -> Result<GgmlType> {
     })
 }
 
-/// splitmix64: a small, fast, seedable generator.
-pub struct Rng(u64);
+/// The engine's SplitMix64 generator, with uniform and normal draws for weights.
+pub struct Rng(engine::sampler::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+        Rng(engine::sampler::Rng::new(seed ^ 0x9E37_79B9_7F4A_7C15))
     }
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in (0, 1).
     pub fn uniform(&mut self) -> f32 {
