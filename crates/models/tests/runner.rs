@@ -154,3 +154,30 @@ fn bad_batches_are_refused_and_change_nothing() {
     let after = forward(&mut r, vec![chunk(9, &[4], 3, LogitsWanted::Last)]);
     assert!(close(&after, &before));
 }
+
+/// The KV pool holds exactly the blocks it is given (the memory plan's pages): every promised sequence runs to the
+/// full context at once, one token more is a clean `KvCacheFull` error that changes nothing, and a released sequence's
+/// blocks serve the next one.
+#[test]
+fn kv_pool_serves_exactly_the_promised_sequences() {
+    let mut r = tiny_model();
+    let num_seqs = 3;
+    let pages_per_seq = CONTEXT.div_ceil(models::kv_cache::BLOCK_TOKENS);
+    r.set_kv_blocks(num_seqs * pages_per_seq);
+    let tokens: Vec<u32> = (0..CONTEXT as u32).map(|t| t % VOCAB as u32).collect();
+    for s in 0..num_seqs as u64 {
+        forward(&mut r, vec![chunk(s, &tokens, 0, LogitsWanted::Last)]);
+        assert_eq!(r.seq_len(SeqId(s)), CONTEXT);
+    }
+    let usage = r.kv_usage();
+    assert_eq!(usage.used_blocks, num_seqs * pages_per_seq);
+    let extra = r.forward(&Batch { chunks: vec![chunk(9, &tokens[..1], 0, LogitsWanted::Last)] });
+    assert!(matches!(extra, Err(models::Error::KvCacheFull { needed: 1, available: 0 })), "{:?}", extra.err());
+    assert_eq!(r.seq_len(SeqId(9)), 0);
+    r.release(SeqId(0));
+    // Sequence 0's blocks stay cached (its prefix), yet are handed out again when needed.
+    let mut other = tokens.clone();
+    other[0] = 1;
+    forward(&mut r, vec![chunk(10, &other, 0, LogitsWanted::Last)]);
+    assert_eq!(r.seq_len(SeqId(10)), CONTEXT);
+}
