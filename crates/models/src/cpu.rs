@@ -136,23 +136,7 @@ impl CpuRunner {
     }
 
     fn validate(&self, batch: &Batch<'_>) -> Result<()> {
-        let mut ids: Vec<SeqId> = batch.chunks.iter().map(|c| c.seq).collect();
-        ids.sort();
-        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Error::DuplicateSeq(w[0].0));
-        }
-        for c in &batch.chunks {
-            let len = self.seq_len(c.seq);
-            if c.start_pos != len {
-                return Err(Error::BadPosition { seq: c.seq.0, start: c.start_pos, len });
-            }
-            if len + c.tokens.len() > self.cfg.max_context {
-                return Err(Error::ContextOverflow(c.seq.0, self.cfg.max_context));
-            }
-            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-                return Err(Error::BadToken(t));
-            }
-        }
+        batch.validate(&self.cfg, |seq| self.seq_len(seq))?;
         let needed: usize =
             batch.chunks.iter().map(|c| self.table.blocks_needed(c.seq, c.start_pos + c.tokens.len())).sum();
         let available = self.table.num_available();

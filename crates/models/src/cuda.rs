@@ -481,26 +481,15 @@ impl CudaRunner {
     }
 
     fn validate(&self, batch: &Batch<'_>) -> Result<()> {
-        let mut ids: Vec<SeqId> = batch.chunks.iter().map(|c| c.seq).collect();
-        ids.sort();
-        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Error::DuplicateSeq(w[0].0));
-        }
-        let mut new_pages = 0usize;
-        for c in &batch.chunks {
-            let len = self.seq_len(c.seq);
-            if c.start_pos != len {
-                return Err(Error::BadPosition { seq: c.seq.0, start: c.start_pos, len });
-            }
-            if len + c.tokens.len() > self.cfg.max_context {
-                return Err(Error::ContextOverflow(c.seq.0, self.cfg.max_context));
-            }
-            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-                return Err(Error::BadToken(t));
-            }
-            let have = self.seqs.get(&c.seq).map_or(0, |s| s.pages.len());
-            new_pages += (len + c.tokens.len()).div_ceil(PAGE_SIZE).saturating_sub(have);
-        }
+        batch.validate(&self.cfg, |seq| self.seq_len(seq))?;
+        let new_pages: usize = batch
+            .chunks
+            .iter()
+            .map(|c| {
+                let have = self.seqs.get(&c.seq).map_or(0, |s| s.pages.len());
+                (c.start_pos + c.tokens.len()).div_ceil(PAGE_SIZE).saturating_sub(have)
+            })
+            .sum();
         if new_pages > self.free_pages.len() {
             return Err(Error::Backend(format!(
                 "the GPU KV cache is full ({} pages of {PAGE_SIZE} tokens free, {new_pages} needed)",

@@ -4,7 +4,7 @@
 //! speculative tokens. The runner owns each sequence's KV cache; `truncate` rolls it back (rejected draft tokens) and
 //! `release` frees it.
 
-use crate::{ModelConfig, Result};
+use crate::{Error, ModelConfig, Result};
 
 /// Identifies a sequence (one generation stream) across batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -55,6 +55,29 @@ impl Batch<'_> {
 
     pub fn num_logit_rows(&self) -> usize {
         self.chunks.iter().map(|c| c.num_logit_rows()).sum()
+    }
+
+    /// The checks every runner makes before changing anything: each sequence at most once, each chunk starting at
+    /// its sequence's length (`seq_len`), within the context, with tokens inside the vocabulary.
+    pub fn validate(&self, cfg: &ModelConfig, seq_len: impl Fn(SeqId) -> usize) -> Result<()> {
+        let mut ids: Vec<SeqId> = self.chunks.iter().map(|c| c.seq).collect();
+        ids.sort();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::DuplicateSeq(w[0].0));
+        }
+        for c in &self.chunks {
+            let len = seq_len(c.seq);
+            if c.start_pos != len {
+                return Err(Error::BadPosition { seq: c.seq.0, start: c.start_pos, len });
+            }
+            if len + c.tokens.len() > cfg.max_context {
+                return Err(Error::ContextOverflow(c.seq.0, cfg.max_context));
+            }
+            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+                return Err(Error::BadToken(t));
+            }
+        }
+        Ok(())
     }
 }
 
