@@ -258,7 +258,7 @@ unsafe fn row_q6k<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R])
 }
 
 /// Prepared Q8_K block for [`row_q6k_t`]: `a[d]` (lane 4p+L = quant dword d of sub-block 4p+L... see below), the
-/// accumulator start `-32·bsum` per lane, and `d`.
+/// accumulator start `-32·bsum` per lane, `d`, and the next super-block's `d`.
 const PQ6: usize = 384;
 const PQ6_INIT: usize = 256;
 const PQ6_D: usize = 320;
@@ -292,6 +292,9 @@ unsafe fn prep_q6k_t(a: *const u8, x: *const u8, nsb: usize, dst: *mut u8) {
         let init = _mm512_permutexvar_epi32(perm, ld(x.add(s * Q8_K_EXTRA + 16)));
         _mm512_storeu_si512(d.add(PQ6_INIT) as *mut _, init);
         (d.add(PQ6_D) as *mut f32).write_unaligned(rd_f32p(ab));
+        // Also the next super-block's d (0 past the end), so that one 64-bit load serves a pair.
+        let next = if s + 1 < nsb { rd_f32p(a.add((s + 1) * Q8_K_BYTES)) } else { 0.0 };
+        (d.add(PQ6_D + 4) as *mut f32).write_unaligned(next);
     }
 }
 
@@ -357,13 +360,39 @@ unsafe fn q6t_dot(tv: &[__m512i; 4], sc: __m512i, a: *const u8) -> __m512i {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn row_q6k_t<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [f32; R] {
     let mut sums = [[_mm_setzero_ps(); 2]; R];
+    // Full quads of rows: lane 2j+i of `qsums[q][h]` is row 4q+j's running sum 2h+i.
+    let mut qsums = [[_mm256_setzero_ps(); 2]; 2];
     let mut s = 0;
     while s + 2 <= nsb {
         let (tv0, sc0, dw0) = q6t_unpack(w.add(s * Q6_K_BYTES));
         let (tv1, sc1, dw1) = q6t_unpack(w.add((s + 1) * Q6_K_BYTES));
         let dwv = _mm_unpacklo_ps(_mm_set_ss(dw0), _mm_set_ss(dw1));
         let h = (s / 2) % 2;
-        for r in 0..R {
+        for q in 0..R / 4 {
+            let a0: [*const u8; 4] = std::array::from_fn(|j| pa[4 * q + j].add(s * PQ6));
+            let p: [[__m512i; 2]; 4] =
+                std::array::from_fn(|j| [q6t_dot(&tv0, sc0, a0[j]), q6t_dot(&tv1, sc1, a0[j].add(PQ6))]);
+            // Exact lane sums of the eight vectors: [row j: Σ p[j][0], Σ p[j][1]] for j = 0..4.
+            let t: [__m512i; 4] = std::array::from_fn(|j| {
+                _mm512_add_epi32(_mm512_unpacklo_epi32(p[j][0], p[j][1]), _mm512_unpackhi_epi32(p[j][0], p[j][1]))
+            });
+            let u01 = _mm512_add_epi32(_mm512_unpacklo_epi64(t[0], t[1]), _mm512_unpackhi_epi64(t[0], t[1]));
+            let u23 = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2], t[3]), _mm512_unpackhi_epi64(t[2], t[3]));
+            let v = _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0b10_00_10_00>(u01, u23),
+                _mm512_shuffle_i32x4::<0b11_01_11_01>(u01, u23),
+            );
+            let x = _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0b00_00_10_00>(v, v),
+                _mm512_shuffle_i32x4::<0b00_00_11_01>(v, v),
+            );
+            let fi = _mm256_cvtepi32_ps(_mm512_castsi512_si256(x));
+            let da = |j: usize| _mm_castpd_ps(_mm_load_sd(a0[j].add(PQ6_D) as *const f64));
+            let dav = _mm256_set_m128(_mm_movelh_ps(da(2), da(3)), _mm_movelh_ps(da(0), da(1)));
+            let dwq = _mm256_set_m128(_mm_movelh_ps(dwv, dwv), _mm_movelh_ps(dwv, dwv));
+            qsums[q][h] = _mm256_fmadd_ps(fi, _mm256_mul_ps(dwq, dav), qsums[q][h]);
+        }
+        for r in R / 4 * 4..R {
             let a0 = pa[r].add(s * PQ6);
             let a1 = a0.add(PQ6);
             let p0 = q6t_dot(&tv0, sc0, a0);
@@ -379,6 +408,15 @@ unsafe fn row_q6k_t<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R
             sums[r][h] = _mm_fmadd_ps(fi, _mm_mul_ps(dwv, dav), sums[r][h]);
         }
         s += 2;
+    }
+    for q in 0..R / 4 {
+        for h in 0..2 {
+            let mut l = [0f32; 8];
+            _mm256_storeu_ps(l.as_mut_ptr(), qsums[q][h]);
+            for j in 0..4 {
+                sums[4 * q + j][h] = _mm_setr_ps(l[2 * j], l[2 * j + 1], 0.0, 0.0);
+            }
+        }
     }
     let mut res = [0f32; R];
     for r in 0..R {
@@ -443,6 +481,66 @@ unsafe fn prep_q4k_g4(a: *const u8, x: *const u8, nsb: usize, total: usize, dst:
     }
 }
 
+/// The exact integer sums of one group (before the lane reduction) against prepared activation group `a`: lane
+/// 4g+c = chunk c of super-block g, scales applied.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_g4_isum(
+    lo: &[__m512i; 8],
+    hi: &[__m512i; 8],
+    sc_even: __m512i,
+    sc_odd: __m512i,
+    a: *const u8,
+) -> __m512i {
+    // SAFETY: `a` points at a prepared group (PG4 bytes).
+    unsafe {
+        let mut al = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], ld(a));
+        let mut ah = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], ld(a.add(512)));
+        for d in 1..8 {
+            al = _mm512_dpbusd_epi32(al, lo[d], ld(a.add(64 * d)));
+            ah = _mm512_dpbusd_epi32(ah, hi[d], ld(a.add(512 + 64 * d)));
+        }
+        _mm512_add_epi32(_mm512_mullo_epi32(al, sc_even), _mm512_mullo_epi32(ah, sc_odd))
+    }
+}
+
+/// [`q4k_g4_isum`] for the four activation groups `a[j]`, their dot-product chains interleaved (eight independent
+/// accumulators keep `vpdpbusd` busy instead of waiting on its latency).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_g4_isum4(
+    lo: &[__m512i; 8],
+    hi: &[__m512i; 8],
+    sc_even: __m512i,
+    sc_odd: __m512i,
+    a: &[*const u8; 4],
+) -> [__m512i; 4] {
+    // SAFETY: every `a[j]` points at a prepared group (PG4 bytes).
+    unsafe {
+        let mut al = [_mm512_setzero_si512(); 4];
+        let mut ah = [_mm512_setzero_si512(); 4];
+        for d in 0..8 {
+            for j in 0..4 {
+                al[j] = _mm512_dpbusd_epi32(al[j], lo[d], ld(a[j].add(64 * d)));
+                ah[j] = _mm512_dpbusd_epi32(ah[j], hi[d], ld(a[j].add(512 + 64 * d)));
+            }
+        }
+        std::array::from_fn(|j| _mm512_add_epi32(_mm512_mullo_epi32(al[j], sc_even), _mm512_mullo_epi32(ah[j], sc_odd)))
+    }
+}
+
+/// Lane 4g+j of the result: the sum of lanes 4g..4g+4 of `v[j]` (four 128-bit lane reductions at once, exact).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn quad_sum_epi32(v: &[__m512i; 4]) -> __m512i {
+    {
+        // [v0 c0+c2, v1 c0+c2, v0 c1+c3, v1 c1+c3] per 128-bit lane, and the same for v2, v3.
+        let s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+        let s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+        _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23))
+    }
+}
+
 /// One Q4_K row (or, with `PAIR`, two consecutive rows: one contiguous run of `2·nsb` super-blocks, `nsb % 4 ==
 /// 2`) against R activation rows prepared by [`prep_q4k_g4`] (for `2·nsb` virtual super-blocks with `PAIR`).
 #[inline]
@@ -475,6 +573,8 @@ unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa:
     let ff = _mm512_set1_epi32(0xff);
     let mut facc = [_mm512_setzero_ps(); R];
     let mut facc2 = [_mm512_setzero_ps(); R];
+    let mut qacc = [_mm512_setzero_ps(); 2];
+    let mut qacc2 = [_mm512_setzero_ps(); 2];
     let zero = ZERO_BLOCK.as_ptr();
     for grp in 0..total.div_ceil(4) {
         // Long rows: prefetch four groups ahead (past the row end too: the next row usually follows; a prefetch
@@ -564,15 +664,34 @@ unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa:
                 m2 |= 0xF << (4 * g);
             }
         }
-        for r in 0..R {
-            let a = pa[r].add(grp * PG4);
-            let mut al = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], ld(a));
-            let mut ah = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], ld(a.add(512)));
-            for d in 1..8 {
-                al = _mm512_dpbusd_epi32(al, lo[d], ld(a.add(64 * d)));
-                ah = _mm512_dpbusd_epi32(ah, hi[d], ld(a.add(512 + 64 * d)));
+        // Full quads of activation rows share the lane reductions and the f32 step: lane 4g+j of a quad's vectors
+        // holds super-block g of row 4q+j (the same operations on the same values as the per-row path below, so the
+        // canonical order and the results are unchanged).
+        for q in 0..R / 4 {
+            let a: [*const u8; 4] = std::array::from_fn(|j| pa[4 * q + j].add(grp * PG4));
+            let isv = q4k_g4_isum4(&lo, &hi, sc_even, sc_odd, &a);
+            let imv: [__m512i; 4] = std::array::from_fn(|j| _mm512_madd_epi16(mins, ld(a[j].add(PG4_BS))));
+            let dav: [__m512; 4] = std::array::from_fn(|j| _mm512_loadu_ps(a[j].add(PG4_D) as *const f32));
+            let fi = _mm512_cvtepi32_ps(quad_sum_epi32(&isv));
+            let fm = _mm512_cvtepi32_ps(quad_sum_epi32(&imv));
+            let da = _mm512_mask_mov_ps(
+                _mm512_mask_mov_ps(_mm512_mask_mov_ps(dav[0], 0x2222, dav[1]), 0x4444, dav[2]),
+                0x8888,
+                dav[3],
+            );
+            let v = _mm512_fmsub_ps(fi, _mm512_mul_ps(dv, da), _mm512_mul_ps(fm, _mm512_mul_ps(dmv, da)));
+            if m1 == 0xFFFF {
+                qacc[q] = _mm512_add_ps(qacc[q], v);
+            } else if m1 != 0 {
+                qacc[q] = _mm512_mask_add_ps(qacc[q], m1, qacc[q], v);
             }
-            let isum = _mm512_add_epi32(_mm512_mullo_epi32(al, sc_even), _mm512_mullo_epi32(ah, sc_odd));
+            if PAIR && m2 != 0 {
+                qacc2[q] = _mm512_mask_add_ps(qacc2[q], m2, qacc2[q], v);
+            }
+        }
+        for r in R / 4 * 4..R {
+            let a = pa[r].add(grp * PG4);
+            let isum = q4k_g4_isum(&lo, &hi, sc_even, sc_odd, a);
             let imin = _mm512_madd_epi16(mins, ld(a.add(PG4_BS)));
             let da = _mm512_loadu_ps(a.add(PG4_D) as *const f32);
             // Canonical order (`NOTES.md`, "Batch invariance"): per super-block, the exact integer sums (the 4
@@ -594,10 +713,22 @@ unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa:
         }
     }
     let mut res = [[0f32; R]; 2];
-    for r in 0..R {
-        let mut l = [0f32; 16];
-        _mm512_storeu_ps(l.as_mut_ptr(), facc[r]);
+    let mut l = [0f32; 16];
+    for q in 0..R / 4 {
+        _mm512_storeu_ps(l.as_mut_ptr(), qacc[q]);
+        for j in 0..4 {
+            res[0][4 * q + j] = (l[j] + l[4 + j]) + (l[8 + j] + l[12 + j]);
+        }
+        if PAIR {
+            _mm512_storeu_ps(l.as_mut_ptr(), qacc2[q]);
+            for j in 0..4 {
+                res[1][4 * q + j] = (l[8 + j] + l[12 + j]) + (l[j] + l[4 + j]);
+            }
+        }
+    }
+    for r in R / 4 * 4..R {
         // Slot j of the first row is in chunk j.
+        _mm512_storeu_ps(l.as_mut_ptr(), facc[r]);
         res[0][r] = (l[0] + l[4]) + (l[8] + l[12]);
         if PAIR {
             // The second row starts at virtual super-block nsb (nsb % 4 == 2): slot j is in chunk (j + 2) % 4.
@@ -1068,9 +1199,9 @@ pub unsafe fn matmul_rows(
     let kind = wty.to_u32() << 1;
     let wp = w.as_ptr();
     match wty {
-        // The transposed kernel wins while the prepared activations stay in L1; past that its slightly larger
-        // activation stream loses to the plain one (measured: k = 8960, m = 4).
-        Q6_K if m * (k / QK_K) * PQ6 > 24 << 10 => {
+        // The transposed kernel wins while the prepared activations stay in L2 (measured cache-resident, one
+        // thread, k = 8960: m = 4 17.8 -> 15.6 ns per block-row, m = 8 35.8 -> 29.3 against the plain kernel).
+        Q6_K if m * (k / QK_K) * PQ6 > 256 << 10 => {
             run_rows::<KQ6, false>(wp, rb, k / QK_K, rows, acts.as_ptr(), act_rb, m, out, ldo);
         }
         Q6_K => {
