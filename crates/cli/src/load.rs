@@ -82,6 +82,18 @@ impl Runner for AnyRunner {
             AnyRunner::Cuda(r) => r.forward(batch),
         }
     }
+    fn logits_width(&self) -> usize {
+        match self {
+            AnyRunner::Cpu(r) => r.logits_width(),
+            AnyRunner::Cuda(r) => r.logits_width(),
+        }
+    }
+    fn limit_logits(&mut self, n: usize) -> usize {
+        match self {
+            AnyRunner::Cpu(r) => r.limit_logits(n),
+            AnyRunner::Cuda(r) => r.limit_logits(n),
+        }
+    }
     fn seq_len(&self, seq: SeqId) -> usize {
         match self {
             AnyRunner::Cpu(r) => r.seq_len(seq),

@@ -33,6 +33,9 @@ pub struct SpecArgs {
     /// Always draft the full depth instead of choosing it from measured acceptance and cost.
     #[arg(long)]
     pub spec_fixed_depth: bool,
+    /// The draft model proposes only token ids below this (its output head shrinks to match; 0 = all ids).
+    #[arg(long, default_value_t = SpecConfig::default().draft_vocab)]
+    pub draft_vocab: usize,
     /// Measure the pass costs again instead of using the ones cached in $SPLASH_HOME/calibration (measure on a quiet
     /// machine: the depth choice relies on them).
     #[arg(long)]
@@ -52,6 +55,7 @@ impl SpecArgs {
             ngram,
             draft_model,
             adaptive: !self.spec_fixed_depth,
+            draft_vocab: self.draft_vocab,
             ..SpecConfig::default()
         }
     }
@@ -112,8 +116,8 @@ pub fn setup(
     Ok(draft_name)
 }
 
-/// Where the pass costs of this target and draft file (path, size, modification time), device, CPU and version are
-/// cached.
+/// Where the pass costs of this target and draft file (path, size, modification time), device, CPU, binary and
+/// speculation settings are cached.
 fn calibration_path(
     engine: &Engine<AnyRunner>,
     target: &std::path::Path,
@@ -128,7 +132,18 @@ fn calibration_path(
             h.update(format!("{:?}", m.modified().ok()));
         }
     }
-    h.update(format!("{} depth={}", engine.runner().device_name(), engine.config().spec.max_draft_tokens));
+    let spec = &engine.config().spec;
+    h.update(format!(
+        "{} depth={} draft_vocab={}",
+        engine.runner().device_name(),
+        spec.max_draft_tokens,
+        spec.draft_vocab
+    ));
+    // The kernels' speed changes with the binary, whatever its version says.
+    if let Some(m) = std::env::current_exe().ok().and_then(|p| std::fs::metadata(p).ok()) {
+        h.update(m.len().to_le_bytes());
+        h.update(format!("{:?}", m.modified().ok()));
+    }
     let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     h.update(cpu.lines().find(|l| l.starts_with("model name")).unwrap_or(""));
     h.update(env!("CARGO_PKG_VERSION"));

@@ -263,7 +263,17 @@ impl<R: Runner> Engine<R> {
             )));
         }
         self.draft = Some(draft);
+        self.apply_draft_vocab();
         Ok(())
+    }
+
+    /// Narrows the draft's output head to `spec.draft_vocab` ids (never past what the target can emit).
+    fn apply_draft_vocab(&mut self) {
+        let target = self.runner.config().vocab_size;
+        if let Some(d) = self.draft.as_mut() {
+            let n = self.config.spec.draft_vocab;
+            d.limit_logits(if n == 0 { target } else { n.min(target) });
+        }
     }
 
     pub fn draft(&self) -> Option<&R> {
@@ -293,6 +303,7 @@ impl<R: Runner> Engine<R> {
     /// Changes the speculation settings; running sequences pick them up at their next step.
     pub fn set_spec(&mut self, spec: SpecConfig) {
         self.config.spec = spec;
+        self.apply_draft_vocab();
     }
 
     pub fn spec_stats(&self) -> SpecStats {
@@ -550,7 +561,7 @@ impl<R: Runner> Engine<R> {
         if want.is_empty() {
             return Ok(());
         }
-        let vocab = draft.config().vocab_size;
+        let vocab = draft.logits_width();
         let max_k = want.iter().map(|&j| props[j].1.tokens.len()).max().unwrap_or(0);
         // Per sequence: the history the draft's sampler sees (tokens plus drafts so far).
         let mut hist: Vec<Vec<u32>> = want.iter().map(|&j| self.seqs[props[j].0].tokens.clone()).collect();

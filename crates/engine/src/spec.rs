@@ -29,6 +29,11 @@ pub struct SpecConfig {
     /// The draft model sees at most this many prompt tokens (the end of the prompt; 0 = all): a draft needs the
     /// recent context, and prefilling a long agent prompt twice would cost a third more time to first token.
     pub draft_window: usize,
+    /// The draft model's output head covers only token ids below this (0 = all). BPE ids are roughly in merge
+    /// order, so the first 32K cover ~94% of the tokens of code and prose (measured on this repository's sources),
+    /// while the head over all 151,936 ids is ~37% of the 0.5B draft's weight reads. A token the draft cannot
+    /// propose is still produced by the target's own pass; rejection sampling stays exact (its `q` is 0 there).
+    pub draft_vocab: usize,
 }
 
 impl Default for SpecConfig {
@@ -41,6 +46,7 @@ impl Default for SpecConfig {
             ngram_min_match: 2,
             adaptive: true,
             draft_window: 1024,
+            draft_vocab: 32768,
         }
     }
 }
@@ -260,6 +266,15 @@ mod tests {
             }
             assert!(tv(&counts, &want) < 0.006, "draft {d}: {counts:?}");
         }
+        // A draft whose output head covers only ids 0 and 1 (`draft_vocab`): q is 0 on the rest, which the residual
+        // max(0, p - q) covers; the output still follows p.
+        let q_narrow = [(0u32, 0.7), (1, 0.3)];
+        let mut counts = [0u64; 4];
+        for _ in 0..n {
+            let d = s.draw(&q_narrow);
+            counts[verify_sampled(&mut s, &p, Some(&q_narrow), d).0 as usize] += 1;
+        }
+        assert!(tv(&counts, &want) < 0.004, "narrow draft head: {counts:?}");
         // A draft outside p's support is always rejected.
         let p2 = [(0u32, 1.0), (1, 3.0)];
         for _ in 0..1000 {

@@ -92,6 +92,7 @@ fn greedy_output_is_identical_with_speculation_on_and_off() {
     for (label, spec, together) in [
         ("n-gram", fixed(true, false), false),
         ("draft model", fixed(false, true), false),
+        ("draft model, output head over all ids", SpecConfig { draft_vocab: 0, ..fixed(false, true) }, false),
         ("both, all prompts at once", fixed(true, true), true),
         ("adaptive", SpecConfig::default(), true),
     ] {

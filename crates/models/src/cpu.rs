@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use backend::cpu::attention::{self, AttnShape, SeqAttn};
 use backend::cpu::ops::{self, Rope};
-use backend::cpu::{ThreadPool, matmul};
+use backend::cpu::{QMatrix, ThreadPool, matmul};
 use gguf::GgufFile;
 
 use crate::kv_cache::{self, BLOCK_TOKENS, BlockTable, KvUsage};
@@ -61,6 +61,8 @@ pub struct CpuRunner {
     table: BlockTable,
     /// Storage of block `b`: `[layer][k | v][BLOCK_TOKENS][kv_dim]`.
     blocks: Vec<Box<[u16]>>,
+    /// The output head's first rows when [`Runner::limit_logits`] narrowed it.
+    output_head: Option<QMatrix>,
     /// Cached prefix blocks on disk, when enabled.
     store: Option<PrefixStore>,
     scratch: Scratch,
@@ -84,6 +86,7 @@ impl CpuRunner {
             pool: ThreadPool::new(num_threads),
             table,
             blocks: Vec::new(),
+            output_head: None,
             store: None,
             scratch: Scratch::default(),
             _file: file,
@@ -282,12 +285,23 @@ impl Runner for CpuRunner {
                 &mut s.xn[i * h..(i + 1) * h],
             );
         }
-        let vocab = cfg.vocab_size;
+        let head = self.output_head.as_ref().unwrap_or(&self.weights.output);
+        let vocab = head.rows;
         grow(&mut s.logits, r * vocab);
         if r > 0 {
-            matmul(pool, &[&self.weights.output], &s.xn, r, &mut [&mut s.logits[..r * vocab]]);
+            matmul(pool, &[head], &s.xn, r, &mut [&mut s.logits[..r * vocab]]);
         }
         Ok(&s.logits[..r * vocab])
+    }
+
+    fn logits_width(&self) -> usize {
+        self.output_head.as_ref().map_or(self.cfg.vocab_size, |h| h.rows)
+    }
+
+    fn limit_logits(&mut self, n: usize) -> usize {
+        let full = &self.weights.output;
+        self.output_head = (n > 0 && n < full.rows).then(|| full.first_rows(n));
+        self.logits_width()
     }
 
     fn seq_len(&self, seq: SeqId) -> usize {

@@ -304,7 +304,8 @@ impl BlockTable {
         s.tokens.truncate(len);
         s.hashes.truncate(len / BLOCK_TOKENS);
         let dropped: Vec<u32> = s.blocks.drain(len.div_ceil(BLOCK_TOKENS)..).collect();
-        let partial = (!len.is_multiple_of(BLOCK_TOKENS)).then(|| *s.blocks.last().expect("INVARIANT: len > 0 has a block"));
+        let partial =
+            (!len.is_multiple_of(BLOCK_TOKENS)).then(|| *s.blocks.last().expect("INVARIANT: len > 0 has a block"));
         for b in dropped {
             self.drop_ref(b);
         }

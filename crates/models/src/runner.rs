@@ -84,9 +84,22 @@ impl Batch<'_> {
 pub trait Runner: Send {
     fn config(&self) -> &ModelConfig;
 
-    /// Runs the batch. Returns `[batch.num_logit_rows(), vocab_size]` logits, rows in chunk order. On error no
+    /// Runs the batch. Returns `[batch.num_logit_rows(), logits_width()]` logits, rows in chunk order. On error no
     /// sequence has changed.
     fn forward(&mut self, batch: &Batch<'_>) -> Result<&[f32]>;
+
+    /// Logits per row that [`Runner::forward`] returns: the vocabulary, or the prefix of it set by
+    /// [`Runner::limit_logits`].
+    fn logits_width(&self) -> usize {
+        self.config().vocab_size
+    }
+
+    /// Computes logits only for token ids below `n` (a draft model's output head over the most common tokens;
+    /// `n` 0 or past the vocabulary means all). Returns the new [`Runner::logits_width`]. Runners that cannot
+    /// keep all of them.
+    fn limit_logits(&mut self, _n: usize) -> usize {
+        self.logits_width()
+    }
 
     /// Number of tokens held for `seq` (0 for an unknown sequence).
     fn seq_len(&self, seq: SeqId) -> usize;

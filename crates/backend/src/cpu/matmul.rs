@@ -34,6 +34,12 @@ impl Bytes {
     pub fn as_slice(&self) -> &[u8] {
         &(*self.owner).as_ref()[self.range.clone()]
     }
+
+    /// The first `len` bytes (all of them if there are fewer).
+    pub fn prefix(&self, len: usize) -> Bytes {
+        let end = self.range.start + len.min(self.range.len());
+        Bytes { owner: self.owner.clone(), range: self.range.start..end }
+    }
 }
 
 /// A weight matrix of `rows` rows of `cols` elements each, stored as GGUF blocks of type `ty`.
@@ -54,6 +60,12 @@ impl std::fmt::Debug for QMatrix {
 impl QMatrix {
     pub fn row_bytes(&self) -> usize {
         self.ty.row_bytes(self.cols).expect("INVARIANT: validated at construction")
+    }
+
+    /// The matrix of its first `rows` rows (all of them if it has fewer), sharing the bytes.
+    pub fn first_rows(&self, rows: usize) -> QMatrix {
+        let rows = rows.min(self.rows);
+        QMatrix { ty: self.ty, rows, cols: self.cols, bytes: self.bytes.prefix(rows * self.row_bytes()) }
     }
 
     /// Dequantizes row `r` into `out` (embedding lookups).
