@@ -506,8 +506,8 @@ impl<R: Runner> Engine<R> {
     }
 
     /// Trims the proposals of one step to the depths that maximise the step's expected tokens per second: starting
-    /// from no drafts, repeatedly add the draft token that raises (expected tokens) / (target pass time for all rows
-    /// + draft passes) the most, while it does. A draft token `j` of a sequence adds `rate^j` expected tokens; rows
+    /// from no drafts, repeatedly add the draft token that raises (expected tokens) / (target pass time for all
+    /// rows plus draft passes) the most, while it does. A draft token `j` of a sequence adds `rate^j` expected tokens; rows
     /// cost what `calibrate` measured, so with many sequences or a long prefill in the step (where the machine is
     /// already busy) fewer drafts pay, and alone on a memory-bound machine more do.
     fn choose_depths(&self, props: &mut [(usize, Proposal)], base_rows: usize, num_decoding: usize) {
