@@ -446,18 +446,16 @@ impl Reply {
                     self.feed(&text);
                     if self.loop_guard.as_mut().is_some_and(|g| g.push(&text)) {
                         // The model is looping: stop it and report the output limit.
-                        self.stream = None;
+                        let usage = self.cut_short();
                         if let Some(p) = &mut self.parser {
                             let events = p.finish();
                             self.take(events);
                         }
-                        let usage = self.own_usage();
                         let reason = if self.num_calls > 0 { StopReason::ToolCalls } else { StopReason::Length };
                         self.finish(reason, usage, None);
                     } else if self.parser.as_ref().is_some_and(ToolCallParser::is_done) {
                         // The calls are complete and the model has moved on: stop it here.
-                        self.stream = None;
-                        let usage = self.own_usage();
+                        let usage = self.cut_short();
                         self.finish(StopReason::ToolCalls, usage, None);
                     }
                 }
@@ -546,8 +544,7 @@ impl Reply {
         }
         if !self.parallel_tool_calls && self.num_calls > 0 && self.stream.is_some() {
             // One call is all the client wants: stop generating.
-            self.stream = None;
-            let usage = self.own_usage();
+            let usage = self.cut_short();
             self.finish(StopReason::ToolCalls, usage, None);
         }
     }
@@ -559,13 +556,15 @@ impl Reply {
         }
     }
 
-    /// Usage measured here, for a reply cut short before the engine's `Finished`.
-    fn own_usage(&self) -> Usage {
+    /// Stops the engine's stream (which aborts the request) and returns the usage measured here, for a reply cut
+    /// short before the engine's `Finished`.
+    fn cut_short(&mut self) -> Usage {
+        let cached_tokens = self.stream.take().map_or(0, |s| s.num_cached_tokens());
         let now = Instant::now();
         let first = self.t_first_token.unwrap_or(now);
         Usage {
             prompt_tokens: self.num_prompt_tokens,
-            cached_tokens: 0,
+            cached_tokens,
             completion_tokens: self.num_output_tokens,
             prefill_ms: (first - self.t_start).as_secs_f64() * 1000.0,
             decode_ms: (now - first).as_secs_f64() * 1000.0,

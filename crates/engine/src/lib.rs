@@ -421,6 +421,11 @@ impl<R: Runner> Engine<R> {
         }
     }
 
+    /// Prompt tokens of a running request whose KV came from the prefix cache (None for an unknown request).
+    pub fn cached_tokens(&self, id: RequestId) -> Option<usize> {
+        self.seqs.iter().find(|s| s.id == id).map(|s| s.num_cached_tokens)
+    }
+
     /// Cancels a request and frees its sequence at once; returns its `Finished` event (None for an unknown or
     /// finished request). No further events come for it.
     pub fn abort(&mut self, id: RequestId) -> Option<Event> {

@@ -112,6 +112,8 @@ enum Command {
 struct Pending {
     request: GenerateRequest,
     events: tokio_mpsc::UnboundedSender<StreamItem>,
+    /// Set at admission: prompt tokens served from the prefix cache.
+    cached_tokens: Arc<AtomicUsize>,
 }
 
 /// The model limits callers need before submitting (to count, clamp and report).
@@ -181,12 +183,14 @@ impl EngineHandle {
         let num_prompt_tokens = request.prompt.len();
         let max_tokens = request.max_tokens;
         let (events, receiver) = tokio_mpsc::unbounded_channel();
-        if self.commands.send(Command::Submit(Pending { request, events })).is_err() {
+        let cached_tokens = Arc::new(AtomicUsize::new(0));
+        let pending = Pending { request, events, cached_tokens: cached_tokens.clone() };
+        if self.commands.send(Command::Submit(pending)).is_err() {
             self.shared.num_waiting.fetch_sub(1, Ordering::AcqRel);
             return Err(ServiceError::ShutDown);
         }
         self.shared.num_submitted.fetch_add(1, Ordering::Relaxed);
-        Ok(RequestStream { events: receiver, num_prompt_tokens, max_tokens })
+        Ok(RequestStream { events: receiver, num_prompt_tokens, max_tokens, cached_tokens })
     }
 
     /// The checks the engine would make on admission, made here so that a bad request fails before it queues.
@@ -239,6 +243,7 @@ pub struct RequestStream {
     events: tokio_mpsc::UnboundedReceiver<StreamItem>,
     num_prompt_tokens: usize,
     max_tokens: usize,
+    cached_tokens: Arc<AtomicUsize>,
 }
 
 impl RequestStream {
@@ -259,6 +264,12 @@ impl RequestStream {
 
     pub fn num_prompt_tokens(&self) -> usize {
         self.num_prompt_tokens
+    }
+
+    /// Prompt tokens served from the prefix cache: known once the request is admitted (0 before), so a caller
+    /// that ends the reply itself, before `Finished`, can still report them.
+    pub fn num_cached_tokens(&self) -> usize {
+        self.cached_tokens.load(Ordering::Acquire)
     }
 
     /// `max_tokens` after clamping to the context.
@@ -390,10 +401,11 @@ impl<R: Runner> Worker<R> {
     /// Moves waiting requests into the engine while there is room.
     fn admit(&mut self) {
         while self.running.len() < self.max_running {
-            let Some(Pending { request, events }) = self.waiting.pop_front() else { break };
+            let Some(Pending { request, events, cached_tokens }) = self.waiting.pop_front() else { break };
             self.shared.num_waiting.fetch_sub(1, Ordering::AcqRel);
             match self.engine.add_request(request) {
                 Ok(id) => {
+                    cached_tokens.store(self.engine.cached_tokens(id).unwrap_or(0), Ordering::Release);
                     self.running.insert(id, events);
                     self.shared.num_running.fetch_add(1, Ordering::AcqRel);
                 }
@@ -509,6 +521,8 @@ mod tests {
         fail_at_step: Option<u64>,
         panic_at_step: Option<u64>,
         num_forwards: u64,
+        /// Prompt tokens `attach_prefix` claims to hold already (a prefix cache hit).
+        cached_prefix: usize,
     }
 
     impl FakeRunner {
@@ -539,6 +553,7 @@ mod tests {
                 fail_at_step: None,
                 panic_at_step: None,
                 num_forwards: 0,
+                cached_prefix: 0,
             }
         }
     }
@@ -595,6 +610,12 @@ mod tests {
         fn release(&mut self, seq: SeqId) {
             self.live.lock().unwrap().remove(&seq);
         }
+
+        fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
+            let n = self.cached_prefix.min(tokens.len().saturating_sub(1));
+            self.live.lock().unwrap().insert(seq, (n, None));
+            n
+        }
     }
 
     fn spawn(runner: FakeRunner, config: ServiceConfig) -> EngineHandle {
@@ -644,6 +665,25 @@ mod tests {
         assert_eq!((stats.num_submitted, stats.num_finished, stats.num_waiting), (2, 2, 0));
         assert_eq!((stats.max_running, stats.max_waiting, stats.num_generated_tokens), (8, 64, 9));
         assert!(stats.busy_s > 0.0);
+    }
+
+    #[test]
+    fn cached_prompt_tokens_are_known_from_admission() {
+        let mut runner = FakeRunner::new(4, Duration::from_millis(5));
+        runner.cached_prefix = 3;
+        let handle = spawn(runner, ServiceConfig::default());
+        let mut stream = handle.submit(request("hello", 100)).unwrap();
+        // Before the end: what an API reads when it cuts a reply short (a complete tool call, a loop).
+        assert!(matches!(stream.blocking_next(), Some(Ok(Event::Token { .. }))));
+        assert_eq!(stream.num_cached_tokens(), 3);
+        let usage = loop {
+            match stream.blocking_next() {
+                Some(Ok(Event::Finished { usage, .. })) => break usage,
+                Some(Ok(_)) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        };
+        assert_eq!((usage.prompt_tokens, usage.cached_tokens), (5, 3));
     }
 
     #[test]
