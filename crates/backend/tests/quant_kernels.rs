@@ -690,7 +690,7 @@ fn check_batch_invariance(ty: GgmlType, k: usize, seed: u64, failures: &mut Vec<
                 matmul_rows_at(level, ty, &w, k, 0..n, &acts[t * arb..(t + 1) * arb], 1, alone[t * n..].as_mut_ptr(), n)
             };
         }
-        for m in [2usize, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64] {
+        for m in [2usize, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13, 16, 17, 33, 64] {
             for split in [n, 16, 5, 1] {
                 // Rows 1..=m of the batch start at offset `off` so the probe row sits at varied positions.
                 let off = (m * 7) % (max_m - m + 1);
