@@ -26,7 +26,7 @@ pub use sampler::{Sampler, SamplingParams};
 pub use spec::SpecConfig;
 pub use stop::StopStrings;
 
-use spec::{Acceptance, Method, PassCosts};
+use spec::{Acceptance, Method, NgramAcceptance, PassCosts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -104,7 +104,7 @@ struct Sequence {
     ignore_eos: bool,
     /// Text released so far.
     text: String,
-    ngram: Acceptance,
+    ngram: NgramAcceptance,
     draft: Acceptance,
     t_admitted: Instant,
     t_first_token: Option<Instant>,
@@ -223,6 +223,8 @@ struct Proposal {
     /// The n-gram proposal when the draft model was chosen instead: checked against the tokens that come out, so the
     /// n-gram acceptance keeps being measured (it costs nothing) and the choice can switch back.
     shadow: Vec<u32>,
+    /// Length of the suffix match behind the n-gram proposal (or the shadow).
+    ngram_match: usize,
 }
 
 pub struct Engine<R: Runner> {
@@ -406,7 +408,7 @@ impl<R: Runner> Engine<R> {
             stop_tokens: req.stop_tokens,
             ignore_eos: req.ignore_eos,
             text: String::new(),
-            ngram: Acceptance::new(0.5),
+            ngram: NgramAcceptance::new(),
             draft: Acceptance::new(0.6),
             t_admitted: Instant::now(),
             t_first_token: None,
@@ -479,13 +481,14 @@ impl<R: Runner> Engine<R> {
                 best = Some((speed, method, k));
             }
         };
-        let ngram = if spec.ngram {
-            spec::ngram_propose(&s.tokens, spec.ngram_min_match, spec.ngram_max_match, max_k)
+        let (ngram, ngram_match) = if spec.ngram {
+            spec::ngram_match(&s.tokens, spec.ngram_min_match, spec.ngram_max_match, max_k)
         } else {
-            Vec::new()
+            (Vec::new(), 0)
         };
+        let ngram_rate = s.ngram.rate(ngram_match);
         if !ngram.is_empty() {
-            consider(Method::Ngram, s.ngram.rate, pick(Method::Ngram, s.ngram.rate, ngram.len()));
+            consider(Method::Ngram, ngram_rate, pick(Method::Ngram, ngram_rate, ngram.len()));
         }
         // The draft first catches up on the tokens it has not seen; a long gap is closed without proposing.
         let lag = s.tokens.len() - s.num_draft_tokens;
@@ -497,14 +500,22 @@ impl<R: Runner> Engine<R> {
         match best {
             Some((_, Method::Ngram, k)) => {
                 let k = cap(k, ngram.len());
-                let rate = s.ngram.rate;
                 let tokens = ngram[..k].to_vec();
-                Proposal { method: Some(Method::Ngram), tokens, weights: vec![None; k], rate, shadow: Vec::new() }
+                let weights = vec![None; k];
+                Proposal {
+                    method: Some(Method::Ngram),
+                    tokens,
+                    weights,
+                    rate: ngram_rate,
+                    shadow: Vec::new(),
+                    ngram_match,
+                }
             }
             Some((_, Method::Draft, k)) => {
                 let k = cap(k, max_k);
                 let rate = s.draft.rate;
-                Proposal { method: Some(Method::Draft), tokens: vec![0; k], weights: Vec::new(), rate, shadow: ngram }
+                let tokens = vec![0; k];
+                Proposal { method: Some(Method::Draft), tokens, weights: Vec::new(), rate, shadow: ngram, ngram_match }
             }
             None => Proposal::default(),
         }
@@ -798,7 +809,7 @@ impl<R: Runner> Engine<R> {
             if !prop.shadow.is_empty() {
                 let out = &s.tokens[s.tokens.len() - emitted..];
                 let matched = prop.shadow.iter().zip(out).take_while(|(a, b)| a == b).count();
-                s.ngram.update(prop.shadow.len().min(emitted), matched);
+                s.ngram.update(prop.ngram_match, prop.shadow.len().min(emitted), matched);
             }
             if was_decoding {
                 self.stats.decode_passes += 1;
@@ -809,7 +820,7 @@ impl<R: Runner> Engine<R> {
             if let Some(method) = prop.method {
                 match method {
                     Method::Ngram => {
-                        s.ngram.update(k, accepted);
+                        s.ngram.update(prop.ngram_match, k, accepted);
                         self.stats.ngram_proposed += k as u64;
                         self.stats.ngram_accepted += accepted as u64;
                     }

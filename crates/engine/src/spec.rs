@@ -67,19 +67,59 @@ pub enum Method {
 /// The tokens that followed the most recent earlier occurrence of the longest suffix of `tokens` (between
 /// `min_match` and `max_match` tokens long), at most `max_tokens` of them.
 pub fn ngram_propose(tokens: &[u32], min_match: usize, max_match: usize, max_tokens: usize) -> Vec<u32> {
+    ngram_match(tokens, min_match, max_match, max_tokens).0
+}
+
+/// [`ngram_propose`] and the length of the suffix that matched (0 when nothing did).
+pub fn ngram_match(tokens: &[u32], min_match: usize, max_match: usize, max_tokens: usize) -> (Vec<u32>, usize) {
     let len = tokens.len();
     if max_tokens == 0 || min_match == 0 {
-        return Vec::new();
+        return (Vec::new(), 0);
     }
     for n in (min_match..=max_match.min(len.saturating_sub(1))).rev() {
         let pattern = &tokens[len - n..];
         // Latest start j < len - n whose n tokens equal the suffix and that has a continuation.
         if let Some(j) = (0..len - n).rev().find(|&j| &tokens[j..j + n] == pattern) {
             let from = j + n;
-            return tokens[from..(from + max_tokens).min(len)].to_vec();
+            return (tokens[from..(from + max_tokens).min(len)].to_vec(), n);
         }
     }
-    Vec::new()
+    (Vec::new(), 0)
+}
+
+/// N-gram acceptance kept apart by the length of the match that made the proposal: a proposal from a 4-token match
+/// (copying a passage) is far likelier to hold than one from a 2-token match, so one running rate would make the
+/// depth too shallow for the first and too deep for the second.
+#[derive(Debug, Clone, Copy)]
+pub struct NgramAcceptance {
+    /// Match lengths 1, 2, 3 and 4 or more.
+    by_len: [Acceptance; 4],
+}
+
+impl NgramAcceptance {
+    pub fn new() -> Self {
+        NgramAcceptance {
+            by_len: [Acceptance::new(0.3), Acceptance::new(0.45), Acceptance::new(0.55), Acceptance::new(0.65)],
+        }
+    }
+
+    fn bucket(match_len: usize) -> usize {
+        match_len.clamp(1, 4) - 1
+    }
+
+    pub fn rate(&self, match_len: usize) -> f64 {
+        self.by_len[Self::bucket(match_len)].rate
+    }
+
+    pub fn update(&mut self, match_len: usize, proposed: usize, accepted: usize) {
+        self.by_len[Self::bucket(match_len)].update(proposed, accepted);
+    }
+}
+
+impl Default for NgramAcceptance {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// Running acceptance of one proposer for one sequence: the chance that a draft token is accepted, given that the
@@ -205,6 +245,23 @@ pub fn verify_sampled(sampler: &mut Sampler, p: &[(u32, f64)], q: Option<&[(u32,
 mod tests {
     use super::*;
     use crate::SamplingParams;
+
+    #[test]
+    fn ngram_acceptance_is_kept_per_match_length() {
+        let toks = [1, 2, 3, 4, 9, 2, 3, 5, 1, 2, 3];
+        assert_eq!(ngram_match(&toks, 2, 3, 3), (vec![4, 9, 2], 3));
+        assert_eq!(ngram_match(&toks, 2, 2, 3), (vec![5, 1, 2], 2));
+        assert_eq!(ngram_match(&[7, 8], 2, 4, 3), (vec![], 0));
+        let mut a = NgramAcceptance::new();
+        let (short, long) = (a.rate(2), a.rate(4));
+        for _ in 0..20 {
+            a.update(4, 8, 8);
+            a.update(2, 4, 0);
+        }
+        assert!(a.rate(4) > 0.95 && a.rate(6) == a.rate(4), "{a:?}");
+        assert!(a.rate(2) < 0.1, "{a:?}");
+        assert!(a.rate(3) == NgramAcceptance::new().rate(3) && short < long);
+    }
 
     #[test]
     fn ngram_finds_latest_longest_match() {
