@@ -341,8 +341,9 @@ impl<R: Runner> Engine<R> {
             }
             Ok(best)
         };
-        // Up to 33 rows whatever the depth: several sequences' drafts share a step.
-        let mut points: Vec<usize> = vec![1, 2, 3, 5, 9, 17, 33, max_rows];
+        // Up to 33 rows whatever the depth: several sequences' drafts share a step. Every count up to 10: the CPU
+        // kernels' cost steps at quads of rows and at their register limits, which interpolation would miss.
+        let mut points: Vec<usize> = vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 17, 33, max_rows];
         points.sort_unstable();
         points.dedup();
         let mut target = Vec::new();
