@@ -1,7 +1,8 @@
 //! Time of one forward pass by row count, the way speculative verification and batched decode use it: a sequence
 //! with `--context` tokens already in its KV cache, then passes of `m` new rows (all logits wanted), rolled back
 //! after each pass. Prints the fastest of `--reps` passes per `m` and its ratio to `m = 1`.
-//! Usage: pass_cost MODEL.gguf [--context N] [--reps N] [--threads N] M...
+//! Usage: pass_cost MODEL.gguf [--context N] [--reps N] [--threads N] [--logits N] M...
+//! (`--logits N`: logits only for ids below N, as a draft model with a narrowed output head.)
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,19 +12,21 @@ use models::{Batch, LogitsWanted, Runner, SeqChunk, SeqId};
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let model = &args[1];
-    let (mut context, mut reps, mut threads, mut ms) = (256usize, 5usize, 0usize, Vec::new());
+    let (mut context, mut reps, mut threads, mut logits, mut ms) = (256usize, 5usize, 0usize, 0usize, Vec::new());
     let mut i = 2;
     while i < args.len() {
         match args[i].as_str() {
             "--context" => (context, i) = (args[i + 1].parse().expect("--context N"), i + 1),
             "--reps" => (reps, i) = (args[i + 1].parse().expect("--reps N"), i + 1),
             "--threads" => (threads, i) = (args[i + 1].parse().expect("--threads N"), i + 1),
+            "--logits" => (logits, i) = (args[i + 1].parse().expect("--logits N"), i + 1),
             m => ms.push(m.parse::<usize>().expect("row count")),
         }
         i += 1;
     }
     let file = Arc::new(gguf::GgufFile::open(model).expect("model opens"));
     let mut runner = CpuRunner::new(file, threads).expect("model loads");
+    runner.limit_logits(logits);
     let seq = SeqId(0);
     let prompt: Vec<u32> = (0..context as u32).map(|t| 100 + t % 5000).collect();
     runner
