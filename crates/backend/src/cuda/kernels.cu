@@ -816,3 +816,79 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, float* _
     }
     out[(size_t)t * Q_DIM + h * HEAD_DIM + i] = a / L;
 }
+
+// ---- Tensor-core prefill helpers: long chunks multiply f16 copies of the weights with cuBLAS (f32 accumulation).
+
+// W[N, K] (quantized rows) -> out[N, K] f16, one thread per 32-weight unit.
+template <int T, int K>
+__device__ __forceinline__ void dequant_body(const u8* __restrict__ W, u16* __restrict__ out, int N) {
+    const int NU = K / 32;
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)N * NU) return;
+    const size_t n = idx / NU;
+    const int u = (int)(idx % NU);
+    const size_t row_bytes = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
+    float w[32];
+    const int off = unit<T>(W + n * row_bytes, u, w);
+    u32 a[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) a[i] = (u32)f2h(w[2 * i]) | ((u32)f2h(w[2 * i + 1]) << 16);
+    uint4* p0 = (uint4*)(out + n * K + off);
+    uint4* p1 = (uint4*)(out + n * K + off + Fmt<T>::DOFF);
+    p0[0] = make_uint4(a[0], a[1], a[2], a[3]);
+    p0[1] = make_uint4(a[4], a[5], a[6], a[7]);
+    p1[0] = make_uint4(a[8], a[9], a[10], a[11]);
+    p1[1] = make_uint4(a[12], a[13], a[14], a[15]);
+}
+
+// out[i] = f16(x[i]), saturating at the largest finite f16.
+extern "C" __global__ void to_f16(const float* __restrict__ x, u16* __restrict__ out, int n) {
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i + 3 < (size_t)n) {
+        float4 v = *(const float4*)(x + i);
+        u32 lo = (u32)f2h(fminf(fmaxf(v.x, -65504.f), 65504.f)) | ((u32)f2h(fminf(fmaxf(v.y, -65504.f), 65504.f)) << 16);
+        u32 hi = (u32)f2h(fminf(fmaxf(v.z, -65504.f), 65504.f)) | ((u32)f2h(fminf(fmaxf(v.w, -65504.f), 65504.f)) << 16);
+        *(uint2*)(out + i) = make_uint2(lo, hi);
+    } else {
+        for (size_t j = i; j < (size_t)n; j++) out[j] = f2h(fminf(fmaxf(x[j], -65504.f), 65504.f));
+    }
+}
+
+// y[r, j] += b[j] for rows r < rows, j < N.
+extern "C" __global__ void add_bias(float* __restrict__ y, const float* __restrict__ b, int N, int total) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) y[i] += b[i % N];
+}
+
+// Positions [0, n) of one sequence's paged K and V caches into contiguous [n, KV_DIM] f16 matrices.
+extern "C" __global__ void kv_gather(const u16* __restrict__ kc, const u16* __restrict__ vc, const u32* __restrict__ table,
+                                     u16* __restrict__ ko, u16* __restrict__ vo) {
+    const int p = blockIdx.x;
+    const size_t src = ((size_t)table[p / PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE) * KV_DIM;
+    for (int i = threadIdx.x; i < KV_DIM / 8; i += blockDim.x) {
+        ((uint4*)(ko + (size_t)p * KV_DIM))[i] = ((const uint4*)(kc + src))[i];
+        ((uint4*)(vo + (size_t)p * KV_DIM))[i] = ((const uint4*)(vc + src))[i];
+    }
+}
+
+// Causal softmax of score rows S[h][i][0..ld) (query i of the block sees positions <= lim0 + i) into P (f16,
+// normalised, zero past the limit). Grid (rows of the block, NUM_HEADS), 256 threads.
+extern "C" __global__ void softmax_causal(const float* __restrict__ S, u16* __restrict__ P, int ld, int lim0) {
+    __shared__ float sh[32];
+    const int i = blockIdx.x, h = blockIdx.y;
+    const size_t base = ((size_t)h * gridDim.x + i) * ld;
+    const int valid = min(ld, lim0 + i + 1);
+    float mx = -1e30f;
+    for (int p = threadIdx.x; p < valid; p += blockDim.x) mx = fmaxf(mx, S[base + p]);
+    mx = warp_max(mx);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    if (lane == 0) sh[wid] = mx;
+    __syncthreads();
+    mx = -1e30f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, sh[w]);
+    float s = 0.f;
+    for (int p = threadIdx.x; p < valid; p += blockDim.x) s += __expf(S[base + p] - mx);
+    s = block_sum(s, sh);
+    const float inv = 1.f / s;
+    for (int p = threadIdx.x; p < ld; p += blockDim.x) P[base + p] = p < valid ? f2h(__expf(S[base + p] - mx) * inv) : 0;
+}
