@@ -920,6 +920,8 @@ impl CudaRunner {
         while i0 < m {
             let nb = ATT_BLOCK_ROWS.min(m - i0);
             let kv = gc.start_pos + i0 + nb;
+            // Score rows padded to 8 elements (16-byte aligned f16 rows for the tensor cores).
+            let ld = kv.next_multiple_of(8);
             for g in 0..c.num_kv_heads {
                 blas.gemm(
                     true,
@@ -929,7 +931,7 @@ impl CudaRunner {
                     BlasMat::new(gs.kg.ptr + (g * d) as u64 * h2, BlasType::F16, kvd),
                     BlasMat::new(gs.qh.ptr + (i0 * qd + g * group * d) as u64 * h2, BlasType::F16, qd).strided(d),
                     0.0,
-                    BlasMat::new(gs.s.ptr + (g * group * nb * kv) as u64 * f4, BlasType::F32, kv).strided(nb * kv),
+                    BlasMat::new(gs.s.ptr + (g * group * nb * ld) as u64 * f4, BlasType::F32, ld).strided(nb * ld),
                     group,
                 )?;
             }
@@ -937,7 +939,7 @@ impl CudaRunner {
                 "softmax_causal",
                 (nb as u32, c.num_heads as u32, 1),
                 256,
-                Args(vec![gs.s.ptr, gs.p.ptr, i(kv), i(gc.start_pos + i0)]),
+                Args(vec![gs.s.ptr, gs.p.ptr, i(ld), i(gc.start_pos + i0)]),
             )?;
             for g in 0..c.num_kv_heads {
                 blas.gemm(
@@ -946,7 +948,7 @@ impl CudaRunner {
                     (d, nb, kv),
                     1.0,
                     BlasMat::new(gs.vg.ptr + (g * d) as u64 * h2, BlasType::F16, kvd),
-                    BlasMat::new(gs.p.ptr + (g * group * nb * kv) as u64 * h2, BlasType::F16, kv).strided(nb * kv),
+                    BlasMat::new(gs.p.ptr + (g * group * nb * ld) as u64 * h2, BlasType::F16, ld).strided(nb * ld),
                     0.0,
                     BlasMat::new(att + (i0 * qd + g * group * d) as u64 * f4, BlasType::F32, qd).strided(d),
                     group,
