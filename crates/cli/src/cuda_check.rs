@@ -274,8 +274,9 @@ mod tests {
 
     /// On a GPU (skipped without one): the tensor-core prefill path (dequantized f16 weights, cuBLAS, GEMM attention
     /// over the paged cache, a second chunk attending to the first) against the CPU backend, on synthetic files.
-    /// With f16 weights both backends multiply unrounded weights, so only the GPU's f16 activations separate them;
-    /// with the Q4_K_M mix the CPU's 8-bit activations dominate and the GPU's own matrix-vector path is the yardstick.
+    /// With f16 weights both backends multiply unrounded weights, so only the GPU's f16 activations separate them
+    /// (about 1.5e-3 against the matrix-vector path's 4e-4, which keeps f32 activations); with the Q4_K_M mix the
+    /// CPU's 8-bit activations dominate and the GPU's own matrix-vector path is the yardstick.
     #[test]
     fn tensor_core_prefill_matches_cpu() {
         if let Err(e) = backend::cuda::available() {
@@ -306,8 +307,15 @@ mod tests {
             let (base_err, base_top1) = summary(&format!("{} matrix-vector vs cpu", shape.name), &mut e, t1);
             assert!(err < max_err, "{}: relative error {err:.3e} >= {max_err:.1e}", shape.name);
             assert!(top1 >= min_top1, "{}: top-1 agreement {top1:.3} < {min_top1}", shape.name);
-            assert!(err < 2.0 * base_err.max(1e-4), "{}: gemm {err:.3e} vs matrix-vector {base_err:.3e}", shape.name);
-            assert!(top1 + 0.03 >= base_top1, "{}: gemm top-1 {top1:.3} vs matrix-vector {base_top1:.3}", shape.name);
+            if forced.is_none() {
+                // Quantized weights: the CPU's 8-bit activations dominate both GPU paths' error.
+                assert!(err < 1.5 * base_err, "{}: gemm {err:.3e} vs matrix-vector {base_err:.3e}", shape.name);
+                assert!(
+                    top1 + 0.03 >= base_top1,
+                    "{}: gemm top-1 {top1:.3} vs matrix-vector {base_top1:.3}",
+                    shape.name
+                );
+            }
         }
     }
 }
