@@ -54,6 +54,9 @@ pub struct CudaOptions {
     pub exact_activations: bool,
     /// Run chunks of at least [`GEMM_MIN_ROWS`] tokens on tensor cores through cuBLAS (when libcublas loads).
     pub gemm: bool,
+    /// Launch kernels with programmatic dependent launch (Hopper and later): each kernel's start and weight
+    /// prefetch overlap the previous kernel's end.
+    pub pdl: bool,
 }
 
 impl Default for CudaOptions {
@@ -62,7 +65,8 @@ impl Default for CudaOptions {
         let exact_activations = std::env::var("SPLASH_CUDA_EXACT").is_ok_and(|v| v == "1");
         let fuse_rope = std::env::var("SPLASH_CUDA_FUSE_ROPE").is_ok_and(|v| v == "1");
         let gemm = std::env::var("SPLASH_CUDA_GEMM").map(|v| v != "0").unwrap_or(true);
-        CudaOptions { device: 0, kv_tokens: 0, graphs, cache_dir: None, exact_activations, fuse_rope, gemm }
+        let pdl = std::env::var("SPLASH_CUDA_PDL").is_ok_and(|v| v == "1");
+        CudaOptions { device: 0, kv_tokens: 0, graphs, cache_dir: None, exact_activations, fuse_rope, gemm, pdl }
     }
 }
 
@@ -304,7 +308,7 @@ pub fn kernel_source(
             for mode in 0..2 {
                 s.push_str(&format!(
                     "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* W, const float* X, float* Y, \
-                     const float* bias, int m, int N) {{ mmv_body<{t}, {k}, {mr}, {mode}, {}>(W, X, Y, bias, m, N); }}\n",
+                     const float* bias, int m, int N) {{ pdl_trigger(); mmv_body<{t}, {k}, {mr}, {mode}, {}>(W, X, Y, bias, m, N); }}\n",
                     mmv_name(ty, k, mr, mode),
                     warps_per_row(k)
                 ));
@@ -314,7 +318,7 @@ pub fn kernel_source(
     for &(ty, k) in mats {
         s.push_str(&format!(
             "extern \"C\" __global__ void __launch_bounds__(256) {}(const u8* W, u16* out, int N) {{ \
-             dequant_body<{}, {k}>(W, out, N); }}\n",
+             PDL_ENTER dequant_body<{}, {k}>(W, out, N); }}\n",
             dequant_name(ty, k),
             type_id(ty)
         ));
@@ -324,7 +328,7 @@ pub fn kernel_source(
         for mr in MRS {
             s.push_str(&format!(
                 "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wg, const u8* Wu, const float* X, \
-                 float* Y, int m, int N) {{ mmv_gu_body<{t}, {k}, {mr}>(Wg, Wu, X, Y, m, N); }}\n",
+                 float* Y, int m, int N) {{ pdl_trigger(); mmv_gu_body<{t}, {k}, {mr}>(Wg, Wu, X, Y, m, N); }}\n",
                 gu_name(ty, k, mr)
             ));
         }
@@ -334,7 +338,7 @@ pub fn kernel_source(
             s.push_str(&format!(
                 "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wq, const u8* Wk, const u8* Wv, \
                  const float* X, const float* g, const float* bq, const float* bk, const float* bv, float* q, float* k, \
-                 float* v, int m) {{ qkv_body<{}, {}, {}, {mr}>(Wq, Wk, Wv, X, g, bq, bk, bv, q, k, v, m); }}\n",
+                 float* v, int m) {{ PDL_ENTER qkv_body<{}, {}, {}, {mr}>(Wq, Wk, Wv, X, g, bq, bk, bv, q, k, v, m); }}\n",
                 qkvn_name(tq, tk, tv, mr),
                 type_id(tq),
                 type_id(tk),
@@ -344,7 +348,7 @@ pub fn kernel_source(
                 "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wq, const u8* Wk, const u8* Wv, \
                  const float* X, const float* g, const float* bq, const float* bk, const float* bv, float* q, \
                  const float* inv_freq, const u32* pos, const u32* slot, const u32* table, u16* kc, u16* vc, int m) \
-                 {{ qkv_rope_body<{}, {}, {}, {mr}>(Wq, Wk, Wv, X, g, bq, bk, bv, q, inv_freq, pos, slot, table, kc, \
+                 {{ PDL_ENTER qkv_rope_body<{}, {}, {}, {mr}>(Wq, Wk, Wv, X, g, bq, bk, bv, q, inv_freq, pos, slot, table, kc, \
                  vc, m); }}\n",
                 qkv_name(tq, tk, tv, mr),
                 type_id(tq),
@@ -355,7 +359,7 @@ pub fn kernel_source(
     }
     let (ty, k) = embd;
     s.push_str(&format!(
-        "extern \"C\" __global__ void {}(const u8* W, const u32* tokens, float* out) {{ embed_body<{}, {k}>(W, tokens, \
+        "extern \"C\" __global__ void {}(const u8* W, const u32* tokens, float* out) {{ PDL_ENTER embed_body<{}, {k}>(W, tokens, \
          out); }}\n",
         embed_name(ty, k),
         type_id(ty)
@@ -387,6 +391,8 @@ impl CudaRunner {
         }
         let weights = Weights::load(&file, &cfg)?;
         let gpu = Gpu::new(opts.device)?;
+        let mut opts = opts;
+        opts.pdl &= gpu.cc.0 >= 9;
         let mut stats = CudaLoadStats { gpu: gpu.name.clone(), arch: gpu.arch(), ..Default::default() };
 
         // Which (type, row length) pairs the kernels must cover.
@@ -622,7 +628,7 @@ impl CudaRunner {
     fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, mut args: Args) -> Result<()> {
         let f = self.funcs.get(name).ok_or_else(|| Error::Backend(format!("kernel {name} was not compiled")))?;
         let mut p = args.ptrs();
-        self.gpu.launch(f, grid, block, &mut p)?;
+        self.gpu.launch_pdl(f, grid, block, &mut p, self.opts.pdl)?;
         Ok(())
     }
 

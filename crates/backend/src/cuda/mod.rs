@@ -133,6 +133,43 @@ impl Gpu {
             .map_err(drv("launching a kernel"))
     }
 
+    /// Launches `f` like [`Gpu::launch`], with programmatic dependent launch when `pdl` (the kernel may start
+    /// while the previous one drains; it must call `griddepcontrol.wait` before reading what that one wrote).
+    pub fn launch_pdl(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &mut [*mut c_void],
+        pdl: bool,
+    ) -> Result<()> {
+        if !pdl {
+            return self.launch(f, grid, block, args);
+        }
+        use cudarc::driver::sys as ds;
+        let mut attr: ds::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = ds::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = ds::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let r = unsafe { ds::cuLaunchKernelEx(&cfg, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) };
+        if r == ds::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(CudaError::Driver(format!("launching a kernel (programmatic dependent launch): {r:?}")))
+        }
+    }
+
     /// Compiles `src` for this GPU (or loads it from the disk cache) and returns the module and the seconds spent
     /// compiling (0 on a cache hit).
     pub fn compile(&self, src: &str, cache_dir: Option<PathBuf>) -> Result<(Arc<CudaModule>, f64, bool)> {
