@@ -491,9 +491,11 @@ __device__ __forceinline__ void gu_norm_body(const u8* __restrict__ Wg, const u8
 }
 
 // Gate and up projections together, writing silu(gate) * up.
-template <int T, int K, int MR>
+// NORM: X is the raw residual stream, RMS-normalised on the fly with weights gn (as row_dot does).
+template <int T, int K, int MR, bool NORM>
 __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
-                                            const float* __restrict__ X, float* __restrict__ Y, int m, int N) {
+                                            const float* __restrict__ X, float* __restrict__ Y, int m, int N,
+                                            const float* __restrict__ gn) {
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (n >= N) return;
@@ -509,13 +511,25 @@ __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8*
         prefetch_l2(ru + l * 128);
     }
     pdl_wait();
-    float ag[MR], au[MR];
+    float ag[MR], au[MR], ss[MR];
 #pragma unroll
-    for (int r = 0; r < MR; r++) ag[r] = au[r] = 0.f;
+    for (int r = 0; r < MR; r++) ag[r] = au[r] = ss[r] = 0.f;
     for (int u = lane; u < NU; u += 32) {
         float wg[32], wu[32];
         int off = unit<T>(rg, u, wg);
         unit<T>(ru, u, wu);
+        if (NORM) {
+            const float4* g0 = (const float4*)(gn + off);
+            const float4* g1 = (const float4*)(gn + off + Fmt<T>::DOFF);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float4 a = g0[i], c = g1[i];
+                wg[4 * i] *= a.x; wg[4 * i + 1] *= a.y; wg[4 * i + 2] *= a.z; wg[4 * i + 3] *= a.w;
+                wg[16 + 4 * i] *= c.x; wg[16 + 4 * i + 1] *= c.y; wg[16 + 4 * i + 2] *= c.z; wg[16 + 4 * i + 3] *= c.w;
+                wu[4 * i] *= a.x; wu[4 * i + 1] *= a.y; wu[4 * i + 2] *= a.z; wu[4 * i + 3] *= a.w;
+                wu[16 + 4 * i] *= c.x; wu[16 + 4 * i + 1] *= c.y; wu[16 + 4 * i + 2] *= c.z; wu[16 + 4 * i + 3] *= c.w;
+            }
+        }
 #pragma unroll
         for (int r = 0; r < MR; r++) {
             if (r < m) {
@@ -525,6 +539,7 @@ __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8*
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     float4 a = x0[i], c = x1[i];
+                    if (NORM) ss[r] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + c.x * c.x + c.y * c.y + c.z * c.z + c.w * c.w;
                     sg += wg[4 * i] * a.x + wg[4 * i + 1] * a.y + wg[4 * i + 2] * a.z + wg[4 * i + 3] * a.w;
                     sg += wg[16 + 4 * i] * c.x + wg[16 + 4 * i + 1] * c.y + wg[16 + 4 * i + 2] * c.z +
                           wg[16 + 4 * i + 3] * c.w;
@@ -541,6 +556,11 @@ __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8*
     for (int r = 0; r < MR; r++) {
         if (r < m) {
             float g = warp_sum(ag[r]), up = warp_sum(au[r]);
+            if (NORM) {
+                const float sc = rsqrtf(warp_sum(ss[r]) / (float)K + RMS_EPS);
+                g *= sc;
+                up *= sc;
+            }
             if (lane == 0) Y[(size_t)r * N + n] = g / (1.f + __expf(-g)) * up;
         }
     }
