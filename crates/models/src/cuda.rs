@@ -400,20 +400,6 @@ pub fn kernel_source(
     s
 }
 
-/// Q6_K blocks as stored in GGUF, and as uploaded (16-byte aligned; see `Fmt<T_Q6_K>` in kernels.cu).
-const Q6_K_BYTES: usize = 210;
-const Q6_K_PADDED: usize = 224;
-
-/// `bytes` (whole blocks of `from` bytes) with each block zero-padded to `to` bytes.
-fn pad_blocks(bytes: &[u8], from: usize, to: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len() / from * to);
-    for b in bytes.chunks(from) {
-        out.extend_from_slice(b);
-        out.resize(out.len() + to - b.len(), 0);
-    }
-    out
-}
-
 /// Kernel arguments: each stored in 8 bytes (ints in the low half, little-endian), passed by address.
 struct Args(Vec<u64>);
 
@@ -507,14 +493,8 @@ impl CudaRunner {
         let t0 = std::time::Instant::now();
         let mut weight_bytes = 0usize;
         let mut up_mat = |m: &backend::cpu::QMatrix| -> Result<GMat> {
-            let bytes = m.bytes.as_slice();
-            weight_bytes += bytes.len();
-            let buf = if m.ty == GgmlType::Q6_K {
-                gpu.upload(&pad_blocks(bytes, Q6_K_BYTES, Q6_K_PADDED))?
-            } else {
-                gpu.upload(bytes)?
-            };
-            Ok(GMat { ty: m.ty, rows: m.rows, cols: m.cols, buf })
+            weight_bytes += m.bytes.as_slice().len();
+            Ok(GMat { ty: m.ty, rows: m.rows, cols: m.cols, buf: gpu.upload(m.bytes.as_slice())? })
         };
         let embd = up_mat(&weights.token_embd)?;
         let output = if cfg.tied_embeddings { None } else { Some(up_mat(&weights.output)?) };

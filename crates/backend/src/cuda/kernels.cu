@@ -73,10 +73,17 @@ template <> struct Fmt<T_Q5_0> { static const int BLOCK = 32, BYTES = 22, DOFF =
 template <> struct Fmt<T_Q5_1> { static const int BLOCK = 32, BYTES = 24, DOFF = 16; };
 template <> struct Fmt<T_Q8_0> { static const int BLOCK = 32, BYTES = 34, DOFF = 16; };
 template <> struct Fmt<T_Q4_K> { static const int BLOCK = 256, BYTES = 144, DOFF = 32; };
-// Q6_K blocks are repacked at upload from 210 to 224 bytes (zero padding at the end), so every block and its ql / qh
-// halves start 16-byte aligned and load as whole vectors.
-template <> struct Fmt<T_Q6_K> { static const int BLOCK = 256, BYTES = 224, DOFF = 64; };
+template <> struct Fmt<T_Q6_K> { static const int BLOCK = 256, BYTES = 210, DOFF = 64; };
 
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, float& d, float& m) {
+    if (j < 4) {
+        d = (float)(q[j] & 63);
+        m = (float)(q[j + 4] & 63);
+    } else {
+        d = (float)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        m = (float)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
 
 // Dequantizes unit `u` of a row starting at `row`; returns the offset of its first half.
 template <int T> __device__ __forceinline__ int unit(const u8* row, int u, float* w);
@@ -175,29 +182,13 @@ template <> __device__ __forceinline__ int unit<T_Q8_0>(const u8* row, int u, fl
     }
     return u * 32;
 }
-// Byte i of the 12 scale bytes held as (lo: bytes 0..8, hi: bytes 8..12).
-__device__ __forceinline__ u32 kbyte(unsigned long long lo, u32 hi, int i) {
-    return i < 8 ? (u32)(lo >> (8 * i)) & 0xFF : (hi >> (8 * (i - 8))) & 0xFF;
-}
-__device__ __forceinline__ void scale_min_k4r(int j, unsigned long long lo, u32 hi, float& d, float& m) {
-    if (j < 4) {
-        d = (float)(kbyte(lo, hi, j) & 63);
-        m = (float)(kbyte(lo, hi, j + 4) & 63);
-    } else {
-        d = (float)((kbyte(lo, hi, j + 4) & 0xF) | ((kbyte(lo, hi, j - 4) >> 6) << 4));
-        m = (float)((kbyte(lo, hi, j + 4) >> 4) | ((kbyte(lo, hi, j) >> 6) << 4));
-    }
-}
-// Q4_K blocks (144 bytes) are 16-byte aligned: the header (d, dmin, 12 scale bytes) is one vector load.
 template <> __device__ __forceinline__ int unit<T_Q4_K>(const u8* row, int u, float* w) {
     const u8* b = row + (u >> 3) * 144;
     int sub = u & 7, j = sub >> 1, h = sub & 1;
-    const uint4 hdr = *(const uint4*)b;
-    float d = h2f((u16)(hdr.x & 0xFFFF)), dmin = h2f((u16)(hdr.x >> 16));
-    const unsigned long long lo = (unsigned long long)hdr.y | ((unsigned long long)hdr.z << 32);
+    float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
     float s0, m0, s1, m1;
-    scale_min_k4r(2 * j, lo, hdr.w, s0, m0);
-    scale_min_k4r(2 * j + 1, lo, hdr.w, s1, m1);
+    scale_min_k4(2 * j, b + 4, s0, m0);
+    scale_min_k4(2 * j + 1, b + 4, s1, m1);
     float d0 = d * s0, mm0 = dmin * m0, d1 = d * s1, mm1 = dmin * m1;
     uint4 q = *(const uint4*)(b + 16 + 32 * j + 16 * h);
     u32 a[4] = {q.x, q.y, q.z, q.w};
@@ -213,7 +204,7 @@ template <> __device__ __forceinline__ int unit<T_Q4_K>(const u8* row, int u, fl
     return (u >> 3) * 256 + 64 * j + 16 * h;
 }
 template <> __device__ __forceinline__ int unit<T_Q6_K>(const u8* row, int u, float* w) {
-    const u8* b = row + (u >> 3) * 224;
+    const u8* b = row + (u >> 3) * 210;
     int sub = u & 7, hf = sub >> 2, pp = (sub >> 1) & 1, lg = sub & 1;
     const u8* ql = b + 64 * hf + 32 * pp + 16 * lg;
     const u8* qh = b + 128 + 32 * hf + 16 * lg;
@@ -221,15 +212,17 @@ template <> __device__ __forceinline__ int unit<T_Q6_K>(const u8* row, int u, fl
     float d = h2f(ld16(b + 208));
     float dlo = d * (float)sc[8 * hf + lg + 2 * pp], dhi = d * (float)sc[8 * hf + lg + 4 + 2 * pp];
     int shl = 2 * pp, shh = 4 + 2 * pp;
-    const uint4 L = *(const uint4*)ql, H = *(const uint4*)qh;
-    const u32 la[4] = {L.x, L.y, L.z, L.w}, ha[4] = {H.x, H.y, H.z, H.w};
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-        u32 lb = (la[i >> 2] >> (8 * (i & 3))) & 0xFF, hb = (ha[i >> 2] >> (8 * (i & 3))) & 0xFF;
-        int lo = (int)((lb & 0xF) | (((hb >> shl) & 3) << 4)) - 32;
-        int hi = (int)((lb >> 4) | (((hb >> shh) & 3) << 4)) - 32;
-        w[i] = dlo * (float)lo;
-        w[16 + i] = dhi * (float)hi;
+    for (int i = 0; i < 8; i++) {
+        u16 l2 = ld16(ql + 2 * i), h2 = ld16(qh + 2 * i);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            u32 lb = (l2 >> (8 * k)) & 0xFF, hb = (h2 >> (8 * k)) & 0xFF;
+            int lo = (int)((lb & 0xF) | (((hb >> shl) & 3) << 4)) - 32;
+            int hi = (int)((lb >> 4) | (((hb >> shh) & 3) << 4)) - 32;
+            w[2 * i + k] = dlo * (float)lo;
+            w[16 + 2 * i + k] = dhi * (float)hi;
+        }
     }
     return (u >> 3) * 256 + 128 * hf + 32 * pp + 16 * lg;
 }
