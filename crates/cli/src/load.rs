@@ -153,6 +153,9 @@ pub fn build_runner(file: Arc<gguf::GgufFile>, threads: usize, device: Device) -
                 st.upload_s,
                 st.kv_tokens
             );
+            if let Some(why) = &st.no_gemm {
+                eprintln!("cuda: no tensor-core prefill ({why}); long prompts run on the matrix-vector kernels");
+            }
             Ok(AnyRunner::Cuda(Box::new(r)))
         }
         Device::Auto => match backend::cuda::available() {

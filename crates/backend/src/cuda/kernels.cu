@@ -32,6 +32,25 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+
+// Programmatic dependent launch (Hopper): with the launch attribute set by the host, a kernel may start while the
+// previous one drains; `pdl_wait` blocks until that one has finished and its writes are visible, so every kernel calls
+// it before touching activations (weights, which no kernel writes, may be prefetched before it). `pdl_trigger` lets
+// the next kernel's blocks be scheduled once every block of this one has started. Both are no-ops without the
+// attribute and before sm_90.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+#define PDL_ENTER pdl_trigger(); pdl_wait();
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 // ---- Quant formats: each row is split into units of 32 weights. A unit's weights w[0..16) multiply
 // x[off .. off+16) and w[16..32) multiply x[off+DOFF .. off+DOFF+16).
 
@@ -225,6 +244,9 @@ __device__ __forceinline__ void mmv_body(const u8* __restrict__ W, const float* 
     const int NU = K / 32;
     const size_t row_bytes = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
     const u8* row = W + (size_t)min(n, N - 1) * row_bytes;
+    if (n < N)
+        for (size_t l = part * 32 + lane; l * 128 < row_bytes; l += 32 * WPR) prefetch_l2(row + l * 128);
+    pdl_wait();
     float acc[MR];
 #pragma unroll
     for (int r = 0; r < MR; r++) acc[r] = 0.f;
@@ -469,9 +491,11 @@ __device__ __forceinline__ void gu_norm_body(const u8* __restrict__ Wg, const u8
 }
 
 // Gate and up projections together, writing silu(gate) * up.
-template <int T, int K, int MR>
+// NORM: X is the raw residual stream, RMS-normalised on the fly with weights gn (as row_dot does).
+template <int T, int K, int MR, bool NORM>
 __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
-                                            const float* __restrict__ X, float* __restrict__ Y, int m, int N) {
+                                            const float* __restrict__ X, float* __restrict__ Y, int m, int N,
+                                            const float* __restrict__ gn) {
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (n >= N) return;
@@ -482,13 +506,30 @@ __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8*
     const size_t row_bytes = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
     const u8* rg = Wg + (size_t)n * row_bytes;
     const u8* ru = Wu + (size_t)n * row_bytes;
-    float ag[MR], au[MR];
+    for (size_t l = lane; l * 128 < row_bytes; l += 32) {
+        prefetch_l2(rg + l * 128);
+        prefetch_l2(ru + l * 128);
+    }
+    pdl_wait();
+    float ag[MR], au[MR], ss[MR];
 #pragma unroll
-    for (int r = 0; r < MR; r++) ag[r] = au[r] = 0.f;
+    for (int r = 0; r < MR; r++) ag[r] = au[r] = ss[r] = 0.f;
     for (int u = lane; u < NU; u += 32) {
         float wg[32], wu[32];
         int off = unit<T>(rg, u, wg);
         unit<T>(ru, u, wu);
+        if (NORM) {
+            const float4* g0 = (const float4*)(gn + off);
+            const float4* g1 = (const float4*)(gn + off + Fmt<T>::DOFF);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float4 a = g0[i], c = g1[i];
+                wg[4 * i] *= a.x; wg[4 * i + 1] *= a.y; wg[4 * i + 2] *= a.z; wg[4 * i + 3] *= a.w;
+                wg[16 + 4 * i] *= c.x; wg[16 + 4 * i + 1] *= c.y; wg[16 + 4 * i + 2] *= c.z; wg[16 + 4 * i + 3] *= c.w;
+                wu[4 * i] *= a.x; wu[4 * i + 1] *= a.y; wu[4 * i + 2] *= a.z; wu[4 * i + 3] *= a.w;
+                wu[16 + 4 * i] *= c.x; wu[16 + 4 * i + 1] *= c.y; wu[16 + 4 * i + 2] *= c.z; wu[16 + 4 * i + 3] *= c.w;
+            }
+        }
 #pragma unroll
         for (int r = 0; r < MR; r++) {
             if (r < m) {
@@ -498,6 +539,7 @@ __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8*
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     float4 a = x0[i], c = x1[i];
+                    if (NORM) ss[r] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + c.x * c.x + c.y * c.y + c.z * c.z + c.w * c.w;
                     sg += wg[4 * i] * a.x + wg[4 * i + 1] * a.y + wg[4 * i + 2] * a.z + wg[4 * i + 3] * a.w;
                     sg += wg[16 + 4 * i] * c.x + wg[16 + 4 * i + 1] * c.y + wg[16 + 4 * i + 2] * c.z +
                           wg[16 + 4 * i + 3] * c.w;
@@ -514,6 +556,11 @@ __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8*
     for (int r = 0; r < MR; r++) {
         if (r < m) {
             float g = warp_sum(ag[r]), up = warp_sum(au[r]);
+            if (NORM) {
+                const float sc = rsqrtf(warp_sum(ss[r]) / (float)K + RMS_EPS);
+                g *= sc;
+                up *= sc;
+            }
             if (lane == 0) Y[(size_t)r * N + n] = g / (1.f + __expf(-g)) * up;
         }
     }
@@ -553,7 +600,7 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
 
 // out[i, :] = x[rows ? rows[i] : i, :] * rsqrt(mean(x^2) + eps) * w
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
-                                    const u32* __restrict__ rows) {
+                                    const u32* __restrict__ rows) { PDL_ENTER
     __shared__ float sh[32];
     const int i = blockIdx.x;
     const float* xr = x + (size_t)(rows ? rows[i] : i) * HIDDEN;
@@ -564,7 +611,7 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
     for (int k = threadIdx.x; k < HIDDEN; k += blockDim.x) out[(size_t)i * HIDDEN + k] = xr[k] * scale * w[k];
 }
 
-extern "C" __global__ void silu_mul(float* __restrict__ g, const float* __restrict__ u, int n) {
+extern "C" __global__ void silu_mul(float* __restrict__ g, const float* __restrict__ u, int n) { PDL_ENTER
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float a = g[i];
@@ -574,7 +621,7 @@ extern "C" __global__ void silu_mul(float* __restrict__ g, const float* __restri
 
 // Per-head RMSNorm of q and k (qwen3), in place; one warp per head.
 extern "C" __global__ void qk_norm(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ qw,
-                                   const float* __restrict__ kw) {
+                                   const float* __restrict__ kw) { PDL_ENTER
     const int t = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     for (int h = wid; h < NUM_HEADS + NUM_KV_HEADS; h += blockDim.x >> 5) {
         float* v = h < NUM_HEADS ? q + (size_t)t * Q_DIM + h * HEAD_DIM
@@ -593,7 +640,7 @@ extern "C" __global__ void qk_norm(float* __restrict__ q, float* __restrict__ k,
 extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                                    const float* __restrict__ inv_freq, const u32* __restrict__ pos,
                                    const u32* __restrict__ slot, const u32* __restrict__ table,
-                                   u16* __restrict__ kc, u16* __restrict__ vc) {
+                                   u16* __restrict__ kc, u16* __restrict__ vc) { PDL_ENTER
     const int t = blockIdx.x;
     const u32 p = pos[t];
     const u32 page = table[(size_t)slot[t] * MAX_PAGES + p / PAGE_SIZE];
@@ -680,8 +727,8 @@ __device__ __forceinline__ void act_quant_body(const float* __restrict__ x, floa
         for (int e = 0; e < EL; e++) out[base + e] = d * fminf(127.f, rintf(iscale * v[e]));
     }
 }
-extern "C" __global__ void act_q8_0(const float* x, float* out, int K) { act_quant_body<0>(x, out, K); }
-extern "C" __global__ void act_q8_k(const float* x, float* out, int K) { act_quant_body<1>(x, out, K); }
+extern "C" __global__ void act_q8_0(const float* x, float* out, int K) { PDL_ENTER act_quant_body<0>(x, out, K); }
+extern "C" __global__ void act_q8_k(const float* x, float* out, int K) { PDL_ENTER act_quant_body<1>(x, out, K); }
 
 // Causal attention of row t, head h, over positions 0..=pos[t] of its sequence's paged cache, split over gridDim.z
 // blocks (flash-decoding): split z takes a contiguous range of positions and writes its unnormalised partial
@@ -692,7 +739,7 @@ extern "C" __global__ void act_q8_k(const float* x, float* out, int K) { act_qua
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const float* __restrict__ q,
         const u16* __restrict__ kc, const u16* __restrict__ vc, const u32* __restrict__ pos,
         const u32* __restrict__ slot, const u32* __restrict__ table, float* __restrict__ part, float* out,
-        int* counters) {
+        int* counters) { PDL_ENTER
     const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, S = gridDim.z;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int kvh = h / (NUM_HEADS / NUM_KV_HEADS);
@@ -803,7 +850,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
 #undef E
 
 // out[t, h*D + i] = merge of the S partials of (t, h). Grid (m, NUM_HEADS), HEAD_DIM threads.
-extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out, int S) {
+extern "C" __global__ void attn_combine(const float* __restrict__ part, float* __restrict__ out, int S) { PDL_ENTER
     const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
     const float* p = part + (size_t)(t * NUM_HEADS + h) * S * (HEAD_DIM + 2);
     float M = -1e30f;
@@ -815,4 +862,80 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part, float* _
         a += p[z * (HEAD_DIM + 2) + 2 + i] * c;
     }
     out[(size_t)t * Q_DIM + h * HEAD_DIM + i] = a / L;
+}
+
+// ---- Tensor-core prefill helpers: long chunks multiply f16 copies of the weights with cuBLAS (f32 accumulation).
+
+// W[N, K] (quantized rows) -> out[N, K] f16, one thread per 32-weight unit.
+template <int T, int K>
+__device__ __forceinline__ void dequant_body(const u8* __restrict__ W, u16* __restrict__ out, int N) {
+    const int NU = K / 32;
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)N * NU) return;
+    const size_t n = idx / NU;
+    const int u = (int)(idx % NU);
+    const size_t row_bytes = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
+    float w[32];
+    const int off = unit<T>(W + n * row_bytes, u, w);
+    u32 a[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) a[i] = (u32)f2h(w[2 * i]) | ((u32)f2h(w[2 * i + 1]) << 16);
+    uint4* p0 = (uint4*)(out + n * K + off);
+    uint4* p1 = (uint4*)(out + n * K + off + Fmt<T>::DOFF);
+    p0[0] = make_uint4(a[0], a[1], a[2], a[3]);
+    p0[1] = make_uint4(a[4], a[5], a[6], a[7]);
+    p1[0] = make_uint4(a[8], a[9], a[10], a[11]);
+    p1[1] = make_uint4(a[12], a[13], a[14], a[15]);
+}
+
+// out[i] = f16(x[i]), saturating at the largest finite f16.
+extern "C" __global__ void to_f16(const float* __restrict__ x, u16* __restrict__ out, int n) { PDL_ENTER
+    const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i + 3 < (size_t)n) {
+        float4 v = *(const float4*)(x + i);
+        u32 lo = (u32)f2h(fminf(fmaxf(v.x, -65504.f), 65504.f)) | ((u32)f2h(fminf(fmaxf(v.y, -65504.f), 65504.f)) << 16);
+        u32 hi = (u32)f2h(fminf(fmaxf(v.z, -65504.f), 65504.f)) | ((u32)f2h(fminf(fmaxf(v.w, -65504.f), 65504.f)) << 16);
+        *(uint2*)(out + i) = make_uint2(lo, hi);
+    } else {
+        for (size_t j = i; j < (size_t)n; j++) out[j] = f2h(fminf(fmaxf(x[j], -65504.f), 65504.f));
+    }
+}
+
+// y[r, j] += b[j] for rows r < rows, j < N.
+extern "C" __global__ void add_bias(float* __restrict__ y, const float* __restrict__ b, int N, int total) { PDL_ENTER
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) y[i] += b[i % N];
+}
+
+// Positions [0, n) of one sequence's paged K and V caches into contiguous [n, KV_DIM] f16 matrices.
+extern "C" __global__ void kv_gather(const u16* __restrict__ kc, const u16* __restrict__ vc, const u32* __restrict__ table,
+                                     u16* __restrict__ ko, u16* __restrict__ vo) { PDL_ENTER
+    const int p = blockIdx.x;
+    const size_t src = ((size_t)table[p / PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE) * KV_DIM;
+    for (int i = threadIdx.x; i < KV_DIM / 8; i += blockDim.x) {
+        ((uint4*)(ko + (size_t)p * KV_DIM))[i] = ((const uint4*)(kc + src))[i];
+        ((uint4*)(vo + (size_t)p * KV_DIM))[i] = ((const uint4*)(vc + src))[i];
+    }
+}
+
+// Causal softmax of score rows S[h][i][0..ld) (query i of the block sees positions <= lim0 + i) into P (f16,
+// normalised, zero past the limit). Grid (rows of the block, NUM_HEADS), 256 threads.
+extern "C" __global__ void softmax_causal(const float* __restrict__ S, u16* __restrict__ P, int ld, int lim0) { PDL_ENTER
+    __shared__ float sh[32];
+    const int i = blockIdx.x, h = blockIdx.y;
+    const size_t base = ((size_t)h * gridDim.x + i) * ld;
+    const int valid = min(ld, lim0 + i + 1);
+    float mx = -1e30f;
+    for (int p = threadIdx.x; p < valid; p += blockDim.x) mx = fmaxf(mx, S[base + p]);
+    mx = warp_max(mx);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    if (lane == 0) sh[wid] = mx;
+    __syncthreads();
+    mx = -1e30f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, sh[w]);
+    float s = 0.f;
+    for (int p = threadIdx.x; p < valid; p += blockDim.x) s += __expf(S[base + p] - mx);
+    s = block_sum(s, sh);
+    const float inv = 1.f / s;
+    for (int p = threadIdx.x; p < ld; p += blockDim.x) P[base + p] = p < valid ? f2h(__expf(S[base + p] - mx) * inv) : 0;
 }

@@ -133,6 +133,43 @@ impl Gpu {
             .map_err(drv("launching a kernel"))
     }
 
+    /// Launches `f` like [`Gpu::launch`], with programmatic dependent launch when `pdl` (the kernel may start
+    /// while the previous one drains; it must call `griddepcontrol.wait` before reading what that one wrote).
+    pub fn launch_pdl(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &mut [*mut c_void],
+        pdl: bool,
+    ) -> Result<()> {
+        if !pdl {
+            return self.launch(f, grid, block, args);
+        }
+        use cudarc::driver::sys as ds;
+        let mut attr: ds::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = ds::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = ds::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let r = unsafe { ds::cuLaunchKernelEx(&cfg, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) };
+        if r == ds::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(CudaError::Driver(format!("launching a kernel (programmatic dependent launch): {r:?}")))
+        }
+    }
+
     /// Compiles `src` for this GPU (or loads it from the disk cache) and returns the module and the seconds spent
     /// compiling (0 on a cache hit).
     pub fn compile(&self, src: &str, cache_dir: Option<PathBuf>) -> Result<(Arc<CudaModule>, f64, bool)> {
@@ -200,6 +237,169 @@ pub fn nvrtc_cubin(src: &str, arch: &str) -> Result<Vec<u8>> {
     };
     Ok(bin)
 }
+
+/// cuBLAS, loaded at run time like every CUDA library: the tensor-core matrix products of long prefill chunks.
+/// [`Blas::new`] answers an error (never panics) when libcublas is missing.
+pub struct Blas {
+    handle: cudarc::cublas::sys::cublasHandle_t,
+    ctx: Arc<CudaContext>,
+}
+
+/// Element types of [`Blas`] operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlasType {
+    F16,
+    F32,
+}
+
+/// One operand: device address, element type and leading dimension (column-major, as cuBLAS sees it).
+#[derive(Debug, Clone, Copy)]
+pub struct BlasMat {
+    pub ptr: u64,
+    pub ty: BlasType,
+    pub ld: usize,
+    /// Elements between consecutive matrices of a strided batch.
+    pub stride: usize,
+}
+
+impl BlasMat {
+    pub fn new(ptr: u64, ty: BlasType, ld: usize) -> Self {
+        BlasMat { ptr, ty, ld, stride: 0 }
+    }
+    pub fn strided(self, stride: usize) -> Self {
+        BlasMat { stride, ..self }
+    }
+}
+
+fn blas_ty(t: BlasType) -> cudarc::cublas::sys::cudaDataType {
+    use cudarc::cublas::sys::cudaDataType::*;
+    match t {
+        BlasType::F16 => CUDA_R_16F,
+        BlasType::F32 => CUDA_R_32F,
+    }
+}
+
+fn blas_ok(what: &str, s: cudarc::cublas::sys::cublasStatus_t) -> Result<()> {
+    if s == cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::Driver(format!("{what}: {s:?}")))
+    }
+}
+
+impl Blas {
+    /// A cuBLAS handle on `gpu`'s stream.
+    pub fn new(gpu: &Gpu) -> Result<Self> {
+        use cudarc::cublas::sys as cs;
+        if !unsafe { cs::is_culib_present() } {
+            return Err(CudaError::Unavailable("libcublas was not found".into()));
+        }
+        gpu.bind()?;
+        let (r, handle) = std::panic::catch_unwind(|| {
+            let mut handle: cs::cublasHandle_t = std::ptr::null_mut();
+            let r = unsafe { cs::cublasCreate_v2(&mut handle) };
+            (r, handle as usize)
+        })
+        .map_err(|_| CudaError::Unavailable("libcublas could not be loaded".into()))?;
+        blas_ok("cublasCreate", r)?;
+        let handle = handle as cs::cublasHandle_t;
+        let blas = Blas { handle, ctx: gpu.ctx.clone() };
+        blas_ok("cublasSetStream", unsafe {
+            cs::cublasSetStream_v2(handle, gpu.stream.cu_stream() as cs::cudaStream_t)
+        })?;
+        Ok(blas)
+    }
+
+    /// C[m, n] = alpha op(A) op(B) + beta C in cuBLAS's column-major terms, f32 accumulation on tensor cores; with
+    /// `batch` > 1 the operands advance by their strides.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(
+        &self,
+        trans_a: bool,
+        trans_b: bool,
+        (m, n, k): (usize, usize, usize),
+        alpha: f32,
+        a: BlasMat,
+        b: BlasMat,
+        beta: f32,
+        c: BlasMat,
+        batch: usize,
+    ) -> Result<()> {
+        use cudarc::cublas::sys as cs;
+        let op = |t: bool| if t { cs::cublasOperation_t::CUBLAS_OP_T } else { cs::cublasOperation_t::CUBLAS_OP_N };
+        let dim = |v: usize| -> Result<i32> {
+            i32::try_from(v).map_err(|_| CudaError::Other(format!("matrix dimension {v} is too large for cuBLAS")))
+        };
+        let (alpha, beta) = (&alpha as *const f32 as *const c_void, &beta as *const f32 as *const c_void);
+        let compute = cs::cublasComputeType_t::CUBLAS_COMPUTE_32F;
+        let algo = cs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT;
+        let r = unsafe {
+            if batch <= 1 {
+                cs::cublasGemmEx(
+                    self.handle,
+                    op(trans_a),
+                    op(trans_b),
+                    dim(m)?,
+                    dim(n)?,
+                    dim(k)?,
+                    alpha,
+                    a.ptr as *const c_void,
+                    blas_ty(a.ty),
+                    dim(a.ld)?,
+                    b.ptr as *const c_void,
+                    blas_ty(b.ty),
+                    dim(b.ld)?,
+                    beta,
+                    c.ptr as *mut c_void,
+                    blas_ty(c.ty),
+                    dim(c.ld)?,
+                    compute,
+                    algo,
+                )
+            } else {
+                cs::cublasGemmStridedBatchedEx(
+                    self.handle,
+                    op(trans_a),
+                    op(trans_b),
+                    dim(m)?,
+                    dim(n)?,
+                    dim(k)?,
+                    alpha,
+                    a.ptr as *const c_void,
+                    blas_ty(a.ty),
+                    dim(a.ld)?,
+                    a.stride as i64,
+                    b.ptr as *const c_void,
+                    blas_ty(b.ty),
+                    dim(b.ld)?,
+                    b.stride as i64,
+                    beta,
+                    c.ptr as *mut c_void,
+                    blas_ty(c.ty),
+                    dim(c.ld)?,
+                    c.stride as i64,
+                    dim(batch)?,
+                    compute,
+                    algo,
+                )
+            }
+        };
+        blas_ok("cublasGemmEx", r)
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            unsafe {
+                let _ = cudarc::cublas::sys::cublasDestroy_v2(self.handle);
+            }
+        }
+    }
+}
+
+// SAFETY: the handle is used from one thread at a time (the runner's), with its context bound.
+unsafe impl Send for Blas {}
 
 /// A device allocation, freed on drop.
 pub struct DevBuf {
