@@ -5,7 +5,9 @@
 //! their GGUF quantized form. A batch's rows go through each matrix together (every weight read once for up to 8
 //! rows per pass, more rows in parallel passes), attention reads a paged f16 KV cache, and each batch shape with at
 //! most [`MAX_GRAPH_ROWS`] rows is captured once as a CUDA graph and replayed: per-step data (tokens, positions,
-//! page tables) lives in fixed device buffers that the host rewrites before each launch.
+//! page tables) lives in fixed device buffers that the host rewrites before each launch. Chunks of at least
+//! [`GEMM_MIN_ROWS`] tokens (prefill) instead run on tensor cores: each weight matrix dequantized to f16 into scratch
+//! and multiplied with cuBLAS, attention as cuBLAS GEMMs around a causal softmax over the gathered paged cache.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
