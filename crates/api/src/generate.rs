@@ -18,6 +18,7 @@ use crate::AppState;
 use crate::constraint::Constraint;
 pub use crate::constraint::OutputFormat;
 use crate::error::ApiError;
+use crate::lazy_call::LazyToolCalls;
 
 /// Which tool calls the reply may or must contain.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -231,12 +232,32 @@ pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
         c
     };
     let streams_call = !forced_tools.is_empty() && constraint.is_some();
+    let mut constraint = constraint.map(|c| Box::new(c) as Box<dyn engine::TokenConstraint>);
+    if constraint.is_none()
+        && state.config.tool_grammar
+        && turn.tool_choice == ToolChoice::Auto
+        && !tool_names.is_empty()
+        && turn.output_format == OutputFormat::Text
+    {
+        constraint = lazy_tool_grammar(state, &turn);
+    }
     let prompt = encode(&state.tokenizer, &text)?;
     let mut request =
         GenerateRequest::new(prompt, turn.sampling, turn.max_tokens.unwrap_or(state.config.default_max_tokens));
     request.stop_strings = turn.stop;
-    request.constraint = constraint.map(|c| Box::new(c) as Box<dyn engine::TokenConstraint>);
+    request.constraint = constraint;
     Ok(Prepared { request, prefill, tool_names, parallel_tool_calls: turn.parallel_tool_calls, streams_call })
+}
+
+/// The lazy grammar of an auto tool choice: free text until the model starts a call, then a well-formed call of a
+/// declared tool. `None` when no grammar can be built (the output parser still reads what the model writes).
+fn lazy_tool_grammar(state: &AppState, turn: &ChatTurn) -> Option<Box<dyn engine::TokenConstraint>> {
+    let tools: Vec<(String, serde_json::Value)> =
+        turn.conversation.tools.iter().map(|t| (t.name.clone(), t.parameters.clone())).collect();
+    let xml = state.template.as_ref().is_some_and(|t| t.source().contains("<function="));
+    LazyToolCalls::new(&state.tokenizer, &tools, xml, turn.parallel_tool_calls)
+        .ok()
+        .map(|c| Box::new(c) as Box<dyn engine::TokenConstraint>)
 }
 
 /// Tokenizes a rendered prompt (special tokens parsed), adding BOS where the model wants it.
