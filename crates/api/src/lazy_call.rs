@@ -64,8 +64,22 @@ enum Verdict {
     Maybe,
 }
 
+/// Where a call the grammar holds starts in the output (byte offset, text as the detokenizer gives it), and whether
+/// it starts with `<tool_call>` (else at its `{`). Only JSON calls are listed. Shared with the reply, which reads the
+/// output after the engine committed it, so a start is always listed before the reply sees its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallStart {
+    pub offset: usize,
+    pub tagged: bool,
+}
+
+/// The starts of the calls of one reply, in order.
+pub type CallStarts = Arc<std::sync::Mutex<Vec<CallStart>>>;
+
 /// The lazy grammar of one request.
 pub struct LazyToolCalls {
+    starts: CallStarts,
+    xml: bool,
     tokenizer: Arc<tokenizer::Tokenizer>,
     /// The grammar of each form, compiled on first use.
     grammars: [Option<Matcher>; 3],
@@ -192,6 +206,8 @@ impl LazyToolCalls {
             }
         }
         let mut lazy = LazyToolCalls {
+            starts: CallStarts::default(),
+            xml,
             tokenizer: tokenizer.clone(),
             grammars: [None, None, None],
             lark: grammars(tools, xml, false),
@@ -211,6 +227,11 @@ impl LazyToolCalls {
             lazy.grammar(Form::Bare)?;
         }
         Ok(lazy)
+    }
+
+    /// Where the calls held by the grammar start, filled in as they start.
+    pub fn call_starts(&self) -> CallStarts {
+        self.starts.clone()
     }
 
     /// Calls completed under the grammar so far.
@@ -298,6 +319,10 @@ impl LazyToolCalls {
         }
         // Another call cannot start inside this one.
         self.tag_from = self.text.len();
+        if !(self.xml && form == Form::Tag) {
+            let start = CallStart { offset: start, tagged: form == Form::Tag };
+            self.starts.lock().unwrap_or_else(|e| e.into_inner()).push(start);
+        }
         self.active = Some(m);
         self.check_complete();
         true
