@@ -655,16 +655,20 @@ impl AutoCalls {
                         _ => return,
                     }
                 }
-                AutoState::Head { start, tagged } => match call_head(&self.text[start..], tagged) {
-                    Head::Incomplete => return,
-                    Head::NotStreamable => self.state = AutoState::Idle,
-                    Head::Args { name, offset } => {
-                        out.push_back(Output::ToolCallBegin { name });
-                        let at = start + offset;
-                        self.state =
-                            AutoState::Args { sent: at, scanned: at, depth: 0, in_string: false, escaped: false };
+                // (`get`: the offset counts the bytes the grammar saw; text that was not valid UTF-8 may have
+                // been replaced here, and then the shape check below fails instead of slicing mid-character.)
+                AutoState::Head { start, tagged } => {
+                    match self.text.get(start..).map_or(Head::NotStreamable, |s| call_head(s, tagged)) {
+                        Head::Incomplete => return,
+                        Head::NotStreamable => self.state = AutoState::Idle,
+                        Head::Args { name, offset } => {
+                            out.push_back(Output::ToolCallBegin { name });
+                            let at = start + offset;
+                            self.state =
+                                AutoState::Args { sent: at, scanned: at, depth: 0, in_string: false, escaped: false };
+                        }
                     }
-                },
+                }
                 AutoState::Args { sent, scanned, mut depth, mut in_string, mut escaped } => {
                     let bytes = self.text.as_bytes();
                     let mut end = None;
