@@ -833,7 +833,7 @@ fn dormant_constraint_allows_speculation_and_sees_every_token() {
     let mut e = Engine::new(
         FakeRunner::new(1024, script),
         build_tokenizer(),
-        EngineConfig { spec, max_batch_tokens: 64, max_prefill_tokens_while_decoding: 64, ..Default::default() },
+        EngineConfig { spec, max_batch_tokens: 64, max_prefill_tokens_while_decoding: 64 },
     );
     let committed = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut req = greedy(prompt, 100);
