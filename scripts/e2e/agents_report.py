@@ -54,11 +54,13 @@ for r in (r for r in results if "run" in r and not r.get("skipped")):
         "tool_calls": sum(bool(q.get("tool_call")) for q in gen),
     }
     if r["turn"] == "tool":
-        # In the run's directory, or in the client's HOME when the client tells the model that is its working
-        # directory (Hermes does); reported as "hi (home)".
+        # In the run's directory, or anywhere in the client's throwaway HOME (Hermes gives the model no working
+        # directory, so it picks a path: its HOME, or a profile folder); the latter reported as "hi (home)".
         home = os.path.join(os.path.dirname(r["dir"]), "home-" + r["run"])
-        for where, f in (("", os.path.join(r["dir"], "hello.txt")), (" (home)", os.path.join(home, "hello.txt"))):
+        in_home = sorted(os.path.join(d, "hello.txt") for d, _, files in os.walk(home) if "hello.txt" in files)
+        for where, f in [("", os.path.join(r["dir"], "hello.txt"))] + [(" (home)", f) for f in in_home]:
             if os.path.exists(f):
+                row["tool"]["path"] = f
                 row["tool"]["file"] = open(f, errors="replace").read()
                 row["tool"]["where"] = where
                 break
