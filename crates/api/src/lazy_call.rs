@@ -16,7 +16,8 @@
 //! * at the start of a line, a bare object whose first key is `"name"`.
 //!
 //! A fenced block in another language, JSON whose first key is not `"name"`, arrays and braces in the middle of a
-//! line never trigger, so ordinary prose and code are left alone. The part of the call written before the trigger
+//! line never trigger, so ordinary prose and code are left alone (the price: an object that does start with `"name"`,
+//! such as a `package.json` in a json fence, is taken for a call). The part of the call written before the trigger
 //! fired (`{\n  "name":`) is replayed into the grammar byte by byte, so the model's own layout is kept; if the
 //! grammar cannot accept it, the candidate is left alone.
 
