@@ -17,7 +17,7 @@
 # Prints a table (turn ok, answer, TTFT cold/warm, tool file written) and "N passed, M failed".
 #
 # Usage: scripts/e2e/agents.sh [--no-build] [--model qwen2.5-coder-0.5b] [--clients "pi opencode hermes codex claude"]
-#                              [--deadline-s 5400] [--turn-timeout-s 600]
+#                              [--deadline-s 5400] [--turn-timeout-s 600] [--phases "cold tool warm"]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo="$PWD"
@@ -25,6 +25,7 @@ model=qwen2.5-coder-0.5b
 clients="pi opencode hermes codex claude"
 deadline_s=5400
 turn_timeout_s=600
+phases="cold tool warm"
 build=1
 inside=0
 while [[ $# -gt 0 ]]; do
@@ -34,6 +35,7 @@ while [[ $# -gt 0 ]]; do
         --clients) clients="$2"; shift ;;
         --deadline-s) deadline_s="$2"; shift ;;
         --turn-timeout-s) turn_timeout_s="$2"; shift ;;
+        --phases) phases="$2"; shift ;;
         --inside) inside=1 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
@@ -50,7 +52,7 @@ if [[ $inside == 0 ]]; then
     echo "work dir: $work" >&2
     AGENTS_BIN="$bin" AGENTS_WORK="$work" exec unshare -n -- bash -c 'ip link set lo up && exec "$0" "$@"' "$0" \
         --inside --model "$model" --clients "$clients" --deadline-s "$deadline_s" --turn-timeout-s "$turn_timeout_s" \
-        </dev/null
+        --phases "$phases" </dev/null
 fi
 
 # ---- inside the network namespace ----
@@ -158,9 +160,16 @@ for c in $clients; do
     fi
 done
 SECONDS=0
-for c in $clients; do run "$c" cold "What is the capital of France? Answer in one short sentence."; done
-for c in $clients; do run "$c" tool "Create a file named hello.txt containing the word hi, using your tools."; done
-for c in $clients; do run "$c" warm "What is 2+3? Answer with just the number."; done
+has_phase() { [[ " $phases " == *" $1 "* ]]; }
+if has_phase cold; then
+    for c in $clients; do run "$c" cold "What is the capital of France? Answer in one short sentence."; done
+fi
+if has_phase tool; then
+    for c in $clients; do run "$c" tool "Create a file named hello.txt containing the word hi, using your tools."; done
+fi
+if has_phase warm; then
+    for c in $clients; do run "$c" warm "What is 2+3? Answer with just the number."; done
+fi
 if [[ " $clients " == *" pi "* ]]; then
     python3 - "$work/home-pi/.pi/agent/models.json" "$port" >/dev/null 2>&1 <<'PY' && ok=1 || ok=0
 import json, sys

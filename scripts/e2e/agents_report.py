@@ -54,9 +54,18 @@ for r in (r for r in results if "run" in r and not r.get("skipped")):
         "tool_calls": sum(bool(q.get("tool_call")) for q in gen),
     }
     if r["turn"] == "tool":
-        f = os.path.join(r["dir"], "hello.txt")
-        content = open(f, errors="replace").read() if os.path.exists(f) else None
-        row["tool"]["file"] = content
+        # In the run's directory, or anywhere in the client's throwaway HOME (Hermes gives the model no working
+        # directory, so it picks a path: its HOME, or a profile folder); the latter reported as "hi (home)".
+        home = os.path.join(os.path.dirname(r["dir"]), "home-" + r["run"])
+        in_home = sorted(os.path.join(d, "hello.txt") for d, _, files in os.walk(home) if "hello.txt" in files)
+        for where, f in [("", os.path.join(r["dir"], "hello.txt"))] + [(" (home)", f) for f in in_home]:
+            if os.path.exists(f):
+                row["tool"]["path"] = f
+                row["tool"]["file"] = open(f, errors="replace").read()
+                row["tool"]["where"] = where
+                break
+        else:
+            row["tool"]["file"] = None
     else:
         ok = row[r["turn"]]["printed"]
         passed += ok
@@ -73,7 +82,8 @@ for c, row in rows.items():
     cold, warm, tool = row.get("cold", {}), row.get("warm", {}), row.get("tool", {})
     file = tool.get("file")
     wrote = "-" if not tool or tool.get("skipped") else ("no" if file is None else ("hi" if "hi" in file.lower() else f"{file[:8]!r}"))
-    state = lambda t: "skip" if t.get("skipped") else ("ok" if t.get("printed") else "FAIL")
+    wrote += tool.get("where", "")
+    state = lambda t: "-" if not t else ("skip" if t.get("skipped") else ("ok" if t.get("printed") else "FAIL"))
     print(f"{c:9} {state(cold):>5} {state(warm):>5} "
           f"{fmt(cold.get('ttft')):>9} {fmt(warm.get('ttft')):>9} {fmt(cold.get('prompt')):>7} "
           f"{fmt(warm.get('cached')):>7} {fmt(cold.get('secs')):>7} {fmt(tool.get('tool_calls')):>10} {wrote:>10}  "

@@ -10,7 +10,7 @@ import math
 import anthropic
 import jsonschema
 
-from sdk_openai import KEY, MODEL, URL, Skip, client  # noqa: F401
+from sdk_openai import KEY, MODEL, QUESTION, URL, WEATHER, Skip, client  # noqa: F401
 
 aclient = anthropic.Anthropic(base_url=URL, api_key=KEY, max_retries=0, timeout=300)
 
@@ -164,6 +164,43 @@ def forced_call_arguments_stream_in_pieces():
     uses = [b for b in final.content if b.type == "tool_use"]
     assert uses and final.stop_reason == "tool_use", final
     jsonschema.validate(uses[0].input, PERSON)
+
+
+@check
+def auto_call_arguments_stream_in_pieces():
+    # tool_choice auto: the model starts the call itself (the lazy tool grammar holds it from there); its arguments
+    # stream as they are written, in Chat Completions, Anthropic Messages and Responses alike.
+    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[WEATHER], temperature=0,
+                                            max_tokens=120, stream=True)
+    pieces, names, finish = [], [], None
+    for c in stream:
+        if not c.choices:
+            continue
+        for d in c.choices[0].delta.tool_calls or []:
+            if d.function and d.function.name:
+                names.append(d.function.name)
+            if d.function and d.function.arguments:
+                pieces.append(d.function.arguments)
+        finish = c.choices[0].finish_reason or finish
+    assert names == ["get_weather"] and finish == "tool_calls", (names, finish)
+    assert len(pieces) >= 3, pieces
+    jsonschema.validate(json.loads("".join(pieces)), WEATHER["function"]["parameters"])
+    tool = {"name": "get_weather", "description": WEATHER["function"]["description"],
+            "input_schema": WEATHER["function"]["parameters"]}
+    with aclient.messages.stream(model=MODEL, max_tokens=120, messages=QUESTION, tools=[tool], extra_body=GREEDY) as s:
+        num_deltas = sum(1 for e in s if e.type == "content_block_delta" and e.delta.type == "input_json_delta")
+        final = s.get_final_message()
+    uses = [b for b in final.content if b.type == "tool_use"]
+    assert uses and final.stop_reason == "tool_use" and num_deltas >= 3, (num_deltas, final)
+    jsonschema.validate(uses[0].input, WEATHER["function"]["parameters"])
+    rtool = {"type": "function", "name": "get_weather", "description": WEATHER["function"]["description"],
+             "parameters": WEATHER["function"]["parameters"]}
+    events = list(client.responses.create(model=MODEL, input=QUESTION[0]["content"], tools=[rtool], temperature=0,
+                                          max_output_tokens=120, stream=True))
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(deltas) >= 3 and done and "".join(deltas) == done[0].arguments, (deltas, done)
+    jsonschema.validate(json.loads(done[0].arguments), WEATHER["function"]["parameters"])
 
 
 @check

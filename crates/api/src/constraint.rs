@@ -45,7 +45,7 @@ impl TokenizerEnv for Env {
 }
 
 /// The parser factory of `tokenizer`, built on first use.
-fn factory(tokenizer: &Arc<tokenizer::Tokenizer>) -> Result<Arc<ParserFactory>, ApiError> {
+pub(crate) fn factory(tokenizer: &Arc<tokenizer::Tokenizer>) -> Result<Arc<ParserFactory>, ApiError> {
     static CACHE: Mutex<Option<((usize, usize), Arc<ParserFactory>)>> = Mutex::new(None);
     let key = (Arc::as_ptr(tokenizer) as usize, tokenizer.vocab_size());
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());

@@ -18,6 +18,7 @@ use crate::AppState;
 use crate::constraint::Constraint;
 pub use crate::constraint::OutputFormat;
 use crate::error::ApiError;
+use crate::lazy_call::{CallStarts, LazyToolCalls};
 
 /// Which tool calls the reply may or must contain.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -129,6 +130,8 @@ pub struct Prepared {
     pub parallel_tool_calls: bool,
     /// A grammar forces the reply to be one call: its arguments can be streamed as they are generated.
     pub streams_call: bool,
+    /// Where the calls held by the lazy grammar (auto tool choice) start: their arguments are streamed too.
+    pub call_starts: Option<CallStarts>,
 }
 
 /// The start of a Hermes-style call, written into the prompt when a call is required; the grammar of the call
@@ -231,12 +234,40 @@ pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
         c
     };
     let streams_call = !forced_tools.is_empty() && constraint.is_some();
+    let mut constraint = constraint.map(|c| Box::new(c) as Box<dyn engine::TokenConstraint>);
+    let mut call_starts = None;
+    if constraint.is_none()
+        && state.config.tool_grammar
+        && turn.tool_choice == ToolChoice::Auto
+        && !tool_names.is_empty()
+        && turn.output_format == OutputFormat::Text
+        && let Some(lazy) = lazy_tool_grammar(state, &turn)
+    {
+        call_starts = Some(lazy.call_starts());
+        constraint = Some(Box::new(lazy));
+    }
     let prompt = encode(&state.tokenizer, &text)?;
     let mut request =
         GenerateRequest::new(prompt, turn.sampling, turn.max_tokens.unwrap_or(state.config.default_max_tokens));
     request.stop_strings = turn.stop;
-    request.constraint = constraint.map(|c| Box::new(c) as Box<dyn engine::TokenConstraint>);
-    Ok(Prepared { request, prefill, tool_names, parallel_tool_calls: turn.parallel_tool_calls, streams_call })
+    request.constraint = constraint;
+    Ok(Prepared {
+        request,
+        prefill,
+        tool_names,
+        parallel_tool_calls: turn.parallel_tool_calls,
+        streams_call,
+        call_starts,
+    })
+}
+
+/// The lazy grammar of an auto tool choice: free text until the model starts a call, then a well-formed call of a
+/// declared tool. `None` when no grammar can be built (the output parser still reads what the model writes).
+fn lazy_tool_grammar(state: &AppState, turn: &ChatTurn) -> Option<LazyToolCalls> {
+    let tools: Vec<(String, serde_json::Value)> =
+        turn.conversation.tools.iter().map(|t| (t.name.clone(), t.parameters.clone())).collect();
+    let xml = state.template.as_ref().is_some_and(|t| t.source().contains("<function="));
+    LazyToolCalls::new(&state.tokenizer, &tools, xml, turn.parallel_tool_calls).ok()
 }
 
 /// Tokenizes a rendered prompt (special tokens parsed), adding BOS where the model wants it.
@@ -299,12 +330,13 @@ pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<Reply, ApiEr
     let prepared = tokio::task::spawn_blocking(move || prepare(&s, turn))
         .await
         .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))??;
-    let Prepared { request, prefill, tool_names, parallel_tool_calls, streams_call } = prepared;
+    let Prepared { request, prefill, tool_names, parallel_tool_calls, streams_call, call_starts } = prepared;
     let stream = state.engine.submit(request)?;
     let mut reply = Reply::new(stream, &prefill, tool_names, parallel_tool_calls);
     if streams_call {
         reply.forced_call = Some(ForcedCall::default());
     }
+    reply.auto_calls = call_starts.map(AutoCalls::new);
     reply.tokenizer = Some(state.tokenizer.clone());
     reply.loop_guard = state.config.max_repeated_chars.map(LoopGuard::new);
     Ok(reply)
@@ -329,6 +361,8 @@ pub struct Reply {
     pub tokenizer: Option<Arc<tokenizer::Tokenizer>>,
     /// Streams the arguments of a grammar-forced call.
     forced_call: Option<ForcedCall>,
+    /// Streams the arguments of the calls the lazy grammar holds.
+    auto_calls: Option<AutoCalls>,
 }
 
 /// The arguments of a grammar-forced call as they are generated. The grammar fixes the text around them:
@@ -413,6 +447,7 @@ impl Reply {
             loop_guard: None,
             tokenizer: None,
             forced_call: None,
+            auto_calls: None,
         }
     }
 
@@ -518,6 +553,9 @@ impl Reply {
         if let Some(f) = &mut self.forced_call {
             f.push(text, &mut self.pending);
         }
+        if let Some(a) = &mut self.auto_calls {
+            a.push(text, &mut self.pending);
+        }
         match &mut self.parser {
             Some(p) => {
                 let events = p.push(text);
@@ -569,6 +607,178 @@ impl Reply {
             prefill_ms: (first - self.t_start).as_secs_f64() * 1000.0,
             decode_ms: (now - first).as_secs_f64() * 1000.0,
         }
+    }
+}
+
+/// The arguments of the calls the lazy tool grammar holds (auto tool choice), streamed as they are generated. The
+/// grammar (`lazy_call`) lists where each call starts and fixes its shape from there: `[<tool_call>] {"name": NAME,
+/// "arguments": ARGS}` with JSON whitespace, so once `"arguments":` is written the name is known, and ARGS is an
+/// object whose end is found by counting brackets outside strings. The output parser still reports each complete
+/// call (`Output::ToolCall` then closes the streamed call).
+#[derive(Debug)]
+struct AutoCalls {
+    starts: CallStarts,
+    /// The output so far.
+    text: String,
+    /// Calls started (streamed or skipped) so far.
+    num_seen: usize,
+    state: AutoState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AutoState {
+    /// Waiting for the next listed start.
+    Idle,
+    /// A call starts at this offset; its name and arguments key are not complete yet.
+    Head { start: usize, tagged: bool },
+    /// Streaming arguments: `sent` bytes of `text` are out, `scanned` bytes were scanned (bracket depth, string).
+    Args { sent: usize, scanned: usize, depth: usize, in_string: bool, escaped: bool },
+}
+
+impl AutoCalls {
+    fn new(starts: CallStarts) -> Self {
+        AutoCalls { starts, text: String::new(), num_seen: 0, state: AutoState::Idle }
+    }
+
+    fn push(&mut self, text: &str, out: &mut VecDeque<Output>) {
+        self.text.push_str(text);
+        loop {
+            match self.state {
+                AutoState::Idle => {
+                    let next = self.starts.lock().unwrap_or_else(|e| e.into_inner()).get(self.num_seen).copied();
+                    match next {
+                        Some(s) if s.offset <= self.text.len() => {
+                            self.num_seen += 1;
+                            self.state = AutoState::Head { start: s.offset, tagged: s.tagged };
+                        }
+                        _ => return,
+                    }
+                }
+                // (`get`: the offset counts the bytes the grammar saw; text that was not valid UTF-8 may have
+                // been replaced here, and then the shape check below fails instead of slicing mid-character.)
+                AutoState::Head { start, tagged } => {
+                    match self.text.get(start..).map_or(Head::NotStreamable, |s| call_head(s, tagged)) {
+                        Head::Incomplete => return,
+                        Head::NotStreamable => self.state = AutoState::Idle,
+                        Head::Args { name, offset } => {
+                            out.push_back(Output::ToolCallBegin { name });
+                            let at = start + offset;
+                            self.state =
+                                AutoState::Args { sent: at, scanned: at, depth: 0, in_string: false, escaped: false };
+                        }
+                    }
+                }
+                AutoState::Args { sent, scanned, mut depth, mut in_string, mut escaped } => {
+                    let bytes = self.text.as_bytes();
+                    let mut end = None;
+                    for (i, &b) in bytes.iter().enumerate().skip(scanned) {
+                        if in_string {
+                            match b {
+                                _ if escaped => escaped = false,
+                                b'\\' => escaped = true,
+                                b'"' => in_string = false,
+                                _ => {}
+                            }
+                            continue;
+                        }
+                        match b {
+                            b'"' => in_string = true,
+                            b'{' | b'[' => depth += 1,
+                            b'}' | b']' => {
+                                depth = depth.saturating_sub(1);
+                                if depth == 0 {
+                                    end = Some(i + 1);
+                                    break;
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                    let upto = end.unwrap_or(self.text.len());
+                    if upto > sent {
+                        out.push_back(Output::ToolCallArgs(self.text[sent..upto].to_string()));
+                    }
+                    if end.is_some() {
+                        self.state = AutoState::Idle;
+                    } else {
+                        self.state = AutoState::Args { sent: upto, scanned: upto, depth, in_string, escaped };
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What the start of a held call shows so far.
+#[derive(Debug, PartialEq)]
+enum Head {
+    Incomplete,
+    /// Not the `{"name": ..., "arguments": {` shape this streams (left to the output parser).
+    NotStreamable,
+    /// The name, and where the arguments object starts (offset of its `{`).
+    Args {
+        name: String,
+        offset: usize,
+    },
+}
+
+/// Reads `[<tool_call>] { "name" : "NAME" , "arguments" : {` (JSON whitespace anywhere) at the start of `s`.
+fn call_head(s: &str, tagged: bool) -> Head {
+    let b = s.as_bytes();
+    let mut i = 0;
+    let ws = |i: &mut usize| {
+        while *i < b.len() && b[*i].is_ascii_whitespace() {
+            *i += 1;
+        }
+    };
+    // Expects `lit` at `i`: Some(true) matched, Some(false) mismatch, None too short.
+    let lit = |i: &mut usize, lit: &[u8]| -> Option<bool> {
+        let n = lit.len().min(b.len() - *i);
+        if b[*i..*i + n] != lit[..n] {
+            return Some(false);
+        }
+        if n < lit.len() {
+            return None;
+        }
+        *i += n;
+        Some(true)
+    };
+    macro_rules! expect {
+        ($lit:expr) => {
+            ws(&mut i);
+            match lit(&mut i, $lit) {
+                Some(true) => {}
+                Some(false) => return Head::NotStreamable,
+                None => return Head::Incomplete,
+            }
+        };
+    }
+    if tagged {
+        expect!(b"<tool_call>");
+    }
+    expect!(b"{");
+    expect!(b"\"name\"");
+    expect!(b":");
+    ws(&mut i);
+    // The name: a JSON string.
+    let Some(rest) = s.get(i..) else { return Head::Incomplete };
+    let mut values = serde_json::Deserializer::from_str(rest).into_iter::<String>();
+    let name = match values.next() {
+        Some(Ok(name)) => name,
+        Some(Err(e)) if e.is_eof() => return Head::Incomplete,
+        None => return Head::Incomplete,
+        Some(Err(_)) => return Head::NotStreamable,
+    };
+    i += values.byte_offset();
+    expect!(b",");
+    expect!(b"\"arguments\"");
+    expect!(b":");
+    ws(&mut i);
+    match b.get(i) {
+        None => Head::Incomplete,
+        Some(b'{') => Head::Args { name, offset: i },
+        Some(_) => Head::NotStreamable,
     }
 }
 
@@ -662,6 +872,59 @@ mod tests {
         }
         let chars: Vec<String> = text.chars().map(String::from).collect();
         assert_eq!(run(&chars.iter().map(String::as_str).collect::<Vec<_>>()), want, "one char at a time");
+    }
+
+    /// Runs `AutoCalls` over `pieces` with the call starts the grammar would list; returns (name, joined arguments)
+    /// per streamed call, checking that each call's name comes before its arguments.
+    fn auto_calls(starts: &[(usize, bool)], pieces: &[&str]) -> Vec<(String, String)> {
+        let shared = CallStarts::default();
+        let mut a = AutoCalls::new(shared.clone());
+        let mut out = VecDeque::new();
+        let mut seen = 0;
+        for p in pieces {
+            // The engine lists a start before the reply sees its text.
+            seen += p.len();
+            let mut list = shared.lock().unwrap();
+            for &(offset, tagged) in starts {
+                let start = crate::lazy_call::CallStart { offset, tagged };
+                if offset < seen && !list.contains(&start) {
+                    list.push(start);
+                }
+            }
+            drop(list);
+            a.push(p, &mut out);
+        }
+        let mut calls: Vec<(String, String)> = Vec::new();
+        for o in out {
+            match o {
+                Output::ToolCallBegin { name } => calls.push((name, String::new())),
+                Output::ToolCallArgs(x) => calls.last_mut().expect("begin comes first").1.push_str(&x),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        calls
+    }
+
+    #[test]
+    fn auto_calls_stream_exactly_the_arguments_at_any_split() {
+        let args1 = "{\n    \"file_path\": \"a/ü.txt\",\n    \"content\": \"}{ \\\" ]\"\n  }";
+        let args2 = r#"{"command": "ls", "env": {"A": [1, {"b": 2}]}}"#;
+        let text = format!(
+            "Sure.\n```json\n{{\n  \"name\": \"Write\",\n  \"arguments\": {args1}\n}}\n```\n<tool_call>\n{{\"name\": \"Bash\", \"arguments\": {args2}}}\n</tool_call>"
+        );
+        let first = text.find('{').unwrap();
+        let second = text.find("<tool_call>").unwrap();
+        let starts = [(first, false), (second, true)];
+        let want = vec![("Write".to_string(), args1.to_string()), ("Bash".to_string(), args2.to_string())];
+        assert_eq!(auto_calls(&starts, &[&text]), want);
+        for i in (1..text.len()).filter(|&i| text.is_char_boundary(i)) {
+            assert_eq!(auto_calls(&starts, &[&text[..i], &text[i..]]), want, "split at {i}");
+        }
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        assert_eq!(auto_calls(&starts, &chars.iter().map(String::as_str).collect::<Vec<_>>()), want);
+        // A held call in another shape (arguments first) is left to the output parser.
+        let odd = "{\"arguments\": {}, \"name\": \"Bash\"}";
+        assert!(auto_calls(&[(0, false)], &[odd]).is_empty());
     }
 
     #[test]

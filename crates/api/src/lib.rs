@@ -14,6 +14,7 @@ pub mod constraint;
 pub mod error;
 pub mod generate;
 mod guard;
+pub mod lazy_call;
 pub mod openai;
 pub mod responses;
 pub mod webui;
@@ -56,6 +57,9 @@ pub struct ServerConfig {
     pub max_repeated_chars: Option<usize>,
     /// Serve the chat page at `/` (else a short text page).
     pub webui: bool,
+    /// With tools and `tool_choice: auto`, hold a call the model starts to a well-formed call of a declared tool
+    /// (the lazy grammar of `lazy_call`).
+    pub tool_grammar: bool,
 }
 
 impl Default for ServerConfig {
@@ -71,6 +75,7 @@ impl Default for ServerConfig {
             allowed_hosts: Vec::new(),
             max_repeated_chars: Some(2048),
             webui: true,
+            tool_grammar: true,
         }
     }
 }

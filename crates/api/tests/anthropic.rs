@@ -116,8 +116,14 @@ async fn tool_use_in_both_modes() {
     assert_eq!(starts[1]["index"], 1);
     assert_eq!(starts[1]["content_block"]["type"], "tool_use");
     assert_eq!(starts[1]["content_block"]["input"], json!({}));
-    let json_delta = events.iter().find(|(_, d)| d["delta"]["type"] == "input_json_delta").expect("input_json_delta");
-    let input: Value = serde_json::from_str(json_delta.1["delta"]["partial_json"].as_str().unwrap()).unwrap();
+    // The arguments stream as the model writes them (several deltas), and join to the input.
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter(|(_, d)| d["delta"]["type"] == "input_json_delta")
+        .map(|(_, d)| d["delta"]["partial_json"].as_str().unwrap())
+        .collect();
+    assert!(deltas.len() > 1, "{deltas:?}");
+    let input: Value = serde_json::from_str(&deltas.concat()).unwrap();
     assert_eq!(input, json!({"command": "ls"}));
     let stops = events.iter().filter(|(n, _)| n == "content_block_stop").count();
     assert_eq!(stops, 2, "every block is closed");

@@ -55,6 +55,9 @@ pub struct Args {
     /// Do not serve the web UI (the chat page at `/`).
     #[arg(long)]
     no_webui: bool,
+    /// With tools and `tool_choice: auto`, let the model write calls freely (no grammar once a call starts).
+    #[arg(long)]
+    no_tool_grammar: bool,
     /// Threads for the model (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
@@ -234,6 +237,7 @@ pub fn main(a: Args) -> Result<()> {
         default_max_tokens: a.default_max_tokens,
         max_repeated_chars: (a.repetition_guard > 0).then_some(a.repetition_guard),
         webui: !a.no_webui,
+        tool_grammar: !a.no_tool_grammar,
         ..Default::default()
     };
     if let Some(m) = pack_of(&a.model) {

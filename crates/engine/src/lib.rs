@@ -135,7 +135,7 @@ impl Sequence {
     /// constraint allows nothing or fails.
     fn sample(&mut self, logits: &[f32]) -> Result<u32, String> {
         let mut l = logits.to_vec();
-        if let Some(c) = self.constraint.as_mut() {
+        if let Some(c) = self.constraint.as_mut().filter(|c| !c.is_dormant()) {
             let mut allowed = vec![u32::MAX; l.len().div_ceil(32)];
             c.allowed_tokens(&mut allowed)?;
             if allowed.iter().all(|&w| w == 0) {
@@ -386,7 +386,8 @@ impl<R: Runner> Engine<R> {
         let reusable = &req.prompt[..req.prompt.len() - 1];
         let num_cached = self.runner.attach_prefix(seq, reusable);
         let spec = &self.config.spec;
-        let uses_draft = spec.max_draft_tokens > 0 && spec.draft_model && req.constraint.is_none();
+        let uses_draft =
+            spec.max_draft_tokens > 0 && spec.draft_model && req.constraint.as_ref().is_none_or(|c| c.is_dormant());
         let draft_offset = if spec.draft_window == 0 { 0 } else { reusable.len().saturating_sub(spec.draft_window) };
         let num_draft = match self.draft.as_mut() {
             Some(d) if uses_draft => draft_offset + d.attach_prefix(seq, &reusable[draft_offset..]),
@@ -466,7 +467,7 @@ impl<R: Runner> Engine<R> {
             .min(max_context.saturating_sub(s.tokens.len()))
             .min(s.max_tokens.saturating_sub(s.num_output_tokens() + 1))
             .min(max_rows.saturating_sub(1));
-        if max_k == 0 || s.constraint.is_some() {
+        if max_k == 0 || s.constraint.as_ref().is_some_and(|c| !c.is_dormant()) {
             return Proposal::default();
         }
         let pick = |method: Method, acc: f64, max: usize| {
@@ -782,6 +783,17 @@ impl<R: Runner> Engine<R> {
                         let p = s.sampler.weights(&mut l.to_vec(), &s.tokens);
                         spec::verify_sampled(&mut s.sampler, &p, prop.weights[j].as_deref(), d)
                     };
+                    // A dormant constraint (drafts are only proposed then) sees every token; once it wakes up, the
+                    // drafts after this token were not checked against it and are dropped.
+                    let mut ok = ok;
+                    if let Some(c) = s.constraint.as_mut() {
+                        if c.commit(t).is_err() {
+                            events.push((s.id, s.finish(FinishReason::Stop, false)));
+                            finished.push(i);
+                            break;
+                        }
+                        ok &= c.is_dormant();
+                    }
                     (t, ok)
                 } else {
                     match s.sample(l) {

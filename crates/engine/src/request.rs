@@ -22,6 +22,12 @@ pub trait TokenConstraint: Send {
     fn commit(&mut self, token: u32) -> Result<(), String>;
     /// The output is complete: nothing more may follow, and generation stops.
     fn is_finished(&self) -> bool;
+    /// The constraint allows every token now and only watches the output (a lazy grammar waiting for its trigger):
+    /// the engine may skip the mask and speculate, committing every accepted token in order. A constraint that
+    /// wakes up on a committed token masks from the next position on.
+    fn is_dormant(&self) -> bool {
+        false
+    }
 }
 
 /// A generation request: token ids in, tokens and text out. Knows nothing about HTTP or chat formats.

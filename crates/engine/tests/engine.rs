@@ -781,3 +781,72 @@ fn a_zero_token_budget_still_makes_progress() {
     assert!(e.runner().batches.iter().all(|b| b.iter().map(|c| c.tokens.len()).sum::<usize>() == 1));
     assert_all_released(&e, &[RequestId(0)]);
 }
+
+/// A constraint that only watches until it has seen `wake_after` tokens, then allows only `forced` for `num_forced`
+/// tokens and ends the output: the shape of a lazy tool-call grammar. Records every committed token.
+struct WakingConstraint {
+    wake_after: usize,
+    forced: u32,
+    num_forced: usize,
+    committed: Arc<std::sync::Mutex<Vec<u32>>>,
+}
+
+impl engine::TokenConstraint for WakingConstraint {
+    fn allowed_tokens(&mut self, allowed: &mut [u32]) -> Result<(), String> {
+        assert!(!self.is_dormant(), "the engine asks a dormant constraint for no mask");
+        for (i, w) in allowed.iter_mut().enumerate() {
+            *w &= if i == self.forced as usize / 32 { 1 << (self.forced % 32) } else { 0 };
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, token: u32) -> Result<(), String> {
+        let mut c = self.committed.lock().expect("lock");
+        if c.len() >= self.wake_after && token != self.forced {
+            return Err(format!("token {token} after waking up"));
+        }
+        c.push(token);
+        Ok(())
+    }
+
+    fn is_finished(&self) -> bool {
+        self.committed.lock().expect("lock").len() >= self.wake_after + self.num_forced
+    }
+
+    fn is_dormant(&self) -> bool {
+        self.committed.lock().expect("lock").len() < self.wake_after
+    }
+}
+
+#[test]
+fn dormant_constraint_allows_speculation_and_sees_every_token() {
+    let prompt = bytes("abcabcabcabcabc");
+    let continuation = bytes(&"abc".repeat(10));
+    let script = continuation_script(prompt.len(), continuation.clone(), b'z' as u32);
+    let spec = engine::SpecConfig {
+        max_draft_tokens: 4,
+        ngram: true,
+        draft_model: false,
+        adaptive: false,
+        ..engine::SpecConfig::default()
+    };
+    let mut e = Engine::new(
+        FakeRunner::new(1024, script),
+        build_tokenizer(),
+        EngineConfig { spec, max_batch_tokens: 64, max_prefill_tokens_while_decoding: 64 },
+    );
+    let committed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut req = greedy(prompt, 100);
+    let forced = b'q' as u32;
+    req.constraint =
+        Some(Box::new(WakingConstraint { wake_after: 14, forced, num_forced: 3, committed: committed.clone() }));
+    let id = e.add_request(req).expect("valid");
+    let out = run_to_end(&mut e);
+    let mut want = continuation[..14].to_vec();
+    want.extend([forced; 3]);
+    assert_eq!(out[&id].tokens, want, "drafts past the wake-up are dropped, then the mask rules");
+    assert_eq!(*committed.lock().expect("lock"), want, "the constraint saw every token, in order");
+    assert_eq!(out[&id].finish.expect("finished").0, FinishReason::Stop);
+    let stats = e.spec_stats();
+    assert!(stats.ngram_accepted > 0, "speculation ran while the constraint was dormant: {stats:?}");
+}
