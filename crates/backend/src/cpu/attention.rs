@@ -289,7 +289,7 @@ fn exp_nonpositive(x: f32) -> f32 {
     p = p * f + 1.333_355_8e-3;
     p = p * f + 9.618_129e-3;
     p = p * f + 5.550_411e-2;
-    p = p * f + 2.402_265_1e-1;
+    p = p * f + 2.402_265e-1;
     p = p * f + 6.931_472e-1;
     p = p * f + 1.0;
     let scaled = f32::from_bits((p.to_bits() as i32).wrapping_add((n as i32) << 23) as u32);
