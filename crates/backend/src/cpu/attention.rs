@@ -303,10 +303,11 @@ fn block_scores<const FMA: bool>(hd: usize, scale: f32, q: &[f32], kt: &[f32], v
     let mut v = v0;
     while v + VEC_TILE <= r {
         let mut acc = [[0f32; KEY_BLOCK]; VEC_TILE];
-        for d in 0..hd {
-            let k: &[f32; KEY_BLOCK] = kt[d * KEY_BLOCK..(d + 1) * KEY_BLOCK].try_into().unwrap();
-            for (i, a) in acc.iter_mut().enumerate() {
-                let x = q[(v + i) * hd + d];
+        let qs: [&[f32]; VEC_TILE] = std::array::from_fn(|i| &q[(v + i) * hd..(v + i + 1) * hd]);
+        for (d, k) in kt[..hd * KEY_BLOCK].chunks_exact(KEY_BLOCK).enumerate() {
+            let k: [f32; KEY_BLOCK] = k.try_into().unwrap();
+            for (a, qi) in acc.iter_mut().zip(&qs) {
+                let x = qi[d];
                 for j in 0..KEY_BLOCK {
                     a[j] = fmadd::<FMA>(x, k[j], a[j]);
                 }
@@ -358,10 +359,11 @@ fn block_values<const FMA: bool>(
                 for (i, ai) in a.iter_mut().enumerate() {
                     ai.copy_from_slice(&acc[(v + i) * hd + d0..][..64]);
                 }
-                for j in 0..common {
-                    let x: &[f32; 64] = vals[j * hd + d0..][..64].try_into().unwrap();
-                    for (i, ai) in a.iter_mut().enumerate() {
-                        let w = p[(v + i) * KEY_BLOCK + j];
+                let ps: [&[f32]; VEC_TILE] = std::array::from_fn(|i| &p[(v + i) * KEY_BLOCK..][..common]);
+                for (j, x) in vals[..common * hd].chunks_exact(hd).enumerate() {
+                    let x: [f32; 64] = x[d0..d0 + 64].try_into().unwrap();
+                    for (ai, pi) in a.iter_mut().zip(&ps) {
+                        let w = pi[j];
                         for d in 0..64 {
                             ai[d] = fmadd::<FMA>(w, x[d], ai[d]);
                         }
