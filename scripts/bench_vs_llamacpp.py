@@ -18,7 +18,7 @@ llama.cpp side (mimics llama-bench pp/tg): llama-cpp-python 0.3.36 (by default t
 ~/.cache/splash/refvenv) loads the same file with n_threads = n_threads_batch = N, n_batch = n_ubatch = 512,
 n_ctx = P + G + 16, no GPU, flash_attn off (llama-cpp-python's default; --flash-attn turns it on), mmap on.
 After one untimed warm-up (32-token prefill + 2 decode steps, then the KV cache is cleared):
-  prefill = one llama_decode of a P-token prompt of real text tokens (English prose and code, tokenized by the
+  prefill = llama_decode of a P-token prompt (in 512-token calls when longer) of real text tokens (English prose and code, tokenized by the
             model's own tokenizer without BOS), timed wall-clock; prefill_tok_s = P / seconds.
   decode  = G single-token llama_decode calls continuing greedily (argmax) after that prompt, each timed alone,
             summed (the argmax itself is not timed); decode_tok_s = G / seconds.
@@ -105,8 +105,8 @@ def llamacpp_worker(args):
 
     text_ids = llm.tokenize(PROMPT_TEXT.encode("utf-8"), add_bos=False, special=False)
     prompt = (text_ids * (p // len(text_ids) + 1))[:p]
-    if p > 512:
-        raise SystemExit("prompt-tokens > 512 would need several llama_decode calls (n_batch = 512)")
+    # A prompt longer than n_batch is fed as several 512-token llama_decode calls (Llama.eval splits it), as
+    # llama-server does; splash bench likewise prefills in 512-token batches.
 
     def last_argmax():
         ptr = llm._ctx.get_logits()
