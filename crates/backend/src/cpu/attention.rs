@@ -240,10 +240,10 @@ fn tile<const FMA: bool>(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task,
             }
             let block_max = lane_max.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
             let new_max = sc.max[v].max(block_max);
-            let alpha = if sc.max[v] == f32::NEG_INFINITY { 0.0 } else { exp_nonpositive(sc.max[v] - new_max) };
+            let alpha = if sc.max[v] == f32::NEG_INFINITY { 0.0 } else { simd::exp_approx(sc.max[v] - new_max) };
             sc.max[v] = new_max;
             for (j, x) in srow.iter_mut().enumerate() {
-                *x = if j < nk_v { exp_nonpositive(*x - new_max) } else { 0.0 };
+                *x = if j < nk_v { simd::exp_approx(*x - new_max) } else { 0.0 };
             }
             // Lane-wise sums (16 lanes, fixed by the key's offset in its block), then the lanes in order.
             let mut lanes = [0f32; 16];
@@ -273,27 +273,6 @@ fn tile<const FMA: bool>(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task,
             }
         }
     }
-}
-
-/// `e^x` for `x <= 0` (a score minus its running maximum): `x = (n + f) ln 2` with `n` an integer and
-/// `|f| <= 1/2`, `2^f` by a degree-6 polynomial (relative error about 2e-7), `2^n` added to the exponent bits.
-/// Branch-free, so the loops over it vectorise. Below -87 the result is flushed to 0 (e^-87 ≈ 1.6e-38).
-#[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
-    let t = x * std::f32::consts::LOG2_E;
-    let t = if t > -126.0 { t } else { -126.0 };
-    let n = t.round_ties_even();
-    let f = t - n;
-    // 2^f = e^(f ln 2): Taylor coefficients (ln 2)^k / k!.
-    let mut p = 1.540_353e-4_f32;
-    p = p * f + 1.333_355_8e-3;
-    p = p * f + 9.618_129e-3;
-    p = p * f + 5.550_411e-2;
-    p = p * f + 2.402_265e-1;
-    p = p * f + 6.931_472e-1;
-    p = p * f + 1.0;
-    let scaled = f32::from_bits((p.to_bits() as i32).wrapping_add((n as i32) << 23) as u32);
-    if x > -87.0 { scaled } else { 0.0 }
 }
 
 /// `scores[v, j] = scale · Σ_d q[v, d] · kt[d, j]` for query vectors `v0..r`, the sum in `d` order, [`VEC_TILE`]
@@ -541,20 +520,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn exp_nonpositive_matches_libm() {
-        for i in 0..=200_000 {
-            let x = -(i as f32) * 5e-4;
-            let (got, want) = (exp_nonpositive(x) as f64, (x as f64).exp());
-            // The polynomial is good to ~1.2e-7; rounding x·log2(e) adds ~6e-8·|x|.
-            let tol = if x > -87.0 { (2e-7 + 1e-7 * x.abs() as f64) * want } else { 1.7e-38 };
-            assert!((got - want).abs() <= tol, "exp({x}) = {got}, want {want}");
-        }
-        assert_eq!(exp_nonpositive(0.0), 1.0);
-        assert_eq!(exp_nonpositive(-1e30), 0.0);
-        assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
     }
 
     fn bits(x: &[f32]) -> Vec<u32> {
