@@ -8,6 +8,9 @@ splash/llama.cpp ratios; --json-out writes everything.
     scripts/bench_vs_llamacpp.py --model ~/.cache/splash/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
         --threads 2 --prompt-tokens 512 --gen-tokens 128 --rounds 3 --splash target/release/splash
 
+With --splash-before OLD_BINARY an older build runs in every round too (engine "before"), for before/after figures
+under the same load; the summary adds its column, the after/before ratio and each engine's prefill seconds.
+
 Splash side: `splash bench --model PATH --threads N --prompt-tokens P --gen-tokens G --json`, whose stdout's last
 line is one JSON object with keys prefill_tok_s, decode_tok_s, prompt_tokens, gen_tokens, threads, model.
 
@@ -15,7 +18,7 @@ llama.cpp side (mimics llama-bench pp/tg): llama-cpp-python 0.3.36 (by default t
 ~/.cache/splash/refvenv) loads the same file with n_threads = n_threads_batch = N, n_batch = n_ubatch = 512,
 n_ctx = P + G + 16, no GPU, flash_attn off (llama-cpp-python's default; --flash-attn turns it on), mmap on.
 After one untimed warm-up (32-token prefill + 2 decode steps, then the KV cache is cleared):
-  prefill = one llama_decode of a P-token prompt of real text tokens (English prose and code, tokenized by the
+  prefill = llama_decode of a P-token prompt (in 512-token calls when longer) of real text tokens (English prose and code, tokenized by the
             model's own tokenizer without BOS), timed wall-clock; prefill_tok_s = P / seconds.
   decode  = G single-token llama_decode calls continuing greedily (argmax) after that prompt, each timed alone,
             summed (the argmax itself is not timed); decode_tok_s = G / seconds.
@@ -102,8 +105,8 @@ def llamacpp_worker(args):
 
     text_ids = llm.tokenize(PROMPT_TEXT.encode("utf-8"), add_bos=False, special=False)
     prompt = (text_ids * (p // len(text_ids) + 1))[:p]
-    if p > 512:
-        raise SystemExit("prompt-tokens > 512 would need several llama_decode calls (n_batch = 512)")
+    # A prompt longer than n_batch is fed as several 512-token llama_decode calls (Llama.eval splits it), as
+    # llama-server does; splash bench likewise prefills in 512-token batches.
 
     def last_argmax():
         ptr = llm._ctx.get_logits()
@@ -167,8 +170,8 @@ def run_json(cmd, label):
     return out
 
 
-def splash_cmd(args):
-    return [args.splash, "bench", "--model", args.model, "--threads", str(args.threads),
+def splash_cmd(args, binary=None):
+    return [binary or args.splash, "bench", "--model", args.model, "--threads", str(args.threads),
             "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens), "--json"]
 
 
@@ -210,6 +213,9 @@ def main():
                     help="interpreter with llama-cpp-python 0.3.36 (default: ~/.cache/splash/refvenv)")
     ap.add_argument("--flash-attn", action="store_true", help="llama.cpp with flash attention")
     ap.add_argument("--only", choices=["splash", "llamacpp"], help="run one engine only")
+    ap.add_argument("--splash-before", metavar="BINARY",
+                    help="also run this (older) splash binary in every round, as engine 'before', for before/after "
+                         "figures under the same machine load")
     ap.add_argument("--json-out", help="write all rounds, medians and ratios here")
     ap.add_argument("--llamacpp-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -225,11 +231,16 @@ def main():
         raise SystemExit(f"no splash binary at {args.splash} (build it with `cargo build --release -p splash-cli`, "
                          f"or pass --only llamacpp)")
 
+    if args.splash_before:
+        if not os.path.isfile(args.splash_before):
+            raise SystemExit(f"no splash binary at {args.splash_before}")
+        engines.append("before")
     results = {e: [] for e in engines}
     for r in range(args.rounds):
         order = engines if r % 2 == 0 else engines[::-1]
         for engine in order:
-            cmd = splash_cmd(args) if engine == "splash" else llamacpp_cmd(args)
+            cmd = {"splash": lambda: splash_cmd(args), "before": lambda: splash_cmd(args, args.splash_before),
+                   "llamacpp": lambda: llamacpp_cmd(args)}[engine]()
             out = run_json(cmd, engine)
             out["round"] = r + 1
             for key, want in (("prompt_tokens", args.prompt_tokens), ("gen_tokens", args.gen_tokens),
@@ -242,20 +253,27 @@ def main():
 
     medians = {e: {k: median([o[k] for o in results[e]]) for k in ("prefill_tok_s", "decode_tok_s")} for e in engines}
     ratios = {}
-    if len(engines) == 2:
+    if "splash" in engines and "llamacpp" in engines:
         for k in ("prefill_tok_s", "decode_tok_s"):
             ratios[k] = medians["splash"][k] / medians["llamacpp"][k]
 
     name = os.path.basename(args.model)
     print(f"\n{name}: threads {args.threads}, prompt {args.prompt_tokens} tokens, {args.gen_tokens} generated, "
           f"{args.rounds} rounds (medians)")
-    header = f"{'metric':14s} {'splash':>10s} {'llama.cpp':>10s} {'splash/llama':>13s}"
+    before = "before" in engines
+    header = f"{'metric':14s} {'splash':>10s} {'llama.cpp':>10s} {'splash/llama':>13s}" + (
+        f" {'before':>10s} {'after/before':>13s}" if before else "")
     print(header)
     print("-" * len(header))
     for k, label in (("prefill_tok_s", "prefill tok/s"), ("decode_tok_s", "decode tok/s")):
         s = medians.get("splash", {}).get(k)
         l = medians.get("llamacpp", {}).get(k)
-        print(f"{label:14s} {fmt(s):>10s} {fmt(l):>10s} {fmt(ratios.get(k), 3):>13s}")
+        b = medians.get("before", {}).get(k)
+        extra = f" {fmt(b):>10s} {fmt(s / b if s and b else None, 3):>13s}" if before else ""
+        print(f"{label:14s} {fmt(s):>10s} {fmt(l):>10s} {fmt(ratios.get(k), 3):>13s}{extra}")
+    # Prefill time = the time to the first token of a prompt that long, no cache.
+    secs = {e: args.prompt_tokens / medians[e]["prefill_tok_s"] for e in engines if medians[e]["prefill_tok_s"]}
+    print(f"{'prefill s':14s} " + " ".join(f"{e}={secs[e]:.1f}" for e in engines if e in secs))
     for e in engines:
         for k in ("prefill_tok_s", "decode_tok_s"):
             xs = [o[k] for o in results[e]]
@@ -275,6 +293,7 @@ def main():
             "runs": results,
             "medians": medians,
             "ratios_splash_over_llamacpp": ratios,
+            "splash_before": args.splash_before,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         with open(args.json_out, "w") as f:

@@ -4,12 +4,17 @@
 # Qwen2.5-Coder-0.5B, inside a network namespace with only loopback up (needs root: `unshare -n`).
 #
 # Each client runs non-interactively through its launcher, in a throwaway HOME that holds a hostile user config
-# (settings that would point it elsewhere if the launcher did not override them), in three phases (all clients
+# (settings that would point it elsewhere if the launcher did not override them), in four phases (all clients
 # finish a phase before the next starts, so the most important results come first on a slow machine):
 #   1. cold turn  "What is the capital of France? ..."  must exit 0 and print the model's answer (checked against the
 #      text the server streamed, captured by scripts/e2e/agents_proxy.py between client and server)
 #   2. tool turn  "Create a file named hello.txt containing the word hi, using your tools."  reported, not required
 #   3. warm turn  "What is 2+3? ..."  same check as 1; its time to first token shows reuse of the client's prompt
+#   4. restart turn  "What is 3+4? ..."  after `splash serve` was restarted: same check; its time to first token shows
+#      the prefix cache persisted on disk (--prefix-cache-disk)
+# All turns of one client run in the same project directory ($work/<client>-project), as a person working in one
+# checkout would: the clients write the working directory into their system prompts, so a fresh directory per turn
+# would make every turn a cold one. Each turn's output goes to $work/<client>-<turn>/.
 # Runs that would start after --deadline-s (default 5400) are skipped and reported as skipped; each run has
 # --turn-timeout-s (default 600).
 # plus the launcher's own behaviour: --no-serve refuses, a missing client names its install command, and a background
@@ -17,7 +22,7 @@
 # Prints a table (turn ok, answer, TTFT cold/warm, tool file written) and "N passed, M failed".
 #
 # Usage: scripts/e2e/agents.sh [--no-build] [--model qwen2.5-coder-0.5b] [--clients "pi opencode hermes codex claude"]
-#                              [--deadline-s 5400] [--turn-timeout-s 600] [--phases "cold tool warm"]
+#                              [--deadline-s 5400] [--turn-timeout-s 600] [--phases "cold tool warm restart"]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo="$PWD"
@@ -25,7 +30,7 @@ model=qwen2.5-coder-0.5b
 clients="pi opencode hermes codex claude"
 deadline_s=5400
 turn_timeout_s=600
-phases="cold tool warm"
+phases="cold tool warm restart"
 build=1
 inside=0
 while [[ $# -gt 0 ]]; do
@@ -97,11 +102,15 @@ check "launcher: starts splash serve in the background with progress and log pat
     $ok "$(cat "$work/bg.err")"
 
 # The server under test, and the logging proxy in front of it.
-"$splash" serve --model "$model" --port $server_port --api-key "$key" >"$work/serve.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 600); do grep -q '^Ready' "$work/serve.log" && break; sleep 0.2; done
-grep -q '^Ready' "$work/serve.log" || { cat "$work/serve.log"; echo "splash serve was not ready" >&2; exit 1; }
-python3 scripts/e2e/agents_proxy.py $port $server_port "$work/requests.jsonl" &
+start_server() { # log file
+    "$splash" serve --model "$model" --port $server_port --api-key "$key" >"$1" 2>&1 &
+    server_pid=$!
+    pids+=($server_pid)
+    for _ in $(seq 1 600); do grep -q '^Ready' "$1" && break; sleep 0.2; done
+    grep -q '^Ready' "$1" || { cat "$1"; echo "splash serve was not ready" >&2; exit 1; }
+}
+start_server "$work/serve.log"
+AGENTS_PROXY_BODIES="$work/bodies" python3 scripts/e2e/agents_proxy.py $port $server_port "$work/requests.jsonl" &
 pids+=($!)
 sleep 0.5
 export SPLASH_PORT=$port SPLASH_API_KEY="$key"
@@ -125,8 +134,9 @@ hostile_home() { # a HOME whose user config would send each client elsewhere
 }
 
 run() { # client turn prompt -> runs the launcher in $work/<client>-<turn>, records timing
-    local c="$1" turn="$2" prompt="$3" dir="$work/$1-$2" extra=() args=()
-    mkdir -p "$dir"
+    local c="$1" turn="$2" prompt="$3" dir="$work/$1-$2" project="$work/$1-project" extra=() args=()
+    mkdir -p "$dir" "$project"
+    [[ $turn == tool ]] && rm -f "$project/hello.txt"
     case "$c" in
         claude) args=(-- -p "$prompt" --allowedTools Bash,Write,Edit,Read) ;;
         codex) args=(-- -c features.plugins=false exec --skip-git-repo-check --ephemeral -s workspace-write "$prompt") ;;
@@ -142,9 +152,10 @@ run() { # client turn prompt -> runs the launcher in $work/<client>-<turn>, reco
         return
     fi
     t0="$(date +%s.%N)"
-    (cd "$dir" && HOME="$work/home-$c" timeout "$turn_timeout_s" "$splash" "$c" "${extra[@]}" "${args[@]}" </dev/null \
+    (cd "$project" && HOME="$work/home-$c" timeout "$turn_timeout_s" "$splash" "$c" "${extra[@]}" "${args[@]}" </dev/null \
         >"$dir/stdout" 2>"$dir/stderr") || rc=$?
     t1="$(date +%s.%N)"
+    [[ $turn == tool && -e "$project/hello.txt" ]] && cp "$project/hello.txt" "$dir/hello.txt"
     python3 -c 'import json,sys; a=sys.argv; print(json.dumps({"run": a[1], "turn": a[2], "rc": int(a[3]), "t0": float(a[4]), "t1": float(a[5]), "dir": a[6]}))' \
         "$c" "$turn" "$rc" "$t0" "$t1" "$dir" >>"$results"
     printf '%-9s %-5s rc=%-3s %6.1f s  %s\n' "$c" "$turn" "$rc" "$(echo "$t1 - $t0" | bc)" \
@@ -169,6 +180,12 @@ if has_phase tool; then
 fi
 if has_phase warm; then
     for c in $clients; do run "$c" warm "What is 2+3? Answer with just the number."; done
+fi
+if has_phase restart; then
+    # A restarted server has an empty memory cache: a fast first token now comes from the prefix cache on disk.
+    kill "$server_pid" && wait "$server_pid" 2>/dev/null || true
+    start_server "$work/serve-restarted.log"
+    for c in $clients; do run "$c" restart "What is 3+4? Answer with just the number."; done
 fi
 if [[ " $clients " == *" pi "* ]]; then
     python3 - "$work/home-pi/.pi/agent/models.json" "$port" >/dev/null 2>&1 <<'PY' && ok=1 || ok=0

@@ -6,15 +6,22 @@ request size, whether tools were sent, time to the first generated token (first 
 call, in any of the three protocols), total time, the text and tool calls the model produced, and the usage numbers
 (prompt / cached tokens) found in the stream. Stdlib only.
 
+With AGENTS_PROXY_BODIES=DIR set, each request body is also written to DIR/NNNN.json (in arrival order), so two
+turns' prompts can be diffed (scripts/e2e/prompt_diff.py) to see where they stop sharing a prefix.
+
 Usage: python3 agents_proxy.py LISTEN UPSTREAM LOG
 """
 
 import asyncio
+import itertools
 import json
+import os
 import sys
 import time
 
 LISTEN, UPSTREAM, LOG = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+BODIES = os.environ.get("AGENTS_PROXY_BODIES")
+SEQ = itertools.count()
 
 
 def token_event(obj):
@@ -96,6 +103,12 @@ async def handle(creader, cwriter):
     t0 = time.monotonic()
     method, path = request_line.split(" ")[:2]
     rec = {"t": time.time(), "method": method, "path": path, "request_bytes": len(body), "tools": False}
+    if BODIES and body:
+        os.makedirs(BODIES, exist_ok=True)
+        name = os.path.join(BODIES, f"{next(SEQ):04d}.json")
+        with open(name, "wb") as f:
+            f.write(json.dumps({"path": path, "headers": headers}).encode() + b"\n" + body)
+        rec["body_file"] = name
     try:
         j = json.loads(body) if body else {}
         rec["tools"] = bool(j.get("tools"))

@@ -77,16 +77,17 @@ for r in (r for r in results if "run" in r and not r.get("skipped")):
 fmt = lambda x: "-" if x is None else (f"{x:.1f}" if isinstance(x, float) else str(x))
 print(f"\nagents on {model} (TTFT = time to the first generated token of the turn's main request, seconds)")
 print(f"{'client':9} {'cold':>5} {'warm':>5} {'TTFT cold':>9} {'TTFT warm':>9} {'prompt':>7} {'cached':>7} "
-      f"{'turn s':>7} {'tool calls':>10} {'hello.txt':>10}  answer (cold)")
+      f"{'restart':>7} {'TTFT rst':>8} {'cached':>7} {'turn s':>7} {'tool calls':>10} {'hello.txt':>10}  answer (cold)")
 for c, row in rows.items():
-    cold, warm, tool = row.get("cold", {}), row.get("warm", {}), row.get("tool", {})
+    cold, warm, tool, rst = row.get("cold", {}), row.get("warm", {}), row.get("tool", {}), row.get("restart", {})
     file = tool.get("file")
     wrote = "-" if not tool or tool.get("skipped") else ("no" if file is None else ("hi" if "hi" in file.lower() else f"{file[:8]!r}"))
     wrote += tool.get("where", "")
     state = lambda t: "-" if not t else ("skip" if t.get("skipped") else ("ok" if t.get("printed") else "FAIL"))
     print(f"{c:9} {state(cold):>5} {state(warm):>5} "
           f"{fmt(cold.get('ttft')):>9} {fmt(warm.get('ttft')):>9} {fmt(cold.get('prompt')):>7} "
-          f"{fmt(warm.get('cached')):>7} {fmt(cold.get('secs')):>7} {fmt(tool.get('tool_calls')):>10} {wrote:>10}  "
+          f"{fmt(warm.get('cached')):>7} {state(rst) if rst else '-':>7} {fmt(rst.get('ttft')):>8} "
+          f"{fmt(rst.get('cached')):>7} {fmt(cold.get('secs')):>7} {fmt(tool.get('tool_calls')):>10} {wrote:>10}  "
           f"{cold.get('answer', '')[:60]!r}")
 summary = {c: {t: {k: v for k, v in d.items() if k != "answer"} for t, d in row.items()} for c, row in rows.items()}
 json.dump(summary, open(os.path.join(work, "summary.json"), "w"), indent=1)

@@ -17,7 +17,7 @@ use crate::kv_cache::BlockHash;
 
 const MAGIC: &[u8; 4] = b"SPKV";
 /// Bumped whenever the block layout or the KV numerics change.
-pub const KV_FORMAT_VERSION: u32 = 1;
+pub const KV_FORMAT_VERSION: u32 = 2;
 const HEADER_BYTES: usize = 4 + 4 + 8 + 16;
 
 /// A short, stable identity of a model file: size, the first MiB (header, metadata, tensor table) and 16 samples

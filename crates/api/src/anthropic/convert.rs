@@ -1,6 +1,7 @@
 //! Anthropic Messages ⇄ the neutral [`ChatTurn`]: system as a string or text blocks (Claude Code's
 //! `x-anthropic-billing-header:` block dropped so the prompt prefix stays stable), `role: "system"` turns inside
-//! `messages`, text / tool_use / tool_result blocks (thinking blocks dropped), tools and `tool_choice`. Every problem
+//! `messages` (those before the first assistant turn moved ahead of the user turns, see [`hoist_opening_system_turns`]),
+//! text / tool_use / tool_result blocks (thinking blocks dropped), tools and `tool_choice`. Every problem
 //! is a 400 naming the field.
 
 use chat::{Conversation, Message, Role, ToolCall};
@@ -25,6 +26,7 @@ pub fn to_turn(req: wire::MessagesRequest, defaults: &SamplingParams) -> Result<
     for (i, m) in req.messages.into_iter().enumerate() {
         convert_message(i, m, &mut messages)?;
     }
+    hoist_opening_system_turns(&mut messages);
     let tools = convert_tools(req.tools.unwrap_or_default())?;
     let (tool_choice, parallel_tool_calls) = convert_tool_choice(req.tool_choice.as_ref())?;
     let mut sampling = defaults.clone();
@@ -67,6 +69,25 @@ pub fn to_turn(req: wire::MessagesRequest, defaults: &SamplingParams) -> Result<
         stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
         output_format: Default::default(),
     })
+}
+
+/// Moves the `role: "system"` turns that come before the first assistant turn ahead of the user turns there, keeping
+/// the order within each kind.
+///
+/// Claude Code sends its context block (working directory, platform, OS, skills, today's date: ~2K tokens that are the
+/// same on every turn in one project on one day) as a system turn right after the user's first message. Rendered
+/// where it stands, it follows the user's prompt, so the prefix cache can never reuse it and every new conversation
+/// prefills it again behind a ~10K-token prefix (about 20 s on the 0.5B on 2 cores). Ahead of the user turn it joins
+/// the cached system prompt and tools. The model reads the same text, as system context before the request it
+/// qualifies instead of after it; nothing is added or dropped, and system turns after the first assistant turn stay
+/// where they are (they belong to that point of the conversation).
+fn hoist_opening_system_turns(messages: &mut [Message]) {
+    let end = messages.iter().position(|m| m.role == Role::Assistant).unwrap_or(messages.len());
+    let first_other = messages.iter().position(|m| m.role != Role::System).unwrap_or(messages.len());
+    if first_other < end {
+        // Stable: system turns keep their order, and so do the user (and tool) turns.
+        messages[first_other..end].sort_by_key(|m| m.role != Role::System);
+    }
 }
 
 /// `system` (or a system turn's content): a string or text blocks, joined by blank lines; billing blocks dropped.
@@ -329,6 +350,38 @@ mod tests {
         to_turn(parse_json(body.to_string().as_bytes())?, &SamplingParams::default())
     }
 
+    /// Two new Claude Code conversations in one project (same system prompt, tools and environment block, different
+    /// requests) share every turn before the user's request, so the second one is served from the prefix cache.
+    #[test]
+    fn claude_code_environment_block_is_part_of_the_shared_prefix() {
+        let request = |prompt: &str| {
+            turn(json!({
+                "model": "m", "max_tokens": 100,
+                "system": [{"type": "text", "text": "You are an agent."}],
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "<system-reminder>attribution</system-reminder>"},
+                                                 {"type": "text", "text": prompt}]},
+                    {"role": "system", "content": [{"type": "text", "text": "# Environment\n - Primary working directory: /p\nToday's date is 2026-11-30."}]}
+                ],
+                "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]
+            }))
+            .unwrap()
+        };
+        let (a, b) = (request("What is 2+3?"), request("Create hello.txt"));
+        let (a, b) = (&a.conversation.messages, &b.conversation.messages);
+        // The template renders turn by turn, so equal leading turns render to an equal prompt prefix.
+        let shared = a.iter().zip(b.iter()).take_while(|(x, y)| x == y).count();
+        assert_eq!(shared, 2, "system prompt and environment block shared: {a:?}");
+        assert_eq!(
+            a[1].content,
+            Some(chat::Content::Text(
+                "# Environment\n - Primary working directory: /p\nToday's date is 2026-11-30.".into()
+            ))
+        );
+        assert_eq!(a[2].role, Role::User);
+        assert_eq!(a.len(), 3);
+    }
+
     #[test]
     fn claude_code_shapes_convert() {
         let t = turn(json!({
@@ -356,9 +409,13 @@ mod tests {
         .unwrap();
         let m = &t.conversation.messages;
         let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
-        assert_eq!(roles, [Role::System, Role::User, Role::System, Role::Assistant, Role::Tool, Role::System]);
+        // The opening system turn (the environment block) goes ahead of the user turn; the one after the
+        // assistant turn stays put.
+        assert_eq!(roles, [Role::System, Role::System, Role::User, Role::Assistant, Role::Tool, Role::System]);
         assert_eq!(m[0].content, Some(chat::Content::Text("You are an agent.".into())));
-        assert_eq!(m[1].content, Some(chat::Content::Text("<reminder>\nwrite a file".into())));
+        assert_eq!(m[1].content, Some(chat::Content::Text("# Environment".into())));
+        assert_eq!(m[5].content, Some(chat::Content::Text("reminder as a string".into())));
+        assert_eq!(m[2].content, Some(chat::Content::Text("<reminder>\nwrite a file".into())));
         assert_eq!(m[3].tool_calls[0].arguments, json!({"command": "ls"}));
         assert_eq!(m[4].tool_call_id.as_deref(), Some("toolu_1"));
         assert_eq!(t.conversation.tools.len(), 1);

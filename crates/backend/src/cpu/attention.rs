@@ -4,17 +4,25 @@
 //! rows of one sequence (a prefill chunk, one decode token, or k+1 rows to verify) and that sequence's cache, which
 //! already holds the keys and values of those rows. Out: `[m, num_heads * head_dim]`.
 //!
-//! Query heads that share a KV head are processed together, so each cached row is read once per group. A task is a
-//! block of up to 64 rows of one sequence and one KV head: the block's keys and values are converted to f32 once, and
-//! each row then takes two small matrix products — scores `Q·Kᵀ` and output `P·V` over exactly the keys it sees, with
-//! its group's heads as matrix rows. A row's result therefore does not depend on the block it came in: prefill,
-//! decode and the k+1 rows of a speculative verification all compute a position identically (tested bitwise in
-//! crates/models/tests/batch_invariance.rs).
+//! Flash-attention style: a task is a tile of up to [`ROW_BLOCK`] rows of one sequence and one KV head, with the
+//! query heads that share that KV head as extra tile rows. The tile walks the keys in blocks of [`KEY_BLOCK`]: each
+//! block's keys and values are converted from f16 once for the whole tile, and each query vector keeps a running
+//! maximum, sum and output (online softmax), so nothing of size `num_keys` is materialised and the working set stays
+//! in L2.
 //!
-//! The cache holds f16 values. As in llama.cpp's (non flash-attention) CPU path, queries are rounded to f16 before
-//! the key dot products and attention weights are rounded to f16 before they multiply the values.
+//! Batch invariance: key blocks start at absolute multiples of [`KEY_BLOCK`], and every number a query vector
+//! computes (each score's dot product in head-dimension order, the block maximum, the lane-wise block sum, each
+//! output element's accumulation in key order) is a fixed sequence of operations that depends only on that vector
+//! and the keys it sees — never on which other rows share its tile or call. Prefill, decode and the k+1 rows of a
+//! speculative verification therefore compute a position bitwise identically (tested in
+//! crates/models/tests/batch_invariance.rs). The kernel is written once, generically, and compiled three times (AVX-512,
+//! AVX2+FMA, portable) and picked once at start; runs on one machine always use the same one.
+//!
+//! The cache holds f16 values. As in llama.cpp, queries are rounded to f16 before the key dot products.
 
-use super::{ThreadPool, ops, simd};
+use std::sync::OnceLock;
+
+use super::{ThreadPool, simd};
 
 /// One sequence's rows in the batch and its KV cache, stored in blocks: block `j` of `k` / `v` holds the keys /
 /// values of positions `j * block_tokens ..` as `[block_tokens, num_kv_heads * head_dim]` f16 values (the last block
@@ -56,8 +64,13 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// Query rows per task: the keys are converted once per task, so longer blocks convert less in long prefills.
+/// Query rows per task. With the group's heads that is up to 32 × 7 query vectors (0.5B): big enough to amortise
+/// converting each key block, small enough that tile and block stay in L2.
 const ROW_BLOCK: usize = 64;
+/// Keys per online-softmax step (4 AVX-512 vectors of scores per query vector).
+const KEY_BLOCK: usize = 64;
+/// Query vectors per register tile of the two inner products.
+const VEC_TILE: usize = 6;
 
 /// A unit of work: rows `row0..row0 + num_rows` of the batch, all of sequence `seq`, for KV head `g`.
 struct Task {
@@ -92,104 +105,284 @@ pub fn attention(pool: &ThreadPool, shape: AttnShape, q: &[f32], seqs: &[SeqAttn
     let out_ptr = OutPtr(out.as_mut_ptr());
     // Bigger tasks first, so the dynamic split ends evenly.
     tasks.sort_by_key(|t| std::cmp::Reverse(t.num_rows * (seqs[t.seq].start_pos + t.first + t.num_rows)));
+    let kernel = kernel();
     pool.for_each_chunk(tasks.len(), 1, &|range| {
         let mut scratch = Scratch::default();
         for t in &tasks[range] {
             let s = &seqs[t.seq];
-            block_task(shape, q, s, t, out_ptr, &mut scratch);
+            kernel(shape, q, s, t, out_ptr, &mut scratch);
         }
     });
 }
 
 #[derive(Default)]
 struct Scratch {
-    qh: Vec<f32>,
+    /// `[vectors, hd]`: the tile's query vectors (row-major over (row, head in group)), rounded to f16.
+    q: Vec<f32>,
+    /// `[vectors, hd]`: running outputs, not yet divided by the sum.
+    acc: Vec<f32>,
+    /// Running maximum and sum per query vector.
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    /// `[vectors, KEY_BLOCK]`: the current block's scores, then their exponentials.
     scores: Vec<f32>,
-    kf: Vec<f32>,
-    vf: Vec<f32>,
+    /// `[hd, KEY_BLOCK]`: the current block's keys, transposed; `[KEY_BLOCK, hd]`: its values.
+    kt: Vec<f32>,
+    v: Vec<f32>,
+    row: Vec<f32>,
 }
 
-/// Consecutive query rows of one sequence, all heads of KV group `t.g`, as two matrix products.
-fn block_task(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
+type Kernel = fn(AttnShape, &[f32], &SeqAttn<'_>, &Task, OutPtr, &mut Scratch);
+
+fn kernel() -> Kernel {
+    static K: OnceLock<Kernel> = OnceLock::new();
+    *K.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let forced = std::env::var("SPLASH_CPU_KERNELS").unwrap_or_default();
+            if forced != "scalar" && forced != "avx2" && std::is_x86_feature_detected!("avx512f") {
+                return x86::tile_avx512;
+            }
+            if forced != "scalar" && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return x86::tile_avx2;
+            }
+        }
+        tile_portable
+    })
+}
+
+fn tile_portable(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
+    tile::<false>(shape, q, s, t, out, sc)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+    unsafe fn tile_512(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
+        tile::<true>(shape, q, s, t, out, sc)
+    }
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile_256(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
+        tile::<true>(shape, q, s, t, out, sc)
+    }
+    // SAFETY (both): installed only after the features were detected at run time.
+    pub fn tile_avx512(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
+        unsafe { tile_512(shape, q, s, t, out, sc) }
+    }
+    pub fn tile_avx2(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
+        unsafe { tile_256(shape, q, s, t, out, sc) }
+    }
+}
+
+/// `c + a·b`, fused where the kernel is compiled with FMA (one rounding), else two roundings. Either way the same
+/// for every call of one kernel, which is all batch invariance needs.
+#[inline(always)]
+fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// One tile: consecutive query rows of one sequence, all heads of KV group `t.g`, over the keys in blocks.
+#[inline(always)]
+fn tile<const FMA: bool>(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
     let AttnShape { num_heads, num_kv_heads, head_dim: hd, scale } = shape;
     let (q_dim, kv_dim, group) = (num_heads * hd, num_kv_heads * hd, num_heads / num_kv_heads);
-    let r = t.num_rows * group; // query vectors: row-major over (row, head in group)
-    let n = s.start_pos + t.first + t.num_rows; // keys visible to the last row
-    // Queries rounded to f16; keys and values of this group converted to f32.
-    sc.qh.resize(r * hd, 0.0);
+    let r = t.num_rows * group;
+    let base = s.start_pos + t.first; // position of the tile's first row
+    let n = base + t.num_rows; // keys visible to the last row
+    sc.q.resize(r * hd, 0.0);
     for i in 0..t.num_rows {
         let src = &q[(t.row0 + i) * q_dim + t.g * group * hd..][..group * hd];
-        sc.qh[i * group * hd..(i + 1) * group * hd].copy_from_slice(src);
+        sc.q[i * group * hd..(i + 1) * group * hd].copy_from_slice(src);
     }
-    simd::round_to_f16(&mut sc.qh);
-    for (dst, src) in [(&mut sc.kf, &s.k), (&mut sc.vf, &s.v)] {
-        dst.resize(n * hd, 0.0);
-        for j in 0..n {
-            let block = src[j / s.block_tokens];
-            let row = j % s.block_tokens;
-            half_to_f32(&block[row * kv_dim + t.g * hd..][..hd], &mut dst[j * hd..(j + 1) * hd]);
+    simd::round_to_f16(&mut sc.q);
+    sc.acc.clear();
+    sc.acc.resize(r * hd, 0.0);
+    sc.max.clear();
+    sc.max.resize(r, f32::NEG_INFINITY);
+    sc.sum.clear();
+    sc.sum.resize(r, 0.0);
+    sc.scores.resize(r * KEY_BLOCK, 0.0);
+    sc.kt.resize(hd * KEY_BLOCK, 0.0);
+    sc.v.resize(KEY_BLOCK * hd, 0.0);
+    sc.row.resize(hd, 0.0);
+    let mut kb = 0;
+    while kb < n {
+        let nk = KEY_BLOCK.min(n - kb);
+        for j in 0..nk {
+            let (blk, row) = ((kb + j) / s.block_tokens, (kb + j) % s.block_tokens);
+            half_to_f32(&s.k[blk][row * kv_dim + t.g * hd..][..hd], &mut sc.row);
+            for (d, &x) in sc.row.iter().enumerate() {
+                sc.kt[d * KEY_BLOCK + j] = x;
+            }
+            half_to_f32(&s.v[blk][row * kv_dim + t.g * hd..][..hd], &mut sc.v[j * hd..(j + 1) * hd]);
         }
+        if nk < KEY_BLOCK {
+            for d in 0..hd {
+                sc.kt[d * KEY_BLOCK + nk..(d + 1) * KEY_BLOCK].fill(0.0);
+            }
+        }
+        // Query vectors that see at least one key of this block: rows at positions >= kb.
+        let v0 = kb.saturating_sub(base) * group;
+        let keys_seen = |v: usize| KEY_BLOCK.min(base + v / group + 1 - kb);
+        block_scores::<FMA>(hd, scale, &sc.q, &sc.kt, v0, r, &mut sc.scores);
+        for v in v0..r {
+            let nk_v = keys_seen(v);
+            let srow: &mut [f32; KEY_BLOCK] = (&mut sc.scores[v * KEY_BLOCK..(v + 1) * KEY_BLOCK]).try_into().unwrap();
+            // The maximum is exact in any order; lane-wise so it vectorises (`>` rather than `f32::max`: no NaN here).
+            let mut lane_max = [f32::NEG_INFINITY; 16];
+            for (c, chunk) in srow.chunks_exact(16).enumerate() {
+                for (l, (m, &x)) in lane_max.iter_mut().zip(chunk).enumerate() {
+                    let x = if c * 16 + l < nk_v { x } else { f32::NEG_INFINITY };
+                    *m = if x > *m { x } else { *m };
+                }
+            }
+            let block_max = lane_max.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+            let new_max = sc.max[v].max(block_max);
+            let alpha = if sc.max[v] == f32::NEG_INFINITY { 0.0 } else { simd::exp_approx(sc.max[v] - new_max) };
+            sc.max[v] = new_max;
+            for (j, x) in srow.iter_mut().enumerate() {
+                *x = if j < nk_v { simd::exp_approx(*x - new_max) } else { 0.0 };
+            }
+            // Lane-wise sums (16 lanes, fixed by the key's offset in its block), then the lanes in order.
+            let mut lanes = [0f32; 16];
+            for c in srow.chunks_exact(16) {
+                for (l, x) in lanes.iter_mut().zip(c) {
+                    *l += x;
+                }
+            }
+            let block_sum = lanes.iter().fold(0f32, |a, &b| a + b);
+            sc.sum[v] = fmadd::<FMA>(sc.sum[v], alpha, block_sum);
+            for a in &mut sc.acc[v * hd..(v + 1) * hd] {
+                *a *= alpha;
+            }
+        }
+        block_values::<FMA>(hd, &sc.scores, &sc.v, v0, r, &keys_seen, &mut sc.acc);
+        kb += KEY_BLOCK;
     }
-    // Row by row, each over exactly the keys it sees: the same two products, of the same shapes, as when that row
-    // is decoded alone, so a row's output does not depend on which block (or verification run) it came in.
     for i in 0..t.num_rows {
-        let visible = s.start_pos + t.first + i + 1;
-        let qi = &sc.qh[i * group * hd..(i + 1) * group * hd];
-        // Scores: [group, visible] = Q [group, hd] · Kᵀ [hd, visible].
-        sc.scores.resize(group * visible, 0.0);
-        gemm_f32(group, visible, hd, qi, (1, hd), &sc.kf, (hd, 1), &mut sc.scores, visible, scale);
-        for row in sc.scores.chunks_exact_mut(visible) {
-            ops::softmax(row);
-            simd::round_to_f16(row);
-        }
-        // Output: [group, hd] = P [group, visible] · V [visible, hd], written in place.
         // SAFETY: rows t.row0.., heads of group g are written by this task alone.
         let dst =
             unsafe { std::slice::from_raw_parts_mut(out.0.add((t.row0 + i) * q_dim + t.g * group * hd), group * hd) };
-        gemm_f32(group, hd, visible, &sc.scores, (1, visible), &sc.vf, (1, hd), dst, hd, 1.0);
+        for (h, d) in dst.chunks_exact_mut(hd).enumerate() {
+            let v = i * group + h;
+            let inv = 1.0 / sc.sum[v];
+            for (o, a) in d.iter_mut().zip(&sc.acc[v * hd..(v + 1) * hd]) {
+                *o = a * inv;
+            }
+        }
     }
 }
 
-/// `c[m, n] = alpha · a[m, k] · b[k, n]` in f32, single-threaded. Strides are (column, row) in elements; `c` is
-/// row-major with row stride `ldc`.
-#[allow(clippy::too_many_arguments)]
-fn gemm_f32(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: &[f32],
-    a_strides: (usize, usize),
-    b: &[f32],
-    b_strides: (usize, usize),
-    c: &mut [f32],
-    ldc: usize,
-    alpha: f32,
+/// `scores[v, j] = scale · Σ_d q[v, d] · kt[d, j]` for query vectors `v0..r`, the sum in `d` order, [`VEC_TILE`]
+/// vectors at a time (or one: the same operations per score either way).
+#[inline(always)]
+fn block_scores<const FMA: bool>(hd: usize, scale: f32, q: &[f32], kt: &[f32], v0: usize, r: usize, out: &mut [f32]) {
+    let mut v = v0;
+    while v + VEC_TILE <= r {
+        let mut acc = [[0f32; KEY_BLOCK]; VEC_TILE];
+        let qs: [&[f32]; VEC_TILE] = std::array::from_fn(|i| &q[(v + i) * hd..(v + i + 1) * hd]);
+        for (d, k) in kt[..hd * KEY_BLOCK].chunks_exact(KEY_BLOCK).enumerate() {
+            let k: [f32; KEY_BLOCK] = k.try_into().unwrap();
+            for (a, qi) in acc.iter_mut().zip(&qs) {
+                let x = qi[d];
+                for j in 0..KEY_BLOCK {
+                    a[j] = fmadd::<FMA>(x, k[j], a[j]);
+                }
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            for (o, x) in out[(v + i) * KEY_BLOCK..(v + i + 1) * KEY_BLOCK].iter_mut().zip(a) {
+                *o = x * scale;
+            }
+        }
+        v += VEC_TILE;
+    }
+    while v < r {
+        let mut a = [0f32; KEY_BLOCK];
+        for d in 0..hd {
+            let k: &[f32; KEY_BLOCK] = kt[d * KEY_BLOCK..(d + 1) * KEY_BLOCK].try_into().unwrap();
+            let x = q[v * hd + d];
+            for j in 0..KEY_BLOCK {
+                a[j] = fmadd::<FMA>(x, k[j], a[j]);
+            }
+        }
+        for (o, x) in out[v * KEY_BLOCK..(v + 1) * KEY_BLOCK].iter_mut().zip(&a) {
+            *o = x * scale;
+        }
+        v += 1;
+    }
+}
+
+/// `acc[v, :] += Σ_j p[v, j] · vals[j, :]` over the `keys_seen(v)` keys vector `v` sees, in key order. Vectors go
+/// [`VEC_TILE`] at a time over the keys all of them see, then each alone over the rest of its keys, which continues
+/// the same per-element chains.
+#[inline(always)]
+fn block_values<const FMA: bool>(
+    hd: usize,
+    p: &[f32],
+    vals: &[f32],
+    v0: usize,
+    r: usize,
+    keys_seen: &dyn Fn(usize) -> usize,
+    acc: &mut [f32],
 ) {
-    let extent = |rows: usize, cols: usize, (cs, rs): (usize, usize)| (rows - 1) * rs + (cols - 1) * cs + 1;
-    assert!(a.len() >= extent(m, k, a_strides) && b.len() >= extent(k, n, b_strides) && c.len() >= (m - 1) * ldc + n);
-    // SAFETY: the assertion above bounds every element the strides reach.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            ldc as isize,
-            false,
-            a.as_ptr(),
-            a_strides.0 as isize,
-            a_strides.1 as isize,
-            b.as_ptr(),
-            b_strides.0 as isize,
-            b_strides.1 as isize,
-            0.0,
-            alpha,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
+    let mut v = v0;
+    while v < r {
+        let nv = VEC_TILE.min(r - v);
+        let common = (v..v + nv).map(keys_seen).min().unwrap_or(0);
+        if nv == VEC_TILE && hd.is_multiple_of(64) {
+            for d0 in (0..hd).step_by(64) {
+                let mut a = [[0f32; 64]; VEC_TILE];
+                for (i, ai) in a.iter_mut().enumerate() {
+                    ai.copy_from_slice(&acc[(v + i) * hd + d0..][..64]);
+                }
+                let ps: [&[f32]; VEC_TILE] = std::array::from_fn(|i| &p[(v + i) * KEY_BLOCK..][..common]);
+                for (j, x) in vals[..common * hd].chunks_exact(hd).enumerate() {
+                    let x: [f32; 64] = x[d0..d0 + 64].try_into().unwrap();
+                    for (ai, pi) in a.iter_mut().zip(&ps) {
+                        let w = pi[j];
+                        for d in 0..64 {
+                            ai[d] = fmadd::<FMA>(w, x[d], ai[d]);
+                        }
+                    }
+                }
+                for (i, ai) in a.iter().enumerate() {
+                    acc[(v + i) * hd + d0..][..64].copy_from_slice(ai);
+                }
+            }
+        } else {
+            values_one::<FMA>(hd, p, vals, v, nv, 0, common, acc);
+        }
+        for i in 0..nv {
+            values_one::<FMA>(hd, p, vals, v + i, 1, common, keys_seen(v + i), acc);
+        }
+        v += nv;
+    }
+}
+
+/// Vectors `v..v + nv`, keys `j0..j1`, one vector at a time.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn values_one<const FMA: bool>(
+    hd: usize,
+    p: &[f32],
+    vals: &[f32],
+    v: usize,
+    nv: usize,
+    j0: usize,
+    j1: usize,
+    acc: &mut [f32],
+) {
+    for vi in v..v + nv {
+        let a = &mut acc[vi * hd..(vi + 1) * hd];
+        for j in j0..j1 {
+            let w = p[vi * KEY_BLOCK + j];
+            for (ad, &x) in a.iter_mut().zip(&vals[j * hd..(j + 1) * hd]) {
+                *ad = fmadd::<FMA>(w, x, *ad);
+            }
+        }
     }
 }
 
@@ -278,5 +471,58 @@ mod tests {
                 row += 1;
             }
         }
+    }
+
+    /// A row's output is bitwise the same whether it is computed alone (decode), in a long prefill call, or in
+    /// uneven chunks next to another sequence: across key blocks, tile boundaries and both value-product paths.
+    #[test]
+    fn rows_are_bitwise_independent_of_batching_and_chunking() {
+        for (num_heads, num_kv_heads, hd) in [(14, 2, 64), (6, 2, 128), (6, 3, 16)] {
+            let shape = AttnShape { num_heads, num_kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+            let (kvd, qd) = (num_kv_heads * hd, num_heads * hd);
+            let n = 150;
+            let f = |i: usize, s: f32| ((i * 2654435761 % 1000) as f32 / 500.0 - 1.0) * s;
+            let h = |x: f32| half::f16::from_f32(x).to_bits();
+            let k: Vec<u16> = (0..n * kvd).map(|i| h(f(i, 2.0))).collect();
+            let v: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 7, 1.0))).collect();
+            let q: Vec<f32> = (0..n * qd).map(|i| f(i + 3, 1.5)).collect();
+            let paged = |start: usize, rows: usize| SeqAttn {
+                k: k.chunks(16 * kvd).collect(),
+                v: v.chunks(16 * kvd).collect(),
+                block_tokens: 16,
+                start_pos: start,
+                num_rows: rows,
+            };
+            let pool = ThreadPool::new(2);
+            let mut all = vec![f32::NAN; n * qd];
+            attention(&pool, shape, &q, &[paged(0, n)], &mut all);
+            // Each row alone.
+            for i in [0, 1, 15, 16, 63, 64, 65, 100, 127, 128, 149] {
+                let mut one = vec![f32::NAN; qd];
+                attention(&pool, shape, &q[i * qd..(i + 1) * qd], &[paged(i, 1)], &mut one);
+                assert_eq!(bits(&one), bits(&all[i * qd..(i + 1) * qd]), "shape {shape:?} row {i} alone");
+            }
+            // Uneven chunks, each next to an unrelated single row of another sequence.
+            let mut start = 0;
+            for len in [5, 40, 1, 70, 34] {
+                let mut qq = q[start * qd..(start + len) * qd].to_vec();
+                qq.extend_from_slice(&q[..qd]);
+                let mut got = vec![f32::NAN; (len + 1) * qd];
+                attention(&pool, shape, &qq, &[paged(start, len), paged(90, 1)], &mut got);
+                assert_eq!(bits(&got[..len * qd]), bits(&all[start * qd..(start + len) * qd]), "chunk at {start}");
+                start += len;
+            }
+            // And the whole run against the f64 reference.
+            for i in [0, 64, 149] {
+                let want = reference(shape, &q[i * qd..(i + 1) * qd], &k, &v, i + 1);
+                for (a, b) in all[i * qd..(i + 1) * qd].iter().zip(&want) {
+                    assert!((*a as f64 - b).abs() < 3e-3 * b.abs().max(1.0), "row {i}: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
     }
 }

@@ -38,7 +38,7 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
 /// `e^x` for the range SwiGLU needs: Cephes' `expf` (x = n ln2 + r, a degree-6 polynomial in r, scaled by 2^n),
 /// written without branches so loops over it vectorize. Inputs are clamped to where the result is finite.
 #[inline(always)]
-fn exp_approx(x: f32) -> f32 {
+pub(crate) fn exp_approx(x: f32) -> f32 {
     let x = x.clamp(-87.0, 88.0);
     let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
     let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;

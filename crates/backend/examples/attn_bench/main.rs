@@ -1,0 +1,87 @@
+//! Micro-benchmark of CPU prefill attention: one 512-row prefill chunk of one sequence that already holds
+//! `start` positions, on the Qwen2.5-Coder 0.5B shape (14 heads, 2 KV heads, head_dim 64) and the 1.5B shape
+//! (12 / 2 / 128), paged in 16-token blocks as the runner stores them. Prints ms per layer and GFLOP/s counted as
+//! 4 · heads · head_dim · (keys seen, summed over rows).
+//!
+//! Each case runs the current kernel ("new") and, for comparison, the kernel it replaced ("old", kept verbatim in
+//! old.rs: per row, two `gemm` products over the whole visible range after converting it to f32),
+//! alternately, so both see the same machine load.
+//!
+//! `cargo run --release -p splash-backend --example attn_bench [-- START,...]` (default 1536,7680,11776).
+
+use backend::cpu::ThreadPool;
+use backend::cpu::attention::{AttnShape, SeqAttn, attention};
+use std::time::Instant;
+
+#[allow(dead_code)]
+mod old;
+
+/// Seconds: wall time, or with one thread (`THREADS=1`) the process's CPU time (from /proc, 10 ms ticks), which
+/// other processes sharing the cores disturb much less.
+fn clock(threads: usize) -> f64 {
+    static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    if threads == 1 {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+        let ticks: f64 = fields.get(11).and_then(|x| x.parse().ok()).unwrap_or(0.0);
+        return ticks / 100.0;
+    }
+    T0.get_or_init(Instant::now).elapsed().as_secs_f64()
+}
+
+fn main() {
+    let starts: Vec<usize> = std::env::args()
+        .nth(1)
+        .map(|a| a.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1536, 7680, 11776]);
+    let rows = std::env::var("ROWS").ok().and_then(|t| t.parse().ok()).unwrap_or(512);
+    let threads = std::env::var("THREADS").ok().and_then(|t| t.parse().ok()).unwrap_or(2);
+    let pool = ThreadPool::new(threads);
+    for (name, num_heads, num_kv_heads, hd) in [("0.5B", 14, 2, 64), ("1.5B", 12, 2, 128)] {
+        let shape = AttnShape { num_heads, num_kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+        let (kvd, qd) = (num_kv_heads * hd, num_heads * hd);
+        for &start in &starts {
+            let n = start + rows;
+            let f = |i: usize| (i * 2654435761 % 1000) as f32 / 500.0 - 1.0;
+            let k: Vec<u16> = (0..n * kvd).map(|i| half::f16::from_f32(f(i)).to_bits()).collect();
+            let v: Vec<u16> = (0..n * kvd).map(|i| half::f16::from_f32(f(i + 3)).to_bits()).collect();
+            let q: Vec<f32> = (0..rows * qd).map(|i| f(i + 5)).collect();
+            let seq = SeqAttn {
+                k: k.chunks(16 * kvd).collect(),
+                v: v.chunks(16 * kvd).collect(),
+                block_tokens: 16,
+                start_pos: start,
+                num_rows: rows,
+            };
+            let old_seq =
+                old::SeqAttn { k: seq.k.clone(), v: seq.v.clone(), block_tokens: 16, start_pos: start, num_rows: rows };
+            let old_shape = old::AttnShape { num_heads, num_kv_heads, head_dim: hd, scale: shape.scale };
+            let mut out = vec![0f32; rows * qd];
+            let mut out_old = vec![0f32; rows * qd];
+            let (mut t_new, mut t_old) = (0f64, 0f64);
+            let reps = if threads == 1 { 6 } else { 3 } * if rows < 64 { 50 } else { 1 };
+            for rep in 0..=reps {
+                let t0 = clock(threads);
+                attention(&pool, shape, &q, std::slice::from_ref(&seq), &mut out);
+                let t1 = clock(threads);
+                old::attention(&pool, old_shape, &q, std::slice::from_ref(&old_seq), &mut out_old);
+                if rep > 0 {
+                    t_new += (t1 - t0) / reps as f64;
+                    t_old += (clock(threads) - t1) / reps as f64;
+                }
+            }
+            let max_diff = out.iter().zip(&out_old).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let keys: usize = (0..rows).map(|i| start + i + 1).sum();
+            let flop = 4.0 * (num_heads * hd) as f64 * keys as f64;
+            println!(
+                "{name} start {start:>5} + {rows} rows: new {:7.2} ms/layer {:6.1} GFLOP/s | old {:7.2} ms/layer \
+                 {:6.1} GFLOP/s | {:.2}x, max |new - old| {max_diff:.2e}",
+                t_new * 1e3,
+                flop / t_new / 1e9,
+                t_old * 1e3,
+                flop / t_old / 1e9,
+                t_old / t_new
+            );
+        }
+    }
+}
