@@ -361,7 +361,7 @@ unsafe fn q6t_dot(tv: &[__m512i; 4], sc: __m512i, a: *const u8) -> __m512i {
 unsafe fn row_q6k_t<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [f32; R] {
     let mut sums = [[_mm_setzero_ps(); 2]; R];
     // Full quads of rows: lane 2j+i of `qsums[q][h]` is row 4q+j's running sum 2h+i.
-    let mut qsums = [[_mm256_setzero_ps(); 2]; 3];
+    let mut qsums = [[_mm256_setzero_ps(); 2]; 2];
     let mut s = 0;
     while s + 2 <= nsb {
         let (tv0, sc0, dw0) = q6t_unpack(w.add(s * Q6_K_BYTES));
@@ -1109,52 +1109,6 @@ trait RowKernel {
     unsafe fn run2<const R: usize>(_w: *const u8, _n: usize, _pa: &[*const u8; R]) -> [[f32; R]; 2] {
         unreachable!("no paired kernel")
     }
-    /// [`rows_r`] for a group of 9..=12 rows (kernels with `RMAX` above 8 only: the others are never instantiated
-    /// that wide).
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn rows_wide<const PAIR: bool>(
-        _gs: usize,
-        _w: *const u8,
-        _rb: usize,
-        _n_units: usize,
-        _r0: usize,
-        _r1: usize,
-        _base: *const u8,
-        _prep_rb: usize,
-        _out: *mut f32,
-        _ldo: usize,
-    ) {
-        unreachable!("groups have at most RMAX rows")
-    }
-}
-
-/// `RowKernel::rows_wide` for a kernel with `RMAX` up to 12.
-macro_rules! rows_wide12 {
-    () => {
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn rows_wide<const PAIR: bool>(
-            gs: usize,
-            w: *const u8,
-            rb: usize,
-            n_units: usize,
-            r0: usize,
-            r1: usize,
-            base: *const u8,
-            prep_rb: usize,
-            out: *mut f32,
-            ldo: usize,
-        ) {
-            // SAFETY: forwarded contract of `rows_r`.
-            unsafe {
-                match gs {
-                    9 => rows_r::<Self, 9, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, out, ldo),
-                    10 => rows_r::<Self, 10, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, out, ldo),
-                    11 => rows_r::<Self, 11, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, out, ldo),
-                    _ => rows_r::<Self, 12, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, out, ldo),
-                }
-            }
-        }
-    };
 }
 
 macro_rules! row_kernel {
@@ -1174,23 +1128,18 @@ macro_rules! row_kernel {
 row_kernel!(KQ6, 4, row_q6k);
 struct KQ6T;
 impl RowKernel for KQ6T {
-    // Cache-resident, one thread, k = 1536 (ns per block-row): m = 8 18.4, 9 20.3, 12 27.1, 13 (7 + 6) 30.9.
-    const RMAX: usize = 12;
+    const RMAX: usize = 8;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
     unsafe fn run<const R: usize>(w: *const u8, n: usize, pa: &[*const u8; R]) -> [f32; R] {
         row_q6k_t::<R>(w, n, pa)
     }
-    rows_wide12!();
 }
 row_kernel!(KQ5K, 4, row_k4, true);
 
 struct KQ4;
 impl RowKernel for KQ4 {
-    // Cache-resident, one thread, k = 1536 (ns per block-row): m = 8 17.1, 9 18.6, 10 22.3; 11 spills registers
-    // (29.0), so 11 rows go as 6 + 5.
-    const RMAX: usize = 10;
-    rows_wide12!();
+    const RMAX: usize = 8;
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
     unsafe fn run<const R: usize>(w: *const u8, n: usize, pa: &[*const u8; R]) -> [f32; R] {
@@ -1300,8 +1249,7 @@ unsafe fn run_rows<K: RowKernel, const PAIR: bool>(
                 5 => rows_r::<K, 5, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
                 6 => rows_r::<K, 6, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
                 7 => rows_r::<K, 7, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
-                8 => rows_r::<K, 8, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
-                _ => K::rows_wide::<PAIR>(gs, w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
+                _ => rows_r::<K, 8, PAIR>(w, rb, n_units, r0, r1, base, prep_rb, o, ldo),
             }
             t += gs;
         }
@@ -1374,9 +1322,10 @@ pub fn max_m(wty: gguf::GgmlType) -> usize {
     // win from m = 2 (m = 3 for Q8_0), measured cache-resident at k = 1536.
     match wty {
         // Measured in the model (1.5B, 2 threads, quiet): with Q4_K on panels from m = 5, a 5-row pass cost 3.0 and a
-        // 9-row pass 5.1 single-row passes (panels pack every weight and read 16 rows interleaved, at half the DRAM
-        // speed of one stream); the row kernels (quads of rows, up to 10 / 12 per weight row) stay cheaper.
-        Q4_K | Q6_K => 16,
+        // 9-row pass 5.1 single-row passes; rows up to 8 stay cheaper. Row kernels of 9-12 rows (tried 2026-11-30)
+        // tied with the panels at 9 rows (3.25 vs 3.26 single passes) and lost at 12 and 16 (4.3 / 5.2 vs 3.8 /
+        // 4.5), so the panels keep m > 8.
+        Q4_K | Q6_K => 8,
         Q5_K => 4,
         Q8_0 => 2,
         _ => 1,
