@@ -6,7 +6,7 @@ greedy Chat Completions requests at once (different prompts, so nothing is share
 aggregate generated tokens per second (sum of usage.completion_tokens over the wall time from the first send to the
 last reply), per-request tok/s, and the ratio to N = 1. Uses only the standard library.
 
-    python3 scripts/bench_load.py --model qwen2.5-coder-1.5b --streams 1,8 --max-tokens 128
+    python3 scripts/bench_load.py --model qwen2.5-coder-1.5b --streams 1,8 --max-tokens 128 [--serve-args "--spec-mode off"]
 """
 
 import argparse
@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--splash", default="target/release/splash")
     ap.add_argument("--url", help="use a running server instead of starting one")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--serve-args", default="", help="extra `splash serve` arguments, e.g. \"--spec-mode off\"")
     ap.add_argument("--json-out")
     a = ap.parse_args()
     key = "bench-load"
@@ -71,6 +72,7 @@ def main():
         cmd = [a.splash, "serve", "--model", a.model, "--port", str(port), "--api-key", key]
         if a.threads:
             cmd += ["-t", str(a.threads)]
+        cmd += a.serve_args.split()
         server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in server.stdout:
             if line.startswith("Ready"):
@@ -86,7 +88,7 @@ def main():
             server.terminate()
             server.wait()
     base = rows[0]["aggregate_tok_s"]
-    print(f"{a.model}: {a.max_tokens} max tokens per request, greedy")
+    print(f"{a.model}: {a.max_tokens} max tokens per request, greedy {a.serve_args}")
     print(f"{'streams':>7} {'tokens':>7} {'wall s':>7} {'aggregate tok/s':>16} {'x one stream':>13} {'per request tok/s':>18}")
     for r in rows:
         per = sorted(r["per_request_tok_s"])[len(r["per_request_tok_s"]) // 2]
@@ -94,7 +96,7 @@ def main():
               f"{r['aggregate_tok_s'] / base:>13.2f} {per:>18.1f}")
     if a.json_out:
         with open(a.json_out, "w") as f:
-            json.dump({"model": a.model, "max_tokens": a.max_tokens, "rounds": rows,
+            json.dump({"model": a.model, "max_tokens": a.max_tokens, "serve_args": a.serve_args, "rounds": rows,
                        "machine": os.uname().nodename}, f, indent=1)
 
 
