@@ -101,10 +101,16 @@ fn with_options(mut schema: Value) -> Value {
 /// The grammar of a reply that is exactly one Hermes-style call of one of `tools` (name → parameters schema),
 /// written after the prompt's `<tool_call>\n`: `{"name": NAME, "arguments": ARGS}\n</tool_call>`.
 pub fn tool_call_grammar(tools: &[(String, Value)]) -> Value {
+    with_options(call_object_schema(tools, false))
+}
+
+/// The JSON schema of one call object `{"name": NAME, "arguments": ARGS}` of one of `tools`: the arguments follow
+/// the tool's parameters schema, or (`loose`, or a tool without one) any object.
+pub(crate) fn call_object_schema(tools: &[(String, Value)], loose: bool) -> Value {
     let variants: Vec<Value> = tools
         .iter()
         .map(|(name, parameters)| {
-            let arguments = if parameters.as_object().is_some_and(|o| !o.is_empty()) {
+            let arguments = if !loose && parameters.as_object().is_some_and(|o| !o.is_empty()) {
                 parameters.clone()
             } else {
                 json!({"type": "object"})
@@ -117,8 +123,7 @@ pub fn tool_call_grammar(tools: &[(String, Value)]) -> Value {
             })
         })
         .collect();
-    let schema = if variants.len() == 1 { variants[0].clone() } else { json!({"anyOf": variants}) };
-    with_options(schema)
+    if variants.len() == 1 { variants[0].clone() } else { json!({"anyOf": variants}) }
 }
 
 /// A compiled grammar, ready to constrain one request.

@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use chat::tool_parser::{JsonEnd, JsonScanner};
 use chat::{Content, Conversation, ParseEvent, RenderInput, Role, ToolCall, ToolCallParser};
 use engine::service::RequestStream;
 use engine::{Event, FinishReason, GenerateRequest, SamplingParams, Usage};
@@ -631,8 +632,8 @@ enum AutoState {
     Idle,
     /// A call starts at this offset; its name and arguments key are not complete yet.
     Head { start: usize, tagged: bool },
-    /// Streaming arguments: `sent` bytes of `text` are out, `scanned` bytes were scanned (bracket depth, string).
-    Args { sent: usize, scanned: usize, depth: usize, in_string: bool, escaped: bool },
+    /// Streaming arguments: `sent` bytes of `text` are out (and scanned: the scanner holds the bracket depth).
+    Args { sent: usize, scanner: JsonScanner },
 }
 
 impl AutoCalls {
@@ -663,37 +664,18 @@ impl AutoCalls {
                         Head::Args { name, offset } => {
                             out.push_back(Output::ToolCallBegin { name });
                             let at = start + offset;
-                            self.state =
-                                AutoState::Args { sent: at, scanned: at, depth: 0, in_string: false, escaped: false };
+                            self.state = AutoState::Args { sent: at, scanner: JsonScanner::default() };
                         }
                     }
                 }
-                AutoState::Args { sent, scanned, mut depth, mut in_string, mut escaped } => {
-                    let bytes = self.text.as_bytes();
-                    let mut end = None;
-                    for (i, &b) in bytes.iter().enumerate().skip(scanned) {
-                        if in_string {
-                            match b {
-                                _ if escaped => escaped = false,
-                                b'\\' => escaped = true,
-                                b'"' => in_string = false,
-                                _ => {}
-                            }
-                            continue;
-                        }
-                        match b {
-                            b'"' => in_string = true,
-                            b'{' | b'[' => depth += 1,
-                            b'}' | b']' => {
-                                depth = depth.saturating_sub(1);
-                                if depth == 0 {
-                                    end = Some(i + 1);
-                                    break;
-                                }
-                            }
-                            _ => {}
-                        }
-                    }
+                AutoState::Args { sent, mut scanner } => {
+                    // Everything past `sent` is unscanned: the scanner keeps its state between pieces.
+                    let end = match scanner.feed(&self.text.as_bytes()[sent..]) {
+                        JsonEnd::Closed(end) => Some(sent + end),
+                        // (The grammar never lets this happen; end the arguments there rather than run on.)
+                        JsonEnd::Stray(i) => Some(sent + i + 1),
+                        JsonEnd::Open => None,
+                    };
                     let upto = end.unwrap_or(self.text.len());
                     if upto > sent {
                         out.push_back(Output::ToolCallArgs(self.text[sent..upto].to_string()));
@@ -701,7 +683,7 @@ impl AutoCalls {
                     if end.is_some() {
                         self.state = AutoState::Idle;
                     } else {
-                        self.state = AutoState::Args { sent: upto, scanned: upto, depth, in_string, escaped };
+                        self.state = AutoState::Args { sent: upto, scanner };
                         return;
                     }
                 }

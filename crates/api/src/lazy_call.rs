@@ -113,23 +113,7 @@ impl std::fmt::Debug for LazyToolCalls {
 /// The JSON schema of one call object `{"name": NAME, "arguments": ARGS}` of one of `tools`, with the options of a
 /// call the model lays out itself (flexible but bounded whitespace; schema features llguidance lacks are ignored).
 fn call_schema(tools: &[(String, Value)], loose: bool) -> Value {
-    let variants: Vec<Value> = tools
-        .iter()
-        .map(|(name, parameters)| {
-            let arguments = if !loose && parameters.as_object().is_some_and(|o| !o.is_empty()) {
-                parameters.clone()
-            } else {
-                json!({"type": "object"})
-            };
-            json!({
-                "type": "object",
-                "properties": {"name": {"const": name}, "arguments": arguments},
-                "required": ["name", "arguments"],
-                "additionalProperties": false
-            })
-        })
-        .collect();
-    let mut schema = if variants.len() == 1 { variants[0].clone() } else { json!({"anyOf": variants}) };
+    let mut schema = crate::constraint::call_object_schema(tools, loose);
     if let Some(o) = schema.as_object_mut() {
         o.insert(
             "x-guidance".into(),

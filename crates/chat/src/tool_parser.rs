@@ -385,34 +385,61 @@ fn call_prefix_verdict(body: &str) -> Verdict {
 }
 
 /// The byte length of the JSON object or array at the start of `s` (brackets matched outside strings), or `None`
-/// if it is not complete yet.
+/// if it is not complete yet (or closes a bracket it never opened).
 fn json_extent(s: &str) -> Option<usize> {
-    let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for (i, b) in s.bytes().enumerate() {
-        if in_string {
+    match JsonScanner::default().feed(s.as_bytes()) {
+        JsonEnd::Closed(end) => Some(end),
+        JsonEnd::Stray(_) | JsonEnd::Open => None,
+    }
+}
+
+/// Finds the end of a JSON object or array fed a piece at a time: brackets matched outside strings (escapes
+/// understood), nothing else checked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JsonScanner {
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+}
+
+/// Where a [`JsonScanner::feed`] stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonEnd {
+    /// Still inside: feed more.
+    Open,
+    /// The outermost bracket closes; the value ends before this index of the piece.
+    Closed(usize),
+    /// A closing bracket with none open, at this index of the piece.
+    Stray(usize),
+}
+
+impl JsonScanner {
+    pub fn feed(&mut self, piece: &[u8]) -> JsonEnd {
+        for (i, &b) in piece.iter().enumerate() {
+            if self.in_string {
+                match b {
+                    _ if self.escaped => self.escaped = false,
+                    b'\\' => self.escaped = true,
+                    b'"' => self.in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
             match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
+                b'"' => self.in_string = true,
+                b'{' | b'[' => self.depth += 1,
+                b'}' | b']' if self.depth == 0 => return JsonEnd::Stray(i),
+                b'}' | b']' => {
+                    self.depth -= 1;
+                    if self.depth == 0 {
+                        return JsonEnd::Closed(i + 1);
+                    }
+                }
                 _ => {}
             }
-            continue;
         }
-        match b {
-            b'"' => in_string = true,
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return Some(i + 1);
-                }
-            }
-            _ => {}
-        }
+        JsonEnd::Open
     }
-    None
 }
 
 /// The calls inside one `<tool_call>` tag: JSON objects (one or several, or an array), or the XML form.
@@ -525,6 +552,28 @@ fn parse_xml_call(text: &str, tools: &[String]) -> Option<ToolCall> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_scanner_finds_the_end_across_pieces() {
+        let text = r#"{"a": "x}\"]", "b": [1, {"c": 2}]} tail"#;
+        let end = text.find(" tail").unwrap();
+        // Every split into two pieces gives the same end.
+        for cut in 0..=text.len() {
+            let mut s = JsonScanner::default();
+            let got = match s.feed(&text.as_bytes()[..cut]) {
+                JsonEnd::Closed(e) => e,
+                JsonEnd::Open => match s.feed(&text.as_bytes()[cut..]) {
+                    JsonEnd::Closed(e) => cut + e,
+                    other => panic!("cut {cut}: {other:?}"),
+                },
+                JsonEnd::Stray(i) => panic!("cut {cut}: stray at {i}"),
+            };
+            assert_eq!(got, end, "cut {cut}");
+        }
+        assert_eq!(JsonScanner::default().feed(b"} {"), JsonEnd::Stray(0));
+        assert_eq!(json_extent("[1, 2"), None);
+        assert_eq!(json_extent("]"), None);
+    }
     use serde_json::json;
 
     fn tools() -> Vec<String> {
