@@ -44,9 +44,12 @@ impl TokenizerEnv for Env {
     }
 }
 
+/// The last factory built: (tokenizer address, vocabulary size) and the factory.
+type FactoryCache = Option<((usize, usize), Arc<ParserFactory>)>;
+
 /// The parser factory of `tokenizer`, built on first use.
 pub(crate) fn factory(tokenizer: &Arc<tokenizer::Tokenizer>) -> Result<Arc<ParserFactory>, ApiError> {
-    static CACHE: Mutex<Option<((usize, usize), Arc<ParserFactory>)>> = Mutex::new(None);
+    static CACHE: Mutex<FactoryCache> = Mutex::new(None);
     let key = (Arc::as_ptr(tokenizer) as usize, tokenizer.vocab_size());
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((k, f)) = cache.as_ref()
