@@ -504,31 +504,6 @@ unsafe fn q4k_g4_isum(
     }
 }
 
-/// [`q4k_g4_isum`] for the four activation groups `a[j]`, their dot-product chains interleaved (eight independent
-/// accumulators keep `vpdpbusd` busy instead of waiting on its latency).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4k_g4_isum4(
-    lo: &[__m512i; 8],
-    hi: &[__m512i; 8],
-    sc_even: __m512i,
-    sc_odd: __m512i,
-    a: &[*const u8; 4],
-) -> [__m512i; 4] {
-    // SAFETY: every `a[j]` points at a prepared group (PG4 bytes).
-    unsafe {
-        let mut al = [_mm512_setzero_si512(); 4];
-        let mut ah = [_mm512_setzero_si512(); 4];
-        for d in 0..8 {
-            for j in 0..4 {
-                al[j] = _mm512_dpbusd_epi32(al[j], lo[d], ld(a[j].add(64 * d)));
-                ah[j] = _mm512_dpbusd_epi32(ah[j], hi[d], ld(a[j].add(512 + 64 * d)));
-            }
-        }
-        std::array::from_fn(|j| _mm512_add_epi32(_mm512_mullo_epi32(al[j], sc_even), _mm512_mullo_epi32(ah[j], sc_odd)))
-    }
-}
-
 /// Lane 4g+j of the result: the sum of lanes 4g..4g+4 of `v[j]` (four 128-bit lane reductions at once, exact).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
@@ -669,7 +644,11 @@ unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa:
         // canonical order and the results are unchanged).
         for q in 0..R / 4 {
             let a: [*const u8; 4] = std::array::from_fn(|j| pa[4 * q + j].add(grp * PG4));
-            let isv = q4k_g4_isum4(&lo, &hi, sc_even, sc_odd, &a);
+            // (A loop, not `array::from_fn`: a closure has no target features, so the kernel would not inline.)
+            let mut isv = [_mm512_setzero_si512(); 4];
+            for j in 0..4 {
+                isv[j] = q4k_g4_isum(&lo, &hi, sc_even, sc_odd, a[j]);
+            }
             let imv: [__m512i; 4] = std::array::from_fn(|j| _mm512_madd_epi16(mins, ld(a[j].add(PG4_BS))));
             let dav: [__m512; 4] = std::array::from_fn(|j| _mm512_loadu_ps(a[j].add(PG4_D) as *const f32));
             let fi = _mm512_cvtepi32_ps(quad_sum_epi32(&isv));
