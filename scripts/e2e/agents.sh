@@ -102,12 +102,10 @@ check "launcher: starts splash serve in the background with progress and log pat
     $ok "$(cat "$work/bg.err")"
 
 # The server under test, and the logging proxy in front of it.
+source scripts/e2e/serve.sh
 start_server() { # log file
-    "$splash" serve --model "$model" --port $server_port --api-key "$key" >"$1" 2>&1 &
-    server_pid=$!
+    start_serve "$1" "$splash" --model "$model" --port $server_port --api-key "$key"
     pids+=($server_pid)
-    for _ in $(seq 1 600); do grep -q '^Ready' "$1" && break; sleep 0.2; done
-    grep -q '^Ready' "$1" || { cat "$1"; echo "splash serve was not ready" >&2; exit 1; }
 }
 start_server "$work/serve.log"
 AGENTS_PROXY_BODIES="$work/bodies" python3 scripts/e2e/agents_proxy.py $port $server_port "$work/requests.jsonl" &

@@ -25,15 +25,9 @@ fi
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 log="$(mktemp -d)/serve.log"
 key="e2e-key"
-target/release/splash serve --model qwen2.5-coder-0.5b --port "$port" --api-key "$key" --max-context 2048 \
-    --served-model-name splash-e2e >"$log" 2>&1 &
-server=$!
-trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-    grep -q '^Ready' "$log" && break
-    kill -0 "$server" 2>/dev/null || { cat "$log"; echo "splash serve exited before it was ready" >&2; exit 1; }
-    sleep 0.2
-done
-grep -q '^Ready' "$log" || { cat "$log"; echo "splash serve was not ready after 120 s" >&2; exit 1; }
+source scripts/e2e/serve.sh
+trap 'kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true' EXIT
+start_serve "$log" target/release/splash --model qwen2.5-coder-0.5b --port "$port" --api-key "$key" \
+    --max-context 2048 --served-model-name splash-e2e
 SPLASH_URL="http://127.0.0.1:$port" SPLASH_KEY="$key" SPLASH_MODEL=splash-e2e SPLASH_MAX_CONTEXT=2048 \
     "$venv/bin/python" scripts/e2e/main.py "$@"

@@ -137,11 +137,8 @@ def anthropic_stop_sequence_is_reported():
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop, final
 
 
-@check
-def forced_call_arguments_stream_in_pieces():
-    tool = {"type": "function", "function": {"name": "add_person", "description": "Store a person", "parameters": PERSON}}
-    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=[tool], temperature=0, max_tokens=200,
-                                            stream=True, tool_choice={"type": "function", "function": {"name": "add_person"}})
+def tool_call_deltas(stream):
+    """A streamed Chat Completion's tool-call deltas: (argument pieces, names, finish reason)."""
     pieces, names, finish = [], [], None
     for c in stream:
         if not c.choices:
@@ -152,6 +149,15 @@ def forced_call_arguments_stream_in_pieces():
             if d.function and d.function.arguments:
                 pieces.append(d.function.arguments)
         finish = c.choices[0].finish_reason or finish
+    return pieces, names, finish
+
+
+@check
+def forced_call_arguments_stream_in_pieces():
+    tool = {"type": "function", "function": {"name": "add_person", "description": "Store a person", "parameters": PERSON}}
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=[tool], temperature=0, max_tokens=200,
+                                            stream=True, tool_choice={"type": "function", "function": {"name": "add_person"}})
+    pieces, names, finish = tool_call_deltas(stream)
     assert names == ["add_person"] and finish == "tool_calls", (names, finish)
     assert len(pieces) >= 3, pieces
     jsonschema.validate(json.loads("".join(pieces)), PERSON)
@@ -172,16 +178,7 @@ def auto_call_arguments_stream_in_pieces():
     # stream as they are written, in Chat Completions, Anthropic Messages and Responses alike.
     stream = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[WEATHER], temperature=0,
                                             max_tokens=120, stream=True)
-    pieces, names, finish = [], [], None
-    for c in stream:
-        if not c.choices:
-            continue
-        for d in c.choices[0].delta.tool_calls or []:
-            if d.function and d.function.name:
-                names.append(d.function.name)
-            if d.function and d.function.arguments:
-                pieces.append(d.function.arguments)
-        finish = c.choices[0].finish_reason or finish
+    pieces, names, finish = tool_call_deltas(stream)
     assert names == ["get_weather"] and finish == "tool_calls", (names, finish)
     assert len(pieces) >= 3, pieces
     jsonschema.validate(json.loads("".join(pieces)), WEATHER["function"]["parameters"])
