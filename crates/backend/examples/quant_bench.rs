@@ -7,7 +7,10 @@
 //! `cargo run --release -p splash-backend --example quant_bench [-- TYPE,... [LEVEL,...] [k n]]`
 //! e.g. `-- Q4_K,Q6_K avx512 1536 8960`. `SPLASH_BENCH_HOT=1` reuses one matrix (cache-resident compute speed).
 
-use backend::cpu::quant::{KernelLevel, act_format, act_row_bytes, available_levels, matmul_rows_at, quantize_act_row};
+use backend::cpu::quant::{
+    KernelLevel, Layout, act_format, act_row_bytes, available_levels, matmul_rows_at, matmul_rows_in, q4k_pairs,
+    quantize_act_row,
+};
 use gguf::GgmlType;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -189,14 +192,50 @@ fn main() {
                     .unwrap_or_else(|_| vec![1, 2, 4, 8, 16, 64]);
                 for m in ms {
                     let mut out = vec![0f32; m * n];
-                    let w = &mats[0];
+                    // SPLASH_BENCH_PAIRS=1: Q4_K repacked into the pairs layout (AVX-512 only). Without
+                    // SPLASH_BENCH_HOT=1 the calls rotate over the matrices (weights from DRAM).
+                    let pairs = ty == GgmlType::Q4_K
+                        && level == KernelLevel::Avx512
+                        && std::env::var("SPLASH_BENCH_PAIRS").is_ok_and(|v| v == "1");
+                    let packed: Vec<(Vec<u8>, std::ops::Range<usize>)> = if pairs {
+                        mats.iter()
+                            .map(|w| {
+                                let len = q4k_pairs::packed_bytes(n, kk);
+                                let mut p = vec![0u8; len + 64];
+                                let o = p.as_ptr().align_offset(64);
+                                q4k_pairs::pack_pairs(w, n, kk, 0..n.div_ceil(2), &mut p[o..o + len]);
+                                (p, o..o + len)
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
                     // The fastest of many timed calls: the machine is shared, and a preempted call only
                     // makes that sample slower.
                     let mut s = f64::INFINITY;
                     let t = Instant::now();
+                    let mut it = 0;
                     while t.elapsed() < Duration::from_millis(300) {
+                        let i = it % mats.len();
+                        it += 1;
                         let t1 = Instant::now();
-                        unsafe { matmul_rows_at(level, ty, w, kk, 0..n, &acts, m, out.as_mut_ptr(), n) };
+                        if pairs {
+                            unsafe {
+                                matmul_rows_in(
+                                    Layout::Q4KPairs,
+                                    ty,
+                                    &packed[i].0[packed[i].1.clone()],
+                                    kk,
+                                    0..n,
+                                    &acts,
+                                    m,
+                                    out.as_mut_ptr(),
+                                    n,
+                                )
+                            };
+                        } else {
+                            unsafe { matmul_rows_at(level, ty, &mats[i], kk, 0..n, &acts, m, out.as_mut_ptr(), n) };
+                        }
                         s = s.min(t1.elapsed().as_secs_f64());
                     }
                     let blocks = (n * kk / ty.block_len()) as f64;

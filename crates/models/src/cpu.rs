@@ -70,11 +70,31 @@ pub struct CpuRunner {
     _file: Arc<GgufFile>,
 }
 
+/// Repacks the matrices whose type this machine's kernels read faster in another layout (Q4_K on AVX-512: the pairs
+/// layout, `backend::cpu::quant::q4k_pairs`), replacing the views of the file by packed copies. The token embedding
+/// stays as it is (rows are looked up one at a time), and so does a tied output head.
+fn repack(weights: &mut Weights, tied: bool, pool: &ThreadPool) {
+    let mut mats: Vec<&mut QMatrix> = Vec::new();
+    for l in &mut weights.layers {
+        mats.extend([&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo, &mut l.w_gate, &mut l.w_up, &mut l.w_down]);
+    }
+    if !tied {
+        mats.push(&mut weights.output);
+    }
+    for m in mats {
+        if let Some(p) = m.repacked(pool) {
+            *m = p;
+        }
+    }
+}
+
 impl CpuRunner {
     /// Loads a model from a parsed GGUF file. `num_threads == 0` uses every core.
     pub fn new(file: Arc<GgufFile>, num_threads: usize) -> Result<Self> {
         let cfg = crate::arch::config_from_gguf(&file)?;
-        let weights = Weights::load(&file, &cfg)?;
+        let mut weights = Weights::load(&file, &cfg)?;
+        let pool = ThreadPool::new(num_threads);
+        repack(&mut weights, cfg.tied_embeddings, &pool);
         let rope = Rope::new(cfg.rope_style, cfg.head_dim, cfg.rope_dim, cfg.rope_theta);
         // Until the memory plan says otherwise: two full contexts, at least 256 blocks (blocks are allocated as they
         // are used).
@@ -83,7 +103,7 @@ impl CpuRunner {
             cfg,
             weights,
             rope,
-            pool: ThreadPool::new(num_threads),
+            pool,
             table,
             blocks: Vec::new(),
             output_head: None,

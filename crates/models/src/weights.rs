@@ -101,7 +101,7 @@ fn matrix(file: &Arc<GgufFile>, name: &str, rows: usize, cols: usize) -> Result<
     let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = file.clone();
     let bytes =
         Bytes::new(owner, start..start + t.size_bytes as usize).expect("INVARIANT: the reader checked tensor bounds");
-    Ok(QMatrix { ty: t.ty, rows, cols, bytes })
+    Ok(QMatrix { ty: t.ty, rows, cols, layout: backend::cpu::quant::Layout::Gguf, bytes })
 }
 
 /// A vector of `n` values, converted to f32.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use gguf::GgmlType;
 
 use super::ThreadPool;
-use super::quant::{self, ActFormat};
+use super::quant::{self, ActFormat, Layout, q4k_pairs};
 
 /// Bytes kept alive by their owner (a memory-mapped file, or a buffer of prepared weights).
 #[derive(Clone)]
@@ -42,12 +42,14 @@ impl Bytes {
     }
 }
 
-/// A weight matrix of `rows` rows of `cols` elements each, stored as GGUF blocks of type `ty`.
+/// A weight matrix of `rows` rows of `cols` elements each, stored as GGUF blocks of type `ty`, either as they are in
+/// the file or repacked for this machine's kernels (`layout`).
 #[derive(Clone)]
 pub struct QMatrix {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
+    pub layout: Layout,
     pub bytes: Bytes,
 }
 
@@ -65,15 +67,53 @@ impl QMatrix {
     /// The matrix of its first `rows` rows (all of them if it has fewer), sharing the bytes.
     pub fn first_rows(&self, rows: usize) -> QMatrix {
         let rows = rows.min(self.rows);
-        QMatrix { ty: self.ty, rows, cols: self.cols, bytes: self.bytes.prefix(rows * self.row_bytes()) }
+        let len = match self.layout {
+            Layout::Gguf => rows * self.row_bytes(),
+            Layout::Q4KPairs => q4k_pairs::packed_bytes(rows, self.cols),
+        };
+        QMatrix { rows, bytes: self.bytes.prefix(len), ..self.clone() }
     }
 
     /// Dequantizes row `r` into `out` (embedding lookups).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let rb = self.row_bytes();
-        let bytes = &self.bytes.as_slice()[r * rb..(r + 1) * rb];
+        let mut restored = Vec::new();
+        let bytes = match self.layout {
+            Layout::Gguf => &self.bytes.as_slice()[r * rb..(r + 1) * rb],
+            Layout::Q4KPairs => {
+                restored.resize(rb, 0);
+                q4k_pairs::unpack_row(self.bytes.as_slice(), self.cols, r, &mut restored);
+                &restored
+            }
+        };
         gguf::quant::dequantize(self.ty, bytes, &mut out[..self.cols])
             .expect("INVARIANT: supported type, exact length");
+    }
+
+    /// This matrix in the layout this machine's kernels prefer for its type ([`quant::preferred_layout`]), packed on
+    /// `pool`; `None` when that is the layout it has.
+    pub fn repacked(&self, pool: &ThreadPool) -> Option<QMatrix> {
+        if self.layout != Layout::Gguf || quant::preferred_layout(self.ty) != Layout::Q4KPairs {
+            return None;
+        }
+        let (rows, k) = (self.rows, self.cols);
+        let pb = q4k_pairs::pair_bytes(k);
+        // 64-byte aligned, so that no vector load of the kernels splits a cache line.
+        let len = q4k_pairs::packed_bytes(rows, k);
+        let mut packed = vec![0u8; len + 64];
+        let start = packed.as_ptr().align_offset(64);
+        let dst = OutPtr(packed[start..].as_mut_ptr() as *mut f32);
+        let src = self.bytes.as_slice();
+        pool.for_each_chunk(rows.div_ceil(2), 64, &|pairs| {
+            #[allow(clippy::redundant_locals)]
+            let dst = dst;
+            // SAFETY: each chunk writes its own pairs' bytes.
+            let out =
+                unsafe { std::slice::from_raw_parts_mut((dst.0 as *mut u8).add(pairs.start * pb), pairs.len() * pb) };
+            q4k_pairs::pack_pairs(src, rows, k, pairs, out);
+        });
+        let bytes = Bytes::new(Arc::new(packed), start..start + len).expect("INVARIANT: within the buffer");
+        Some(QMatrix { layout: Layout::Q4KPairs, bytes, ..self.clone() })
     }
 }
 
@@ -154,7 +194,8 @@ pub fn matmul(pool: &ThreadPool, ws: &[&QMatrix], x: &[f32], m: usize, outs: &mu
                 let mb = M_BLOCK.min(m - t0);
                 // SAFETY: this chunk alone writes rows `rows` of matrix `i`, for input rows t0..t0+mb.
                 unsafe {
-                    quant::matmul_rows(
+                    quant::matmul_rows_in(
+                        w.layout,
                         w.ty,
                         w.bytes.as_slice(),
                         k,

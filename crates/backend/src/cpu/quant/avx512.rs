@@ -378,8 +378,17 @@ unsafe fn group<T: Panel, const R: usize>(
     T::kernel::<R>(pk, n, u0, &a, &x, facc);
 }
 
+/// Where a panel's rows come from: GGUF rows (copied as they are) or Q4_K pairs (restored to GGUF blocks).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Gguf,
+    Q4KPairs,
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn drive<T: Panel>(
+    src_layout: Source,
     w: &[u8],
     k: usize,
     rows: Range<usize>,
@@ -406,7 +415,14 @@ unsafe fn drive<T: Panel>(
             let nvalid = (rows.end - p0).min(16);
             // The panel's rows are one contiguous run of bytes. Reading it in order and packing from this copy
             // streams from DRAM at full speed; packing straight from 16 interleaved rows runs at a third of it.
-            std::ptr::copy_nonoverlapping(w.as_ptr().add(p0 * rb), stage, nvalid * rb);
+            match src_layout {
+                Source::Gguf => std::ptr::copy_nonoverlapping(w.as_ptr().add(p0 * rb), stage, nvalid * rb),
+                Source::Q4KPairs => {
+                    for i in 0..nvalid {
+                        q4k_pairs_unpack_row(w.as_ptr(), k, p0 + i, stage.add(i * rb));
+                    }
+                }
+            }
             let mut src = [stage as *const u8; 16];
             for (i, s) in src.iter_mut().enumerate() {
                 *s = stage.add(i.min(nvalid - 1) * rb);
@@ -416,9 +432,16 @@ unsafe fn drive<T: Panel>(
             }
             // Meanwhile, keep DRAM busy with the next panel, a slice per packed unit.
             // (Past `rows.end` too: the caller's next chunk of rows usually follows.)
-            let w_rows = w.len() / rb;
-            let next = w.as_ptr().add((p0 + 16).min(w_rows) * rb);
-            let next_len = w_rows.saturating_sub(p0 + 16).min(16) * rb;
+            // (In the pairs layout 16 rows from an even row are 8 whole pairs, as many bytes give or take the tails.)
+            let (row_bytes, w_rows) = match src_layout {
+                Source::Gguf => (rb, w.len() / rb),
+                Source::Q4KPairs => {
+                    let pb = super::q4k_pairs::pair_bytes(k);
+                    (pb / 2, 2 * (w.len() / pb))
+                }
+            };
+            let next = w.as_ptr().add((p0 + 16).min(w_rows) * row_bytes);
+            let next_len = w_rows.saturating_sub(p0 + 16).min(16) * row_bytes;
             let mut u0 = 0;
             while u0 < nu {
                 let nc = T::KC.min(nu - u0);
@@ -1028,6 +1051,66 @@ unsafe fn float_rows<W: FloatW>(
     }
 }
 
+/// `matmul_rows` for Q4_K weights in the pairs layout (`super::q4k_pairs`): the row kernels read it directly; the
+/// panels restore each panel's GGUF rows first.
+///
+/// # Safety
+/// As `super::matmul_rows`, plus the CPU features of [`supported`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_rows_q4k_pairs(
+    w: &[u8],
+    k: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    act_rb: usize,
+    m: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    if m <= rows_max_m(GgmlType::Q4_K).min(8) {
+        super::avx512_rows::matmul_rows_q4k_pairs(w, k, rows, acts, act_rb, m, out, ldo);
+    } else {
+        drive::<Q4K>(Source::Q4KPairs, w, k, rows, acts, act_rb, m, out, ldo);
+    }
+}
+
+/// Restores row `r` of a Q4_K pairs matrix to GGUF blocks at `dst` (`k / 256 · 144` bytes): per super-block, the
+/// 16 bytes of its slot in the four 128-bit lanes of the group's quant vectors hold chunk `c`'s dword `d` at
+/// vector `d`, lane `c`; a 4×4 dword transpose per half restores the chunks in order.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_pairs_unpack_row(packed: *const u8, k: usize, r: usize, dst: *mut u8) {
+    use super::q4k_pairs::{locate, pair_bytes};
+    let nsb = k / QK_K;
+    let pair = packed.add((r / 2) * pair_bytes(k));
+    for sb in 0..nsb {
+        let (head, q0, stride, s) = locate(nsb, r % 2, sb);
+        let blk = dst.add(sb * Q4_K_BYTES);
+        std::ptr::copy_nonoverlapping(pair.add(head + 16 * s), blk, 16);
+        // y[e] = [vector e's slot lane | vector e+4's slot lane]: dwords (d = e, c = 0..4 | d = e + 4, c = 0..4).
+        let mut y = [_mm256_setzero_si256(); 4];
+        for (e, v) in y.iter_mut().enumerate() {
+            let lo = _mm_loadu_si128(pair.add(q0 + stride * e + 16 * s) as *const __m128i);
+            let hi = _mm_loadu_si128(pair.add(q0 + stride * (e + 4) + 16 * s) as *const __m128i);
+            *v = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi);
+        }
+        // Per 128-bit half, a 4×4 transpose: t[c] = (d = 0..4 | d = 4..8) of chunk c, i.e. chunk c's 32 bytes.
+        let t01l = _mm256_unpacklo_epi32(y[0], y[1]);
+        let t01h = _mm256_unpackhi_epi32(y[0], y[1]);
+        let t23l = _mm256_unpacklo_epi32(y[2], y[3]);
+        let t23h = _mm256_unpackhi_epi32(y[2], y[3]);
+        let t = [
+            _mm256_unpacklo_epi64(t01l, t23l),
+            _mm256_unpackhi_epi64(t01l, t23l),
+            _mm256_unpacklo_epi64(t01h, t23h),
+            _mm256_unpackhi_epi64(t01h, t23h),
+        ];
+        for (c, v) in t.iter().enumerate() {
+            _mm256_storeu_si256(blk.add(16 + 32 * c) as *mut __m256i, *v);
+        }
+    }
+}
+
 /// # Safety
 /// As `super::matmul_rows`, plus the CPU features of [`supported`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
@@ -1047,14 +1130,14 @@ pub unsafe fn matmul_rows(
         return;
     }
     match wty {
-        Q4_K => drive::<Q4K>(w, k, rows, acts, act_rb, m, out, ldo),
-        Q5_K => drive::<Q5K>(w, k, rows, acts, act_rb, m, out, ldo),
-        Q6_K => drive::<Q6K>(w, k, rows, acts, act_rb, m, out, ldo),
-        Q4_0 => drive::<Q40>(w, k, rows, acts, act_rb, m, out, ldo),
-        Q4_1 => drive::<Q41>(w, k, rows, acts, act_rb, m, out, ldo),
-        Q5_0 => drive::<Q50>(w, k, rows, acts, act_rb, m, out, ldo),
-        Q5_1 => drive::<Q51>(w, k, rows, acts, act_rb, m, out, ldo),
-        Q8_0 => drive::<Q80>(w, k, rows, acts, act_rb, m, out, ldo),
+        Q4_K => drive::<Q4K>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q5_K => drive::<Q5K>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q6_K => drive::<Q6K>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q4_0 => drive::<Q40>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q4_1 => drive::<Q41>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q5_0 => drive::<Q50>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q5_1 => drive::<Q51>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q8_0 => drive::<Q80>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
         F32 => float_rows::<WF32>(w, k, rows, acts, act_rb, m, out, ldo),
         F16 => float_rows::<WF16>(w, k, rows, acts, act_rb, m, out, ldo),
         BF16 => float_rows::<WBF16>(w, k, rows, acts, act_rb, m, out, ldo),

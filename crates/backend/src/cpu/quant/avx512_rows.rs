@@ -447,38 +447,66 @@ const PG4: usize = 1152;
 const PG4_BS: usize = 1024;
 const PG4_D: usize = 1088;
 
+static PF_AHEAD: std::sync::LazyLock<usize> =
+    std::sync::LazyLock::new(|| std::env::var("PF").ok().and_then(|v| v.parse().ok()).unwrap_or(0));
 static ZERO_BLOCK: [u8; 512] = [0; 512];
+
+/// One prepared group: slot `g` holds the activation's super-block `slots[g]` (zeros for `None`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn prep_q4k_group(a: *const u8, x: *const u8, slots: [Option<usize>; 4], d: *mut u8) {
+    let zero = ZERO_BLOCK.as_ptr();
+    let mut rows = [zero; 16];
+    let mut bs = _mm512_setzero_si512();
+    let mut da = [0f32; 16];
+    for (g, slot) in slots.iter().enumerate() {
+        let Some(s) = *slot else { continue };
+        let ab = a.add(s * Q8_K_BYTES);
+        for c in 0..4 {
+            rows[4 * g + c] = ab.add(Q8K_QS + 64 * c);
+            da[4 * g + c] = rd_f32p(ab);
+        }
+        let b = _mm512_castsi128_si512(_mm_loadu_si128(x.add(s * Q8_K_EXTRA) as *const __m128i));
+        bs = _mm512_mask_shuffle_i32x4::<0>(bs, 0xF << (4 * g), b, b);
+    }
+    let z = super::avx512::transpose16(&rows, 0);
+    for (t, v) in z.iter().enumerate() {
+        _mm512_storeu_si512(d.add(64 * t) as *mut _, *v);
+    }
+    _mm512_storeu_si512(d.add(PG4_BS) as *mut _, bs);
+    std::ptr::copy_nonoverlapping(da.as_ptr() as *const u8, d.add(PG4_D), 64);
+}
 
 /// `total` virtual super-blocks are prepared, super-block `i` being the activation's `i % nsb` (`total = 2·nsb` when
 /// two weight rows are streamed as one run).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn prep_q4k_g4(a: *const u8, x: *const u8, nsb: usize, total: usize, dst: *mut u8) {
-    let zero = ZERO_BLOCK.as_ptr();
     for grp in 0..total.div_ceil(4) {
-        let d = dst.add(grp * PG4);
-        let mut rows = [zero; 16];
-        let mut bs = _mm512_setzero_si512();
-        let mut da = [0f32; 16];
-        for g in 0..4 {
-            if 4 * grp + g >= total {
-                continue;
-            }
-            let s = (4 * grp + g) % nsb;
-            let ab = a.add(s * Q8_K_BYTES);
-            for c in 0..4 {
-                rows[4 * g + c] = ab.add(Q8K_QS + 64 * c);
-                da[4 * g + c] = rd_f32p(ab);
-            }
-            let b = _mm512_castsi128_si512(_mm_loadu_si128(x.add(s * Q8_K_EXTRA) as *const __m128i));
-            bs = _mm512_mask_shuffle_i32x4::<0>(bs, 0xF << (4 * g), b, b);
+        let mut slots = [None; 4];
+        for (g, slot) in slots.iter_mut().enumerate() {
+            *slot = (4 * grp + g < total).then_some((4 * grp + g) % nsb);
         }
-        let z = super::avx512::transpose16(&rows, 0);
-        for (t, v) in z.iter().enumerate() {
-            _mm512_storeu_si512(d.add(64 * t) as *mut _, *v);
-        }
-        _mm512_storeu_si512(d.add(PG4_BS) as *mut _, bs);
-        std::ptr::copy_nonoverlapping(da.as_ptr() as *const u8, d.add(PG4_D), 64);
+        prep_q4k_group(a, x, slots, dst.add(grp * PG4));
     }
+}
+
+/// Prepared groups for the pairs layout (`super::q4k_pairs`): the full groups, then one tail group whose slots
+/// match the tail groups of both rows (`[t, t+1, t, t+1]` for two leftover super-blocks, `[t, t+1, t+2, -]` for
+/// three).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn prep_q4k_pairs(a: *const u8, x: *const u8, nsb: usize, dst: *mut u8) {
+    let (full, rem) = (nsb / 4, nsb % 4);
+    for grp in 0..full {
+        let t = 4 * grp;
+        prep_q4k_group(a, x, [Some(t), Some(t + 1), Some(t + 2), Some(t + 3)], dst.add(grp * PG4));
+    }
+    let t = 4 * full;
+    let slots = match rem {
+        0 => return,
+        1 => [Some(t), None, Some(t), None],
+        2 => [Some(t), Some(t + 1), Some(t), Some(t + 1)],
+        _ => [Some(t), Some(t + 1), Some(t + 2), None],
+    };
+    prep_q4k_group(a, x, slots, dst.add(full * PG4));
 }
 
 /// The exact integer sums of one group (before the lane reduction) against prepared activation group `a`: lane
@@ -516,6 +544,85 @@ unsafe fn quad_sum_epi32(v: &[__m512i; 4]) -> __m512i {
     }
 }
 
+/// A Q4_K group's decoded heads: per lane `4g+c`, the scales of sub-blocks `2c` / `2c+1` and the i16 mins pair of
+/// super-block `g`, and its `d` / `dmin` as f32.
+struct K4Head {
+    sc_even: __m512i,
+    sc_odd: __m512i,
+    mins: __m512i,
+    dv: __m512,
+    dmv: __m512,
+}
+
+/// Decodes four Q4_K heads (128-bit lane `g` = bytes 0..16 of super-block `g`).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_head(h: __m512i) -> K4Head {
+    let sh_s = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+    let z = -128i8;
+    let sh_m = _mm512_broadcast_i32x4(_mm_setr_epi8(8, z, 9, z, 10, z, 11, z, 12, z, 13, z, 14, z, 15, z));
+    let ff = _mm512_set1_epi32(0xff);
+    let u0 = _mm512_bsrli_epi128::<4>(h);
+    let u1 = _mm512_bsrli_epi128::<8>(h);
+    let u2 = _mm512_bsrli_epi128::<12>(h);
+    let c3f = _mm512_set1_epi8(0x3f);
+    let c0f = _mm512_set1_epi8(0x0f);
+    let c30 = _mm512_set1_epi8(0x30);
+    let s_lo = _mm512_and_si512(u0, c3f);
+    let s_hi = _mm512_ternarylogic_epi32::<0xEA>(_mm512_srli_epi32::<2>(u0), c30, _mm512_and_si512(u2, c0f));
+    let m_lo = _mm512_and_si512(u1, c3f);
+    let m_hi = _mm512_ternarylogic_epi32::<0xEA>(
+        _mm512_srli_epi32::<2>(u1),
+        c30,
+        _mm512_and_si512(_mm512_srli_epi32::<4>(u2), c0f),
+    );
+    // Per lane: bytes [sc0..sc7, m0..m7]; then per chunk c: [sc2c, sc2c+1, m2c, m2c+1].
+    let sm = _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(s_lo, s_hi), _mm512_unpacklo_epi32(m_lo, m_hi));
+    let sc = _mm512_shuffle_epi8(sm, sh_s);
+    let sc_even = _mm512_and_si512(sc, ff);
+    let sc_odd = _mm512_and_si512(_mm512_srli_epi32::<8>(sc), ff);
+    let mins = _mm512_shuffle_epi8(sm, sh_m);
+    let dd = _mm512_shuffle_epi32::<0>(h);
+    let dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+    let dmv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
+    K4Head { sc_even, sc_odd, mins, dv, dmv }
+}
+
+/// The canonical f32 step of one group for a quad of activation rows (`isv[j]`: row `j`'s scaled integer sums,
+/// lanes `4g+c`): lane `4g+j` of the result is super-block `g`'s `fmsub(isum, d·da, imin·(dmin·da))` for row `j`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_quad_step(isv: &[__m512i; 4], hd: &K4Head, a: &[*const u8; 4]) -> __m512 {
+    let mut imv = [_mm512_setzero_si512(); 4];
+    let mut dav = [_mm512_setzero_ps(); 4];
+    for j in 0..4 {
+        imv[j] = _mm512_madd_epi16(hd.mins, ld(a[j].add(PG4_BS)));
+        dav[j] = _mm512_loadu_ps(a[j].add(PG4_D) as *const f32);
+    }
+    let fi = _mm512_cvtepi32_ps(quad_sum_epi32(isv));
+    let fm = _mm512_cvtepi32_ps(quad_sum_epi32(&imv));
+    let da = _mm512_mask_mov_ps(
+        _mm512_mask_mov_ps(_mm512_mask_mov_ps(dav[0], 0x2222, dav[1]), 0x4444, dav[2]),
+        0x8888,
+        dav[3],
+    );
+    _mm512_fmsub_ps(fi, _mm512_mul_ps(hd.dv, da), _mm512_mul_ps(fm, _mm512_mul_ps(hd.dmv, da)))
+}
+
+/// [`q4k_quad_step`] for one activation row: every lane of 128-bit lane `g` holds super-block `g`'s step.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_row_step(isum: __m512i, hd: &K4Head, a: *const u8) -> __m512 {
+    let imin = _mm512_madd_epi16(hd.mins, ld(a.add(PG4_BS)));
+    let da = _mm512_loadu_ps(a.add(PG4_D) as *const f32);
+    // Canonical order (`NOTES.md`, "Batch invariance"): per super-block, the exact integer sums (the 4 chunk lanes
+    // added) give `fmsub(isum, d·da, imin·dmin·da)`, added to running sum `i % 4`, exactly as the 16-row panels do.
+    // Every lane of chunk g computes super-block g's step on slot g's sum.
+    let fi = _mm512_cvtepi32_ps(hsum4_epi32(isum));
+    let fm = _mm512_cvtepi32_ps(hsum4_epi32(imin));
+    _mm512_fmsub_ps(fi, _mm512_mul_ps(hd.dv, da), _mm512_mul_ps(fm, _mm512_mul_ps(hd.dmv, da)))
+}
+
 /// One Q4_K row (or, with `PAIR`, two consecutive rows: one contiguous run of `2·nsb` super-blocks, `nsb % 4 ==
 /// 2`) against R activation rows prepared by [`prep_q4k_g4`] (for `2·nsb` virtual super-blocks with `PAIR`).
 #[inline]
@@ -542,10 +649,6 @@ unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa:
     }
     let idx1 = [ld(i1[0].as_ptr() as *const u8), ld(i1[1].as_ptr() as *const u8)];
     let idx2 = [ld(i2[0].as_ptr() as *const u8), ld(i2[1].as_ptr() as *const u8)];
-    let sh_s = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
-    let z = -128i8;
-    let sh_m = _mm512_broadcast_i32x4(_mm_setr_epi8(8, z, 9, z, 10, z, 11, z, 12, z, 13, z, 14, z, 15, z));
-    let ff = _mm512_set1_epi32(0xff);
     let mut facc = [_mm512_setzero_ps(); R];
     let mut facc2 = [_mm512_setzero_ps(); R];
     let mut qacc = [_mm512_setzero_ps(); 2];
@@ -572,29 +675,7 @@ unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa:
         h = _mm512_inserti32x4::<1>(h, _mm_loadu_si128(blk[1] as *const __m128i));
         h = _mm512_inserti32x4::<2>(h, _mm_loadu_si128(blk[2] as *const __m128i));
         h = _mm512_inserti32x4::<3>(h, _mm_loadu_si128(blk[3] as *const __m128i));
-        let u0 = _mm512_bsrli_epi128::<4>(h);
-        let u1 = _mm512_bsrli_epi128::<8>(h);
-        let u2 = _mm512_bsrli_epi128::<12>(h);
-        let c3f = _mm512_set1_epi8(0x3f);
-        let c0f = _mm512_set1_epi8(0x0f);
-        let c30 = _mm512_set1_epi8(0x30);
-        let s_lo = _mm512_and_si512(u0, c3f);
-        let s_hi = _mm512_ternarylogic_epi32::<0xEA>(_mm512_srli_epi32::<2>(u0), c30, _mm512_and_si512(u2, c0f));
-        let m_lo = _mm512_and_si512(u1, c3f);
-        let m_hi = _mm512_ternarylogic_epi32::<0xEA>(
-            _mm512_srli_epi32::<2>(u1),
-            c30,
-            _mm512_and_si512(_mm512_srli_epi32::<4>(u2), c0f),
-        );
-        // Per lane: bytes [sc0..sc7, m0..m7]; then per chunk c: [sc2c, sc2c+1, m2c, m2c+1].
-        let sm = _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(s_lo, s_hi), _mm512_unpacklo_epi32(m_lo, m_hi));
-        let sc = _mm512_shuffle_epi8(sm, sh_s);
-        let sc_even = _mm512_and_si512(sc, ff);
-        let sc_odd = _mm512_and_si512(_mm512_srli_epi32::<8>(sc), ff);
-        let mins = _mm512_shuffle_epi8(sm, sh_m);
-        let dd = _mm512_shuffle_epi32::<0>(h);
-        let dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
-        let dmv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
+        let hd = q4k_head(h);
         // Quants: y[2g+h] = bytes 64h..64h+64 of super-block g's qs (chunks 2h, 2h+1; zeros past the row end),
         // transposed so that r[d] lane 4g+c = dword d of chunk c of super-block g.
         let mut y = [_mm512_setzero_si512(); 8];
@@ -647,18 +728,9 @@ unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa:
             // (A loop, not `array::from_fn`: a closure has no target features, so the kernel would not inline.)
             let mut isv = [_mm512_setzero_si512(); 4];
             for j in 0..4 {
-                isv[j] = q4k_g4_isum(&lo, &hi, sc_even, sc_odd, a[j]);
+                isv[j] = q4k_g4_isum(&lo, &hi, hd.sc_even, hd.sc_odd, a[j]);
             }
-            let imv: [__m512i; 4] = std::array::from_fn(|j| _mm512_madd_epi16(mins, ld(a[j].add(PG4_BS))));
-            let dav: [__m512; 4] = std::array::from_fn(|j| _mm512_loadu_ps(a[j].add(PG4_D) as *const f32));
-            let fi = _mm512_cvtepi32_ps(quad_sum_epi32(&isv));
-            let fm = _mm512_cvtepi32_ps(quad_sum_epi32(&imv));
-            let da = _mm512_mask_mov_ps(
-                _mm512_mask_mov_ps(_mm512_mask_mov_ps(dav[0], 0x2222, dav[1]), 0x4444, dav[2]),
-                0x8888,
-                dav[3],
-            );
-            let v = _mm512_fmsub_ps(fi, _mm512_mul_ps(dv, da), _mm512_mul_ps(fm, _mm512_mul_ps(dmv, da)));
+            let v = q4k_quad_step(&isv, &hd, &a);
             if m1 == 0xFFFF {
                 qacc[q] = _mm512_add_ps(qacc[q], v);
             } else if m1 != 0 {
@@ -670,17 +742,7 @@ unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa:
         }
         for r in R / 4 * 4..R {
             let a = pa[r].add(grp * PG4);
-            let isum = q4k_g4_isum(&lo, &hi, sc_even, sc_odd, a);
-            let imin = _mm512_madd_epi16(mins, ld(a.add(PG4_BS)));
-            let da = _mm512_loadu_ps(a.add(PG4_D) as *const f32);
-            // Canonical order (`NOTES.md`, "Batch invariance"): per super-block, the exact integer sums (the 4
-            // chunk lanes added) give `fmsub(isum, d·da, imin·dmin·da)`, added to running sum `i % 4`, exactly as
-            // the 16-row panels do. Every lane of chunk g computes super-block g's step on slot g's sum.
-            let fi = _mm512_cvtepi32_ps(hsum4_epi32(isum));
-            let fm = _mm512_cvtepi32_ps(hsum4_epi32(imin));
-            let dd = _mm512_mul_ps(dv, da);
-            let dm = _mm512_mul_ps(dmv, da);
-            let v = _mm512_fmsub_ps(fi, dd, _mm512_mul_ps(fm, dm));
+            let v = q4k_row_step(q4k_g4_isum(&lo, &hi, hd.sc_even, hd.sc_odd, a), &hd, a);
             if m1 == 0xFFFF {
                 facc[r] = _mm512_add_ps(facc[r], v);
             } else if m1 != 0 {
@@ -716,6 +778,275 @@ unsafe fn q4k_g4<const R: usize, const PAIR: bool>(w: *const u8, nsb: usize, pa:
         }
     }
     res
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Q4_K in the pairs layout (`super::q4k_pairs`): the groups come regrouped from load, and the two rows of a pair
+// share every activation load.
+
+/// Integer sums of one packed unit (both nibble halves, scales applied) for rows `A` and `B` (`wa` / `wb`: their
+/// quant vector 0; the vectors of a unit alternate, 128 bytes apart) against `N` activation rows `a` (prepared
+/// groups): `(A's, B's)` per activation row, lanes `4g+c`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn pair_isums<const N: usize>(
+    wa: *const u8,
+    wb: *const u8,
+    ha: &K4Head,
+    hb: &K4Head,
+    a: &[*const u8; N],
+) -> ([__m512i; N], [__m512i; N]) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let z = _mm512_setzero_si512();
+    let (mut la, mut ua, mut lb, mut ub) = ([z; N], [z; N], [z; N], [z; N]);
+    for d in 0..8 {
+        let qa = ld(wa.add(128 * d));
+        let qb = ld(wb.add(128 * d));
+        let (qa_lo, qa_hi) = (_mm512_and_si512(qa, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(qa), m4));
+        let (qb_lo, qb_hi) = (_mm512_and_si512(qb, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(qb), m4));
+        for j in 0..N {
+            let al = ld(a[j].add(64 * d));
+            let ah = ld(a[j].add(512 + 64 * d));
+            la[j] = _mm512_dpbusd_epi32(la[j], qa_lo, al);
+            ua[j] = _mm512_dpbusd_epi32(ua[j], qa_hi, ah);
+            lb[j] = _mm512_dpbusd_epi32(lb[j], qb_lo, al);
+            ub[j] = _mm512_dpbusd_epi32(ub[j], qb_hi, ah);
+        }
+    }
+    let (mut ia, mut ib) = ([z; N], [z; N]);
+    for j in 0..N {
+        ia[j] = _mm512_add_epi32(_mm512_mullo_epi32(la[j], ha.sc_even), _mm512_mullo_epi32(ua[j], ha.sc_odd));
+        ib[j] = _mm512_add_epi32(_mm512_mullo_epi32(lb[j], hb.sc_even), _mm512_mullo_epi32(ub[j], hb.sc_odd));
+    }
+    (ia, ib)
+}
+
+/// Integer sums of one packed group (a mixed tail: `w` its quant vector 0, vectors 64 bytes apart) against `N`
+/// activation rows.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn group_isums<const N: usize>(w: *const u8, h: &K4Head, a: &[*const u8; N]) -> [__m512i; N] {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let z = _mm512_setzero_si512();
+    let (mut lo, mut hi) = ([z; N], [z; N]);
+    for d in 0..8 {
+        let q = ld(w.add(64 * d));
+        let (q_lo, q_hi) = (_mm512_and_si512(q, m4), _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4));
+        for j in 0..N {
+            lo[j] = _mm512_dpbusd_epi32(lo[j], q_lo, ld(a[j].add(64 * d)));
+            hi[j] = _mm512_dpbusd_epi32(hi[j], q_hi, ld(a[j].add(512 + 64 * d)));
+        }
+    }
+    let mut is = [z; N];
+    for j in 0..N {
+        is[j] = _mm512_add_epi32(_mm512_mullo_epi32(lo[j], h.sc_even), _mm512_mullo_epi32(hi[j], h.sc_odd));
+    }
+    is
+}
+
+/// Both rows' steps of one group pair for a quad of activation rows, added to their sums (not inlined: inside the
+/// kernel the compiler keeps the unpacked weights of both quads alive and spills).
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pair_quad(
+    wa: *const u8,
+    wb: *const u8,
+    ha: &K4Head,
+    hb: &K4Head,
+    a: &[*const u8; 4],
+    mask: u16,
+    acc_a: &mut __m512,
+    acc_b: &mut __m512,
+) {
+    let (ia, ib) = pair_isums::<4>(wa, wb, ha, hb, a);
+    add_masked(acc_a, mask, q4k_quad_step(&ia, ha, a));
+    add_masked(acc_b, mask, q4k_quad_step(&ib, hb, a));
+}
+
+/// [`pair_quad`] for the `N < 4` activation rows left over after the quads, one row's sums each.
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pair_rest<const N: usize>(
+    wa: *const u8,
+    wb: *const u8,
+    ha: &K4Head,
+    hb: &K4Head,
+    a: &[*const u8; N],
+    mask: u16,
+    acc_a: &mut [__m512],
+    acc_b: &mut [__m512],
+) {
+    let (ia, ib) = pair_isums::<N>(wa, wb, ha, hb, a);
+    for j in 0..N {
+        add_masked(&mut acc_a[j], mask, q4k_row_step(ia[j], ha, a[j]));
+        add_masked(&mut acc_b[j], mask, q4k_row_step(ib[j], hb, a[j]));
+    }
+}
+
+/// `acc += v` on the lanes of `mask` (all of them without a branch when the mask is full).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn add_masked(acc: &mut __m512, mask: u16, v: __m512) {
+    *acc = if mask == 0xFFFF { _mm512_add_ps(*acc, v) } else { _mm512_mask_add_ps(*acc, mask, *acc, v) };
+}
+
+/// Both rows of one pair in the pairs layout (`w`: the pair's first byte) against R activation rows prepared by
+/// [`prep_q4k_pairs`]. The same canonical f32 steps as [`q4k_g4`], so the results are bitwise those of the GGUF
+/// layout's kernels.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_pair<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [[f32; R]; 2] {
+    use super::q4k_pairs::GROUP_BYTES;
+    let (full, rem) = (nsb / 4, nsb % 4);
+    let zf = _mm512_setzero_ps();
+    // [row of the pair][quad] sums (lane 4g+j: slot g, activation row 4q+j) and per-row sums of the leftover
+    // activation rows (every lane of 128-bit lane g: slot g).
+    let mut qacc = [[zf; 2]; 2];
+    let mut facc = [[zf; R]; 2];
+    // Full groups, and for rem == 3 each row's own tail group (slot 3 empty): A and B at the same super-blocks.
+    for g in 0..full + (rem == 3) as usize {
+        let mask: u16 = if g < full { 0xFFFF } else { 0x0FFF };
+        // A unit: head A, head B, then quant vector d of A and of B, d = 0..8.
+        let unit = w.add(2 * g * GROUP_BYTES);
+        let (wa, wb) = (unit.add(128), unit.add(192));
+        if *PF_AHEAD > 0 {
+            let ahead = unit.wrapping_add(*PF_AHEAD * GROUP_BYTES) as *const i8;
+            for l in 0..2 * GROUP_BYTES / 64 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l));
+            }
+        }
+        let ha = q4k_head(ld(unit));
+        let hb = q4k_head(ld(unit.add(64)));
+        for q in 0..R / 4 {
+            let mut a = [pa[0]; 4];
+            for j in 0..4 {
+                a[j] = pa[4 * q + j].add(g * PG4);
+            }
+            let [acc_a, acc_b] = &mut qacc;
+            pair_quad(wa, wb, &ha, &hb, &a, mask, &mut acc_a[q], &mut acc_b[q]);
+        }
+        let r0 = R / 4 * 4;
+        let [fa, fb] = &mut facc;
+        let (fa, fb) = (&mut fa[r0..], &mut fb[r0..]);
+        match R % 4 {
+            1 => pair_rest::<1>(wa, wb, &ha, &hb, &[pa[r0].add(g * PG4)], mask, fa, fb),
+            2 => pair_rest::<2>(wa, wb, &ha, &hb, &[pa[r0].add(g * PG4), pa[r0 + 1].add(g * PG4)], mask, fa, fb),
+            3 => {
+                let a = [pa[r0].add(g * PG4), pa[r0 + 1].add(g * PG4), pa[r0 + 2].add(g * PG4)];
+                pair_rest::<3>(wa, wb, &ha, &hb, &a, mask, fa, fb)
+            }
+            _ => {}
+        }
+    }
+    if rem == 1 || rem == 2 {
+        // The mixed tail group: A's leftover super-blocks in slots 0..rem, B's in slots 2..2+rem, moved down to
+        // B's slots 0..rem before they are added.
+        let unit = w.add(2 * full * GROUP_BYTES);
+        let (h, wm) = (q4k_head(ld(unit)), unit.add(64));
+        let mask: u16 = if rem == 2 { 0x00FF } else { 0x000F };
+        for q in 0..R / 4 {
+            let mut a = [pa[0]; 4];
+            for j in 0..4 {
+                a[j] = pa[4 * q + j].add(full * PG4);
+            }
+            let v = q4k_quad_step(&group_isums::<4>(wm, &h, &a), &h, &a);
+            add_masked(&mut qacc[0][q], mask, v);
+            add_masked(&mut qacc[1][q], mask, _mm512_shuffle_f32x4::<0b11_10_11_10>(v, v));
+        }
+        for r in R / 4 * 4..R {
+            let a = [pa[r].add(full * PG4)];
+            let v = q4k_row_step(group_isums::<1>(wm, &h, &a)[0], &h, a[0]);
+            add_masked(&mut facc[0][r], mask, v);
+            add_masked(&mut facc[1][r], mask, _mm512_shuffle_f32x4::<0b11_10_11_10>(v, v));
+        }
+    }
+    let mut res = [[0f32; R]; 2];
+    let mut l = [0f32; 16];
+    for (half, out) in res.iter_mut().enumerate() {
+        for q in 0..R / 4 {
+            _mm512_storeu_ps(l.as_mut_ptr(), qacc[half][q]);
+            for j in 0..4 {
+                out[4 * q + j] = (l[j] + l[4 + j]) + (l[8 + j] + l[12 + j]);
+            }
+        }
+        for r in R / 4 * 4..R {
+            _mm512_storeu_ps(l.as_mut_ptr(), facc[half][r]);
+            out[r] = (l[0] + l[4]) + (l[8] + l[12]);
+        }
+    }
+    res
+}
+
+/// Pairs covering `rows` against the R prepared activation rows at `base` (`prep_rb` apart); only rows inside
+/// `rows` are written.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4k_pairs_r<const R: usize>(
+    w: *const u8,
+    nsb: usize,
+    rows: Range<usize>,
+    base: *const u8,
+    prep_rb: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let pb = super::q4k_pairs::pair_groups(nsb) * super::q4k_pairs::GROUP_BYTES;
+    let mut pa = [base; R];
+    for (i, p) in pa.iter_mut().enumerate() {
+        *p = base.add(i * prep_rb);
+    }
+    for p in rows.start / 2..rows.end.div_ceil(2) {
+        let v = q4k_pair::<R>(w.add(p * pb), nsb, &pa);
+        for (half, vals) in v.iter().enumerate() {
+            let r = 2 * p + half;
+            if rows.contains(&r) {
+                for (i, &x) in vals.iter().enumerate() {
+                    *out.add(i * ldo + r) = x;
+                }
+            }
+        }
+    }
+}
+
+/// `matmul_rows` for Q4_K weights in the pairs layout and `m <= 8`.
+///
+/// # Safety
+/// As `super::matmul_rows` (with `w` in the pairs layout, `super::q4k_pairs::packed_bytes` long for the
+/// matrix), plus the CPU features of `super::avx512::supported`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn matmul_rows_q4k_pairs(
+    w: &[u8],
+    k: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    act_rb: usize,
+    m: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let nsb = k / QK_K;
+    assert!(w.len() >= rows.end.div_ceil(2) * super::q4k_pairs::pair_bytes(k), "Q4_K pairs: weights too short");
+    let prep_rb = nsb.div_ceil(4) * PG4;
+    let kind = (gguf::GgmlType::Q4_K.to_u32() << 1) | 0x100;
+    let prep = prepared(kind, &acts[..m * act_rb], k, m, prep_rb * m, |prep| {
+        for t in 0..m {
+            let a = acts.as_ptr().add(t * act_rb);
+            prep_q4k_pairs(a, a.add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
+        }
+    });
+    let wp = w.as_ptr();
+    match m {
+        1 => q4k_pairs_r::<1>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        2 => q4k_pairs_r::<2>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        3 => q4k_pairs_r::<3>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        4 => q4k_pairs_r::<4>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        5 => q4k_pairs_r::<5>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        6 => q4k_pairs_r::<6>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        7 => q4k_pairs_r::<7>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        8 => q4k_pairs_r::<8>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        _ => panic!("Q4_K pairs rows: m = {m} > 8"),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@
 //! and benchmarks can call any available level through [`quantize_act_row_at`] and [`matmul_rows_at`].
 
 mod blocks;
+pub mod q4k_pairs;
 mod scalar;
 
 #[cfg(target_arch = "x86_64")]
@@ -142,6 +143,67 @@ pub unsafe fn matmul_rows(
 ) {
     // SAFETY: forwarded contract.
     unsafe { matmul_rows_at(kernel_level(), wty, w, k, rows, acts, m, out, ldo) }
+}
+
+/// How a weight matrix's bytes are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// GGUF blocks, row after row.
+    Gguf,
+    /// Q4_K regrouped at load for the AVX-512 kernels, rows in pairs ([`q4k_pairs`]).
+    Q4KPairs,
+}
+
+/// The layout that `wty` weights are best repacked into at load for this process's kernel level (`Gguf`: keep
+/// them as they are). `SPLASH_REPACK=0` keeps every matrix as it is (to compare).
+pub fn preferred_layout(wty: GgmlType) -> Layout {
+    static REPACK: OnceLock<bool> = OnceLock::new();
+    let repack = *REPACK.get_or_init(|| std::env::var("SPLASH_REPACK").map_or(true, |v| v != "0"));
+    if repack && wty == GgmlType::Q4_K && kernel_level() == KernelLevel::Avx512 {
+        Layout::Q4KPairs
+    } else {
+        Layout::Gguf
+    }
+}
+
+/// [`matmul_rows`] for weights in `layout` (`Q4KPairs`: Q4_K weights packed by [`q4k_pairs::pack_pairs`], which
+/// needs the AVX-512 level).
+///
+/// # Safety
+/// As [`matmul_rows`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_rows_in(
+    layout: Layout,
+    wty: GgmlType,
+    w: &[u8],
+    k: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    match layout {
+        // SAFETY: forwarded contract.
+        Layout::Gguf => unsafe { matmul_rows(wty, w, k, rows, acts, m, out, ldo) },
+        Layout::Q4KPairs => {
+            assert_eq!(wty, GgmlType::Q4_K, "matmul_rows: the pairs layout holds Q4_K weights");
+            assert!(k.is_multiple_of(blocks::QK_K), "matmul_rows: {k} is not a whole number of Q4_K blocks");
+            assert!(w.len() >= rows.end.div_ceil(2) * q4k_pairs::pair_bytes(k), "matmul_rows: weights too short");
+            let act_rb = act_row_bytes(ActFormat::Q8_K, k);
+            assert!(acts.len() >= m * act_rb, "matmul_rows: activations too short for {m} rows");
+            if rows.is_empty() || m == 0 {
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if kernel_level() == KernelLevel::Avx512 {
+                // SAFETY: lengths checked above; `out` per the caller's contract; AVX-512 was detected.
+                unsafe { avx512::matmul_rows_q4k_pairs(w, k, rows, acts, act_rb, m, out, ldo) };
+                return;
+            }
+            panic!("matmul_rows: the Q4_K pairs layout needs the AVX-512 kernels");
+        }
+    }
 }
 
 /// An instruction-set level of the kernels.
