@@ -73,10 +73,13 @@ pub fn pack_pairs(w: &[u8], rows: usize, k: usize, pairs: std::ops::Range<usize>
                 let blk = &w[r * rb + sb * Q4_K_BYTES..][..Q4_K_BYTES];
                 let (head, q0, stride, s) = locate(nsb, half, sb);
                 pair[head + 16 * s..][..16].copy_from_slice(&blk[..16]);
-                for c in 0..4 {
-                    for d in 0..8 {
-                        pair[q0 + stride * d + 4 * (4 * s + c)..][..4]
-                            .copy_from_slice(&blk[16 + 32 * c + 4 * d..][..4]);
+                // Vector d's slot lane gets dword d of chunks 0..4: 16 contiguous bytes per vector.
+                let qs: &[u8; 128] = blk[16..].try_into().expect("INVARIANT: 128 quant bytes");
+                for d in 0..8 {
+                    let lane: &mut [u8; 16] =
+                        (&mut pair[q0 + stride * d + 16 * s..][..16]).try_into().expect("INVARIANT: 16 bytes");
+                    for c in 0..4 {
+                        lane[4 * c..4 * c + 4].copy_from_slice(&qs[32 * c + 4 * d..32 * c + 4 * d + 4]);
                     }
                 }
             }
