@@ -1,7 +1,8 @@
 //! Quantized matrix kernels for the CPU: activation quantization and weight x activation dot products over GGUF's
 //! native block layouts, with runtime SIMD dispatch (AVX-512 VNNI, AVX2/FMA, scalar; NEON on aarch64).
 //!
-//! In: weight rows as raw GGUF blocks, activations as f32 rows. Out: f32 dot products. Threading is the caller's job:
+//! In: weight rows as raw GGUF blocks (or, for Q4_K on AVX-512, repacked at load into the pairs layout of
+//! [`q4k_pairs`], [`matmul_rows_in`]), activations as f32 rows. Out: f32 dot products. Threading is the caller's job:
 //! every function here works on the row range it is given.
 //!
 //! The integer math is ggml's `vec_dot_*` (the same per-block integer sums and scale products), so results agree
