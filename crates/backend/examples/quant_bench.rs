@@ -9,7 +9,7 @@
 
 use backend::cpu::quant::{
     KernelLevel, Layout, act_format, act_row_bytes, available_levels, matmul_rows_at, matmul_rows_in, q4k_pairs,
-    quantize_act_row,
+    q6k_pairs, quantize_act_row,
 };
 use gguf::GgmlType;
 use rand::rngs::StdRng;
@@ -192,18 +192,24 @@ fn main() {
                     .unwrap_or_else(|_| vec![1, 2, 4, 8, 16, 64]);
                 for m in ms {
                     let mut out = vec![0f32; m * n];
-                    // SPLASH_BENCH_PAIRS=1: Q4_K repacked into the pairs layout (AVX-512 only). Without
+                    // SPLASH_BENCH_PAIRS=1: Q4_K / Q6_K repacked into their pairs layouts (AVX-512 only). Without
                     // SPLASH_BENCH_HOT=1 the calls rotate over the matrices (weights from DRAM).
-                    let pairs = ty == GgmlType::Q4_K
+                    let layout = backend::cpu::quant::preferred_layout(ty);
+                    let pairs = layout != Layout::Gguf
                         && level == KernelLevel::Avx512
                         && std::env::var("SPLASH_BENCH_PAIRS").is_ok_and(|v| v == "1");
                     let packed: Vec<(Vec<u8>, std::ops::Range<usize>)> = if pairs {
                         mats.iter()
                             .map(|w| {
-                                let len = q4k_pairs::packed_bytes(n, kk);
+                                let len = layout.matrix_bytes(ty, n, kk).unwrap();
                                 let mut p = vec![0u8; len + 64];
                                 let o = p.as_ptr().align_offset(64);
-                                q4k_pairs::pack_pairs(w, n, kk, 0..n.div_ceil(2), &mut p[o..o + len]);
+                                let pack = if layout == Layout::Q4KPairs {
+                                    q4k_pairs::pack_pairs
+                                } else {
+                                    q6k_pairs::pack_pairs
+                                };
+                                pack(w, n, kk, 0..n.div_ceil(2), &mut p[o..o + len]);
                                 (p, o..o + len)
                             })
                             .collect()
@@ -222,7 +228,7 @@ fn main() {
                         if pairs {
                             unsafe {
                                 matmul_rows_in(
-                                    Layout::Q4KPairs,
+                                    layout,
                                     ty,
                                     &packed[i].0[packed[i].1.clone()],
                                     kk,

@@ -743,55 +743,58 @@ fn batch_invariance_all_types() {
     assert!(failures.is_empty(), "{} batch-invariance failures:\n{}", failures.len(), failures.join("\n"));
 }
 
-/// Q4_K weights repacked into the pairs layout give bitwise the results of the GGUF layout at the same level, for
-/// every tail shape (`nsb % 4`), row count (odd too), row split (odd starts too) and `m` (row kernels and panels).
+/// Q4_K and Q6_K weights repacked into their pairs layouts give bitwise the results of the GGUF layout at the same
+/// level, for every tail shape (`nsb % 4`), row count (odd too), row split (odd starts too) and `m` (row kernels and
+/// panels).
 #[test]
-fn q4k_pairs_layout_matches_gguf_bitwise() {
-    use backend::cpu::quant::{Layout, kernel_level, matmul_rows_in, preferred_layout, q4k_pairs};
-    let ty = GgmlType::Q4_K;
-    if preferred_layout(ty) != Layout::Q4KPairs {
-        eprintln!("skipped: the pairs layout needs the AVX-512 kernels (level {:?})", kernel_level());
-        return;
-    }
-    let mut rng = StdRng::seed_from_u64(77);
+fn pairs_layouts_match_gguf_bitwise() {
+    use backend::cpu::quant::{Layout, kernel_level, matmul_rows_in, preferred_layout, q4k_pairs, q6k_pairs};
     let mut failures = Vec::new();
-    for nsb in [1usize, 2, 3, 4, 5, 6, 7, 8, 11, 35] {
-        let k = nsb * 256;
-        let n = 37;
-        let w: Vec<u8> = (0..n).flat_map(|_| random_row(ty, k, &mut rng)).collect();
-        let mut packed = vec![0u8; q4k_pairs::packed_bytes(n, k)];
-        q4k_pairs::pack_pairs(&w, n, k, 0..n.div_ceil(2), &mut packed);
-        let max_m = 17;
-        let x = random_acts(k, max_m, &mut rng);
-        let arb = act_row_bytes(ActFormat::Q8_K, k);
-        let mut acts = vec![0u8; arb * max_m];
-        for t in 0..max_m {
-            quantize_act_row_at(kernel_level(), ActFormat::Q8_K, &x[t * k..(t + 1) * k], &mut acts[t * arb..]);
+    for (ty, layout) in [(GgmlType::Q4_K, Layout::Q4KPairs), (GgmlType::Q6_K, Layout::Q6KPairs)] {
+        if preferred_layout(ty) != layout {
+            eprintln!("skipped: the pairs layouts need the AVX-512 kernels (level {:?})", kernel_level());
+            return;
         }
-        for m in [1usize, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17] {
-            let mut want = vec![0f32; m * n];
-            // SAFETY: buffers sized m * n.
-            unsafe { matmul_rows_at(kernel_level(), ty, &w, k, 0..n, &acts, m, want.as_mut_ptr(), n) };
-            for split in [n, 16, 5, 1] {
-                let mut got = vec![f32::NAN; m * n];
-                let mut r0 = 0;
-                while r0 < n {
-                    let r1 = (r0 + split).min(n);
-                    // SAFETY: writes rows r0..r1 of m output rows of length n.
-                    unsafe { matmul_rows_in(Layout::Q4KPairs, ty, &packed, k, r0..r1, &acts, m, got.as_mut_ptr(), n) };
-                    r0 = r1;
-                }
-                let bad = (0..m * n).filter(|&i| got[i].to_bits() != want[i].to_bits()).count();
-                if bad > 0 {
-                    let i = (0..m * n).find(|&i| got[i].to_bits() != want[i].to_bits()).unwrap();
-                    failures.push(format!(
-                        "nsb={nsb} m={m} split={split}: {bad}/{} differ, e.g. t={} r={}: pairs {} vs gguf {}",
-                        m * n,
-                        i / n,
-                        i % n,
-                        got[i],
-                        want[i]
-                    ));
+        let mut rng = StdRng::seed_from_u64(77);
+        for nsb in [1usize, 2, 3, 4, 5, 6, 7, 8, 11, 35] {
+            let k = nsb * 256;
+            let n = 37;
+            let w: Vec<u8> = (0..n).flat_map(|_| random_row(ty, k, &mut rng)).collect();
+            let mut packed = vec![0u8; layout.matrix_bytes(ty, n, k).unwrap()];
+            let pack = if layout == Layout::Q4KPairs { q4k_pairs::pack_pairs } else { q6k_pairs::pack_pairs };
+            pack(&w, n, k, 0..n.div_ceil(2), &mut packed);
+            let max_m = 17;
+            let x = random_acts(k, max_m, &mut rng);
+            let arb = act_row_bytes(ActFormat::Q8_K, k);
+            let mut acts = vec![0u8; arb * max_m];
+            for t in 0..max_m {
+                quantize_act_row_at(kernel_level(), ActFormat::Q8_K, &x[t * k..(t + 1) * k], &mut acts[t * arb..]);
+            }
+            for m in [1usize, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17] {
+                let mut want = vec![0f32; m * n];
+                // SAFETY: buffers sized m * n.
+                unsafe { matmul_rows_at(kernel_level(), ty, &w, k, 0..n, &acts, m, want.as_mut_ptr(), n) };
+                for split in [n, 16, 5, 1] {
+                    let mut got = vec![f32::NAN; m * n];
+                    let mut r0 = 0;
+                    while r0 < n {
+                        let r1 = (r0 + split).min(n);
+                        // SAFETY: writes rows r0..r1 of m output rows of length n.
+                        unsafe { matmul_rows_in(layout, ty, &packed, k, r0..r1, &acts, m, got.as_mut_ptr(), n) };
+                        r0 = r1;
+                    }
+                    let bad = (0..m * n).filter(|&i| got[i].to_bits() != want[i].to_bits()).count();
+                    if bad > 0 {
+                        let i = (0..m * n).find(|&i| got[i].to_bits() != want[i].to_bits()).unwrap();
+                        failures.push(format!(
+                            "{ty} nsb={nsb} m={m} split={split}: {bad}/{} differ, e.g. t={} r={}: pairs {} vs gguf {}",
+                            m * n,
+                            i / n,
+                            i % n,
+                            got[i],
+                            want[i]
+                        ));
+                    }
                 }
             }
         }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use gguf::GgmlType;
 
 use super::ThreadPool;
-use super::quant::{self, ActFormat, Layout, q4k_pairs};
+use super::quant::{self, ActFormat, Layout, q4k_pairs, q6k_pairs};
 
 /// Bytes kept alive by their owner (a memory-mapped file, or a buffer of prepared weights).
 #[derive(Clone)]
@@ -67,10 +67,7 @@ impl QMatrix {
     /// The matrix of its first `rows` rows (all of them if it has fewer), sharing the bytes.
     pub fn first_rows(&self, rows: usize) -> QMatrix {
         let rows = rows.min(self.rows);
-        let len = match self.layout {
-            Layout::Gguf => rows * self.row_bytes(),
-            Layout::Q4KPairs => q4k_pairs::packed_bytes(rows, self.cols),
-        };
+        let len = self.layout.matrix_bytes(self.ty, rows, self.cols).expect("INVARIANT: validated at construction");
         QMatrix { rows, bytes: self.bytes.prefix(len), ..self.clone() }
     }
 
@@ -80,9 +77,11 @@ impl QMatrix {
         let mut restored = Vec::new();
         let bytes = match self.layout {
             Layout::Gguf => &self.bytes.as_slice()[r * rb..(r + 1) * rb],
-            Layout::Q4KPairs => {
+            Layout::Q4KPairs | Layout::Q6KPairs => {
                 restored.resize(rb, 0);
-                q4k_pairs::unpack_row(self.bytes.as_slice(), self.cols, r, &mut restored);
+                let unpack =
+                    if self.layout == Layout::Q4KPairs { q4k_pairs::unpack_row } else { q6k_pairs::unpack_row };
+                unpack(self.bytes.as_slice(), self.cols, r, &mut restored);
                 &restored
             }
         };
@@ -93,12 +92,16 @@ impl QMatrix {
     /// This matrix in the layout this machine's kernels prefer for its type ([`quant::preferred_layout`]), packed on
     /// `pool`; `None` when that is the layout it has.
     pub fn repacked(&self, pool: &ThreadPool) -> Option<QMatrix> {
-        if self.layout != Layout::Gguf || quant::preferred_layout(self.ty) != Layout::Q4KPairs {
-            return None;
-        }
+        let layout = quant::preferred_layout(self.ty);
+        let pack = match layout {
+            _ if self.layout != Layout::Gguf => return None,
+            Layout::Gguf => return None,
+            Layout::Q4KPairs => q4k_pairs::pack_pairs,
+            Layout::Q6KPairs => q6k_pairs::pack_pairs,
+        };
         let (rows, k) = (self.rows, self.cols);
-        let pb = q4k_pairs::pair_bytes(k);
-        let len = q4k_pairs::packed_bytes(rows, k);
+        let pb = layout.matrix_bytes(self.ty, 2, k)?;
+        let len = layout.matrix_bytes(self.ty, rows, k)?;
         // Anonymous pages (page-aligned, so no vector load of the kernels splits a cache line), on huge pages where
         // the kernel allows: the kernels stream every byte once per token, and 4 KiB pages cost TLB misses and
         // half a million page faults at load for a 1.5B model. Out of memory: keep the file's layout.
@@ -113,10 +116,10 @@ impl QMatrix {
             // SAFETY: each chunk writes its own pairs' bytes, inside the mapping.
             let out =
                 unsafe { std::slice::from_raw_parts_mut((dst.0 as *mut u8).add(pairs.start * pb), pairs.len() * pb) };
-            q4k_pairs::pack_pairs(src, rows, k, pairs, out);
+            pack(src, rows, k, pairs, out);
         });
         let bytes = Bytes::new(Arc::new(buf.make_read_only().ok()?), 0..len).expect("INVARIANT: within the mapping");
-        Some(QMatrix { layout: Layout::Q4KPairs, bytes, ..self.clone() })
+        Some(QMatrix { layout, bytes, ..self.clone() })
     }
 }
 

@@ -378,11 +378,12 @@ unsafe fn group<T: Panel, const R: usize>(
     T::kernel::<R>(pk, n, u0, &a, &x, facc);
 }
 
-/// Where a panel's rows come from: GGUF rows (copied as they are) or Q4_K pairs (restored to GGUF blocks).
+/// Where a panel's rows come from: GGUF rows (copied as they are) or a pairs layout (restored to GGUF blocks).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Source {
     Gguf,
     Q4KPairs,
+    Q6KPairs,
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
@@ -422,6 +423,12 @@ unsafe fn drive<T: Panel>(
                         q4k_pairs_unpack_row(w.as_ptr(), k, p0 + i, stage.add(i * rb));
                     }
                 }
+                Source::Q6KPairs => {
+                    let stage_rows = std::slice::from_raw_parts_mut(stage, nvalid * rb);
+                    for (i, row) in stage_rows.chunks_exact_mut(rb).enumerate() {
+                        super::q6k_pairs::unpack_row(w, k, p0 + i, row);
+                    }
+                }
             }
             let mut src = [stage as *const u8; 16];
             for (i, s) in src.iter_mut().enumerate() {
@@ -435,8 +442,11 @@ unsafe fn drive<T: Panel>(
             // (In the pairs layout 16 rows from an even row are 8 whole pairs, as many bytes give or take the tails.)
             let (row_bytes, w_rows) = match src_layout {
                 Source::Gguf => (rb, w.len() / rb),
-                Source::Q4KPairs => {
-                    let pb = super::q4k_pairs::pair_bytes(k);
+                Source::Q4KPairs | Source::Q6KPairs => {
+                    let pb = match src_layout {
+                        Source::Q4KPairs => super::q4k_pairs::pair_bytes(k),
+                        _ => super::q6k_pairs::pair_bytes(k),
+                    };
                     (pb / 2, 2 * (w.len() / pb))
                 }
             };
@@ -1072,6 +1082,29 @@ pub unsafe fn matmul_rows_q4k_pairs(
         super::avx512_rows::matmul_rows_q4k_pairs(w, k, rows, acts, act_rb, m, out, ldo);
     } else {
         drive::<Q4K>(Source::Q4KPairs, w, k, rows, acts, act_rb, m, out, ldo);
+    }
+}
+
+/// `matmul_rows` for Q6_K weights in the pairs layout (`super::q6k_pairs`), as [`matmul_rows_q4k_pairs`].
+///
+/// # Safety
+/// As `super::matmul_rows`, plus the CPU features of [`supported`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_rows_q6k_pairs(
+    w: &[u8],
+    k: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    act_rb: usize,
+    m: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    if m <= rows_max_m(GgmlType::Q6_K).min(8) {
+        super::avx512_rows::matmul_rows_q6k_pairs(w, k, rows, acts, act_rb, m, out, ldo);
+    } else {
+        drive::<Q6K>(Source::Q6KPairs, w, k, rows, acts, act_rb, m, out, ldo);
     }
 }
 

@@ -436,6 +436,183 @@ unsafe fn row_q6k_t<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R
     res
 }
 
+/// Both rows' unpacked super-block (`ta`, `tb`) against a quad of prepared activation blocks: lane `2j+h` of the
+/// result is the exact integer sum of row `h` of the pair with activation row `j`, as f32 (the lane reduction of
+/// [`row_q6k_t`], with the pair's rows where it has two super-blocks). (Out of line it was slower: the unpacked
+/// values went through memory.)
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_pair_quad_fi(ta: &([__m512i; 4], __m512i), tb: &([__m512i; 4], __m512i), a: &[*const u8; 4]) -> __m256 {
+    let z = _mm512_setzero_si512();
+    let (mut pa, mut pb) = ([z; 4], [z; 4]);
+    for j in 0..4 {
+        pa[j] = q6t_dot(&ta.0, ta.1, a[j]);
+        pb[j] = q6t_dot(&tb.0, tb.1, a[j]);
+    }
+    let mut t = [z; 4];
+    for j in 0..4 {
+        t[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(pa[j], pb[j]), _mm512_unpackhi_epi32(pa[j], pb[j]));
+    }
+    let u01 = _mm512_add_epi32(_mm512_unpacklo_epi64(t[0], t[1]), _mm512_unpackhi_epi64(t[0], t[1]));
+    let u23 = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2], t[3]), _mm512_unpackhi_epi64(t[2], t[3]));
+    let v = _mm512_add_epi32(
+        _mm512_shuffle_i32x4::<0b10_00_10_00>(u01, u23),
+        _mm512_shuffle_i32x4::<0b11_01_11_01>(u01, u23),
+    );
+    let x = _mm512_add_epi32(_mm512_shuffle_i32x4::<0b00_00_10_00>(v, v), _mm512_shuffle_i32x4::<0b00_00_11_01>(v, v));
+    _mm256_cvtepi32_ps(_mm512_castsi512_si256(x))
+}
+
+/// `[d, d, 0, 0]` for the prepared activation block at `a`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_da2(a: *const u8) -> __m128 {
+    _mm_moveldup_ps(_mm_load_ss(a.add(PQ6_D) as *const f32))
+}
+
+/// Both rows of one pair in the Q6_K pairs layout (`super::q6k_pairs`; `w`: the pair's first byte) against R
+/// activation rows prepared by [`prep_q6k_t`]. The same integer sums and f32 steps, in the same order, as
+/// [`row_q6k_t`], so the results are bitwise those of the GGUF layout.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6k_pair<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [[f32; R]; 2] {
+    // Running sums per slot: quads in lanes 2j+h (activation row 4q+j, row h of the pair), leftover rows in lanes h.
+    let mut qs = [[_mm256_setzero_ps(); SLOTS]; 2];
+    let mut rs = [[_mm_setzero_ps(); SLOTS]; R];
+    for s in 0..nsb {
+        let blk = w.add(2 * s * Q6_K_BYTES);
+        let (tva, sca, dwa) = q6t_unpack(blk);
+        let (tvb, scb, dwb) = q6t_unpack(blk.add(Q6_K_BYTES));
+        let (ta, tb) = ((tva, sca), (tvb, scb));
+        let dwv = _mm_unpacklo_ps(_mm_set_ss(dwa), _mm_set_ss(dwb));
+        let slot = s % SLOTS;
+        for q in 0..R / 4 {
+            let mut a = [pa[0]; 4];
+            for j in 0..4 {
+                a[j] = pa[4 * q + j].add(s * PQ6);
+            }
+            let fi = q6_pair_quad_fi(&ta, &tb, &a);
+            let dav =
+                _mm256_set_m128(_mm_movelh_ps(q6_da2(a[2]), q6_da2(a[3])), _mm_movelh_ps(q6_da2(a[0]), q6_da2(a[1])));
+            let dwq = _mm256_set_m128(_mm_movelh_ps(dwv, dwv), _mm_movelh_ps(dwv, dwv));
+            qs[q][slot] = _mm256_fmadd_ps(fi, _mm256_mul_ps(dwq, dav), qs[q][slot]);
+        }
+        for r in R / 4 * 4..R {
+            let a = pa[r].add(s * PQ6);
+            let p0 = q6t_dot(&ta.0, ta.1, a);
+            let p1 = q6t_dot(&tb.0, tb.1, a);
+            // Lane 0: Σ p0, lane 1: Σ p1 (exact).
+            let s1 = _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1), _mm512_unpackhi_epi32(p0, p1));
+            let s2 = _mm512_add_epi32(s1, _mm512_shuffle_epi32::<0b01_00_11_10>(s1));
+            let s3 = _mm512_add_epi32(s2, _mm512_shuffle_i32x4::<0b01_00_11_10>(s2, s2));
+            let s4 = _mm512_add_epi32(s3, _mm512_shuffle_i32x4::<0b10_11_00_01>(s3, s3));
+            let fi = _mm_cvtepi32_ps(_mm512_castsi512_si128(s4));
+            rs[r][slot] = _mm_fmadd_ps(fi, _mm_mul_ps(dwv, q6_da2(a)), rs[r][slot]);
+        }
+    }
+    let mut res = [[0f32; R]; 2];
+    let mut sl = [[0f32; SLOTS]; 2];
+    for q in 0..R / 4 {
+        let mut l = [[0f32; 8]; SLOTS];
+        for (slot, v) in l.iter_mut().enumerate() {
+            _mm256_storeu_ps(v.as_mut_ptr(), qs[q][slot]);
+        }
+        for j in 0..4 {
+            for h in 0..2 {
+                for slot in 0..SLOTS {
+                    sl[h][slot] = l[slot][2 * j + h];
+                }
+                res[h][4 * q + j] = combine_slots(&sl[h]);
+            }
+        }
+    }
+    for r in R / 4 * 4..R {
+        let mut l = [[0f32; 4]; SLOTS];
+        for (slot, v) in l.iter_mut().enumerate() {
+            _mm_storeu_ps(v.as_mut_ptr(), rs[r][slot]);
+        }
+        for h in 0..2 {
+            for slot in 0..SLOTS {
+                sl[h][slot] = l[slot][h];
+            }
+            res[h][r] = combine_slots(&sl[h]);
+        }
+    }
+    res
+}
+
+/// Pairs covering `rows` (Q6_K pairs layout) against the R prepared activation rows at `base` (`prep_rb` apart);
+/// only rows inside `rows` are written.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6k_pairs_r<const R: usize>(
+    w: *const u8,
+    nsb: usize,
+    rows: Range<usize>,
+    base: *const u8,
+    prep_rb: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let pb = 2 * nsb * Q6_K_BYTES;
+    let mut pa = [base; R];
+    for (i, p) in pa.iter_mut().enumerate() {
+        *p = base.add(i * prep_rb);
+    }
+    for p in rows.start / 2..rows.end.div_ceil(2) {
+        let v = q6k_pair::<R>(w.add(p * pb), nsb, &pa);
+        for (half, vals) in v.iter().enumerate() {
+            let r = 2 * p + half;
+            if rows.contains(&r) {
+                for (i, &x) in vals.iter().enumerate() {
+                    *out.add(i * ldo + r) = x;
+                }
+            }
+        }
+    }
+}
+
+/// `matmul_rows` for Q6_K weights in the pairs layout and `m <= 8`.
+///
+/// # Safety
+/// As `super::matmul_rows` (with `w` in the pairs layout, `super::q6k_pairs::packed_bytes` long for the
+/// matrix), plus the CPU features of `super::avx512::supported`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_rows_q6k_pairs(
+    w: &[u8],
+    k: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    act_rb: usize,
+    m: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let nsb = k / QK_K;
+    assert!(w.len() >= rows.end.div_ceil(2) * super::q6k_pairs::pair_bytes(k), "Q6_K pairs: weights too short");
+    let prep_rb = nsb * PQ6;
+    // The same preparation as the GGUF layout's transposed kernel, so the two share cache entries.
+    let kind = gguf::GgmlType::Q6_K.to_u32() << 1;
+    let prep = prepared(kind, &acts[..m * act_rb], k, m, prep_rb * m, |prep| {
+        for t in 0..m {
+            let a = acts.as_ptr().add(t * act_rb);
+            prep_q6k_t(a, a.add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
+        }
+    });
+    let wp = w.as_ptr();
+    match m {
+        1 => q6k_pairs_r::<1>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        2 => q6k_pairs_r::<2>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        3 => q6k_pairs_r::<3>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        4 => q6k_pairs_r::<4>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        5 => q6k_pairs_r::<5>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        6 => q6k_pairs_r::<6>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        7 => q6k_pairs_r::<7>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        8 => q6k_pairs_r::<8>(wp, nsb, rows, prep, prep_rb, out, ldo),
+        _ => panic!("Q6_K pairs rows: m = {m} > 8"),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Q4_K in groups of 4 super-blocks: lane 4g+c of a vector holds chunk c (32 packed bytes = sub-blocks 2c, 2c+1)
 // of super-block g, so every lane meets a single scale per nibble half and the integer sums need one `vpmulld`

@@ -23,6 +23,7 @@
 
 mod blocks;
 pub mod q4k_pairs;
+pub mod q6k_pairs;
 mod scalar;
 
 #[cfg(target_arch = "x86_64")]
@@ -153,6 +154,19 @@ pub enum Layout {
     Gguf,
     /// Q4_K regrouped at load for the AVX-512 kernels, rows in pairs ([`q4k_pairs`]).
     Q4KPairs,
+    /// Q6_K blocks of two rows interleaved at load for the AVX-512 kernels ([`q6k_pairs`]).
+    Q6KPairs,
+}
+
+impl Layout {
+    /// Bytes of `rows` rows of `k` elements of type `wty` in this layout.
+    pub fn matrix_bytes(self, wty: GgmlType, rows: usize, k: usize) -> Option<usize> {
+        match self {
+            Layout::Gguf => wty.row_bytes(k).map(|rb| rb * rows),
+            Layout::Q4KPairs => Some(q4k_pairs::packed_bytes(rows, k)),
+            Layout::Q6KPairs => Some(q6k_pairs::packed_bytes(rows, k)),
+        }
+    }
 }
 
 /// The layout that `wty` weights are best repacked into at load for this process's kernel level (`Gguf`: keep
@@ -160,15 +174,15 @@ pub enum Layout {
 pub fn preferred_layout(wty: GgmlType) -> Layout {
     static REPACK: OnceLock<bool> = OnceLock::new();
     let repack = *REPACK.get_or_init(|| std::env::var("SPLASH_REPACK").map_or(true, |v| v != "0"));
-    if repack && wty == GgmlType::Q4_K && kernel_level() == KernelLevel::Avx512 {
-        Layout::Q4KPairs
-    } else {
-        Layout::Gguf
+    match wty {
+        GgmlType::Q4_K if repack && kernel_level() == KernelLevel::Avx512 => Layout::Q4KPairs,
+        GgmlType::Q6_K if repack && kernel_level() == KernelLevel::Avx512 => Layout::Q6KPairs,
+        _ => Layout::Gguf,
     }
 }
 
-/// [`matmul_rows`] for weights in `layout` (`Q4KPairs`: Q4_K weights packed by [`q4k_pairs::pack_pairs`], which
-/// needs the AVX-512 level).
+/// [`matmul_rows`] for weights in `layout` (the pairs layouts, packed by [`q4k_pairs::pack_pairs`] or
+/// [`q6k_pairs::pack_pairs`], need the AVX-512 level).
 ///
 /// # Safety
 /// As [`matmul_rows`].
@@ -187,10 +201,12 @@ pub unsafe fn matmul_rows_in(
     match layout {
         // SAFETY: forwarded contract.
         Layout::Gguf => unsafe { matmul_rows(wty, w, k, rows, acts, m, out, ldo) },
-        Layout::Q4KPairs => {
-            assert_eq!(wty, GgmlType::Q4_K, "matmul_rows: the pairs layout holds Q4_K weights");
-            assert!(k.is_multiple_of(blocks::QK_K), "matmul_rows: {k} is not a whole number of Q4_K blocks");
-            assert!(w.len() >= rows.end.div_ceil(2) * q4k_pairs::pair_bytes(k), "matmul_rows: weights too short");
+        Layout::Q4KPairs | Layout::Q6KPairs => {
+            let want = if layout == Layout::Q4KPairs { GgmlType::Q4_K } else { GgmlType::Q6_K };
+            assert_eq!(wty, want, "matmul_rows: the {layout:?} layout holds {want} weights");
+            assert!(k.is_multiple_of(blocks::QK_K), "matmul_rows: {k} is not a whole number of {wty} blocks");
+            let pair_bytes = layout.matrix_bytes(wty, 2, k).expect("INVARIANT: a pairs layout");
+            assert!(w.len() >= rows.end.div_ceil(2) * pair_bytes, "matmul_rows: weights too short");
             let act_rb = act_row_bytes(ActFormat::Q8_K, k);
             assert!(acts.len() >= m * act_rb, "matmul_rows: activations too short for {m} rows");
             if rows.is_empty() || m == 0 {
@@ -199,10 +215,16 @@ pub unsafe fn matmul_rows_in(
             #[cfg(target_arch = "x86_64")]
             if kernel_level() == KernelLevel::Avx512 {
                 // SAFETY: lengths checked above; `out` per the caller's contract; AVX-512 was detected.
-                unsafe { avx512::matmul_rows_q4k_pairs(w, k, rows, acts, act_rb, m, out, ldo) };
+                unsafe {
+                    if layout == Layout::Q4KPairs {
+                        avx512::matmul_rows_q4k_pairs(w, k, rows, acts, act_rb, m, out, ldo)
+                    } else {
+                        avx512::matmul_rows_q6k_pairs(w, k, rows, acts, act_rb, m, out, ldo)
+                    }
+                };
                 return;
             }
-            panic!("matmul_rows: the Q4_K pairs layout needs the AVX-512 kernels");
+            panic!("matmul_rows: the {layout:?} layout needs the AVX-512 kernels");
         }
     }
 }
