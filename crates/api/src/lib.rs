@@ -60,6 +60,19 @@ pub struct ServerConfig {
     /// With tools and `tool_choice: auto`, hold a call the model starts to a well-formed call of a declared tool
     /// (the lazy grammar of `lazy_call`).
     pub tool_grammar: bool,
+    /// Whether the reasoning of thinking models (`<think>` … `</think>`) is split from the content.
+    pub reasoning_format: ReasoningFormat,
+}
+
+/// What happens to a thinking model's reasoning (llama-server's `--reasoning-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReasoningFormat {
+    /// Left in the content as the model wrote it.
+    None,
+    /// When the chat template thinks, the reasoning goes out separately (`reasoning_content`, reasoning items,
+    /// thinking blocks); other models are not affected.
+    #[default]
+    Auto,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +89,7 @@ impl Default for ServerConfig {
             max_repeated_chars: Some(2048),
             webui: true,
             tool_grammar: true,
+            reasoning_format: ReasoningFormat::Auto,
         }
     }
 }

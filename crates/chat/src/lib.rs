@@ -8,10 +8,12 @@
 mod conversation;
 mod error;
 pub mod python;
+pub mod reasoning;
 mod template;
 pub mod tool_parser;
 
 pub use conversation::{Content, ContentPart, Conversation, Message, Role, Tool, ToolCall};
 pub use error::{Error, Result};
+pub use reasoning::{ReasoningEvent, ReasoningParser};
 pub use template::{ChatTemplate, RenderInput};
 pub use tool_parser::{ParseEvent, ToolCallParser};

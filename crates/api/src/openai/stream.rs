@@ -1,5 +1,6 @@
 //! A reply as a Chat Completions event stream: a first chunk with the role as soon as the request is queued (one per
-//! choice when `n` > 1), text and tool-call chunks as the output parser releases them (with their tokens'
+//! choice when `n` > 1), a thinking model's reasoning (`delta.reasoning_content`), text and tool-call chunks as the
+//! output parser releases them (with their tokens'
 //! `logprobs` when asked for), a chunk with `finish_reason` (and llama-server `timings`) per choice, a usage chunk
 //! when `stream_options.include_usage` is set, then `data: [DONE]`. Choices are interleaved as they produce output.
 //! A failure after the stream has begun is sent as one `{"error": {...}}` event, which the OpenAI SDKs raise.
@@ -171,6 +172,9 @@ impl Choice {
     /// Turns the reply's next output into items.
     async fn fill(&mut self) {
         match self.reply.next().await {
+            Some(Ok(Output::Reasoning(text))) => {
+                self.push(wire::Delta { reasoning_content: Some(text), ..Default::default() }, None);
+            }
             Some(Ok(Output::Text(text))) => {
                 self.push(wire::Delta { content: Some(text), ..Default::default() }, None);
             }
