@@ -275,6 +275,37 @@ mod tests {
     }
 
     #[test]
+    fn reasoning_then_tool_parser_at_any_split() {
+        // The output pipeline: the splitter's content goes through the tool-call parser.
+        let text = "<think>\nCall <tool_call> maybe?\n{\"name\": \"Bash\"}\n</think>\n\n<tool_call>\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>";
+        let run = |pieces: &[&str]| {
+            let mut r = ReasoningParser::new(false);
+            let mut t = crate::ToolCallParser::new(["Bash"]);
+            let (mut reasoning, mut events) = (String::new(), Vec::new());
+            let mut take = |evs: Vec<ReasoningEvent>, t: &mut crate::ToolCallParser| {
+                for e in evs {
+                    match e {
+                        ReasoningEvent::Reasoning(x) => reasoning.push_str(&x),
+                        ReasoningEvent::Content(x) => events.extend(t.push(&x)),
+                    }
+                }
+            };
+            for p in pieces {
+                take(r.push(p), &mut t);
+            }
+            take(r.finish(), &mut t);
+            events.extend(t.finish());
+            (reasoning, events)
+        };
+        let (reasoning, events) = run(&[text]);
+        assert_eq!(reasoning, "Call <tool_call> maybe?\n{\"name\": \"Bash\"}");
+        assert!(matches!(&events[..], [crate::ParseEvent::ToolCall(c)] if c.name == "Bash"), "{events:?}");
+        for i in (1..text.len()).filter(|&i| text.is_char_boundary(i)) {
+            assert_eq!(run(&[&text[..i], &text[i..]]), (reasoning.clone(), events.clone()), "split at {i}");
+        }
+    }
+
+    #[test]
     fn token_accounting_states() {
         let mut p = ReasoningParser::new(false);
         assert!(!p.in_reasoning() && !p.in_content());
