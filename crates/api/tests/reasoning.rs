@@ -497,3 +497,44 @@ async fn bad_reasoning_parameters_are_named() {
     let (status, r) = h.post_json(CHAT, &json!({"messages": messages, "chat_template_kwargs": {"messages": []}})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{r}");
 }
+
+/// Every API's reply to a thinking model, streamed and not, plain and with a tool call: checked to be 200s here, and
+/// written to the folder `$SPLASH_REASONING_BODIES` names (when set) for `scripts/e2e/sdk_reasoning.py`, which
+/// parses them with the official OpenAI and Anthropic SDKs (`NAME.json`, `NAME.sse`).
+#[tokio::test]
+async fn bodies_for_the_sdk_check() {
+    let dir = std::env::var_os("SPLASH_REASONING_BODIES").map(std::path::PathBuf::from);
+    let h = qwen3();
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+    let user = json!([{"role": "user", "content": "Hi"}]);
+    let cases = [
+        ("chat", CHAT, json!({"messages": user}), THINKING_REPLY),
+        ("chat_tool", CHAT, json!({"messages": user, "tools": [weather_tool()]}), CALL_REPLY),
+        ("messages", MESSAGES, json!({"max_tokens": 100, "messages": user}), THINKING_REPLY),
+        (
+            "messages_tool",
+            MESSAGES,
+            json!({"max_tokens": 100, "messages": user, "tools": [{"name": "get_weather", "input_schema": schema}]}),
+            CALL_REPLY,
+        ),
+        ("responses", RESPONSES, json!({"input": "Hi"}), THINKING_REPLY),
+        (
+            "responses_tool",
+            RESPONSES,
+            json!({"input": "Hi", "tools": [{"type": "function", "name": "get_weather", "parameters": schema}]}),
+            CALL_REPLY,
+        ),
+    ];
+    for (name, path, body, reply) in cases {
+        h.reply(reply);
+        for stream in [false, true] {
+            let mut body = body.clone();
+            body["stream"] = json!(stream);
+            let text = stream_body(&h, path, &body).await;
+            if let Some(dir) = &dir {
+                std::fs::create_dir_all(dir).unwrap();
+                std::fs::write(dir.join(format!("{name}.{}", if stream { "sse" } else { "json" })), text).unwrap();
+            }
+        }
+    }
+}
