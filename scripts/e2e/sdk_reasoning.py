@@ -68,8 +68,10 @@ def ant(name):
 
 
 def check_chat():
-    m = oai("chat").chat.completions.create(model="m", messages=USER).choices[0].message
+    r = oai("chat").chat.completions.create(model="m", messages=USER)
+    m = r.choices[0].message
     assert (m.reasoning_content, m.content) == (REASONING, CONTENT), m
+    assert 0 < r.usage.completion_tokens_details.reasoning_tokens < r.usage.completion_tokens, r.usage
 
 
 def check_chat_stream():

@@ -119,12 +119,22 @@ async fn chat_completions_reasoning_content() {
     assert_eq!(r["choices"][0]["finish_reason"], "stop");
     let num_reply = assets().tokenizer.encode(THINKING_REPLY, true).unwrap().len();
     assert_eq!(r["usage"]["completion_tokens"], num_reply + 1, "reasoning tokens are output tokens");
+    let num_reasoning = num_reasoning_tokens(THINKING_REPLY);
+    assert_eq!(r["usage"]["completion_tokens_details"]["reasoning_tokens"], num_reasoning, "{r}");
     // Qwen3 thinks by default: the prompt ends with the bare assistant header.
     assert!(h.last_prompt_text().ends_with("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"));
 
-    let body = stream_body(&h, CHAT, &json!({"messages": messages, "stream": true})).await;
+    let streaming = json!({"messages": messages, "stream": true, "stream_options": {"include_usage": true}});
+    let body = stream_body(&h, CHAT, &streaming).await;
     let (reasoning, content, calls, finish) = chat_stream(&body);
     assert_eq!((reasoning.as_str(), content.as_str(), calls.len(), finish.as_str()), (REASONING, CONTENT, 0, "stop"));
+    let usage: Value = sse_data(&body)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|c| c["usage"].is_object())
+        .expect("a usage chunk")["usage"]
+        .clone();
+    assert_eq!(usage["completion_tokens_details"]["reasoning_tokens"], num_reasoning, "{usage}");
     // Streamed piece by piece (the tags span several tokens), none holding a part of a tag.
     let num_reasoning_chunks = body.matches("\"reasoning_content\"").count();
     assert!(num_reasoning_chunks > 5, "{num_reasoning_chunks} reasoning chunks");
@@ -231,6 +241,15 @@ async fn a_prompt_that_opens_the_reasoning() {
     let m = &r["choices"][0]["message"];
     assert_eq!((m["reasoning_content"].as_str(), m["content"].as_str()), (Some("Two and two"), Some("")), "{r}");
     assert_eq!(r["choices"][0]["finish_reason"], "length");
+    let (status, r) = h.post_json(MESSAGES, &json!({"messages": messages, "max_tokens": 3})).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    let content = r["content"].as_array().unwrap();
+    assert_eq!((content.len(), &content[0]["thinking"]), (1, &json!("Two and two")), "only the thinking: {r}");
+    assert_eq!(r["stop_reason"], "max_tokens");
+    let (status, r) = h.post_json(RESPONSES, &json!({"input": "2+2?", "max_output_tokens": 3})).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    assert_eq!((r["status"].as_str(), r["output"].as_array().map(Vec::len)), (Some("incomplete"), Some(1)), "{r}");
+    assert_eq!(r["output"][0]["content"][0]["text"], "Two and two");
     // Off: the template has no switch, so the block the prompt opens is closed at once.
     h.reply("Four.");
     let (status, r) = h.post_json(CHAT, &json!({"messages": messages, "reasoning_effort": "none"})).await;

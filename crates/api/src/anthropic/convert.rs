@@ -346,7 +346,8 @@ pub fn message(reply: Collected, id: String, model: String) -> wire::MessageResp
             signature: THINKING_SIGNATURE.to_string(),
         });
     }
-    if !reply.text.is_empty() || reply.tool_calls.is_empty() {
+    // A reply cut off while thinking is only its thinking block, as streamed.
+    if !reply.text.is_empty() || (reply.tool_calls.is_empty() && content.is_empty()) {
         content.push(wire::ContentBlock::Text { text: reply.text });
     }
     content.extend(reply.tool_calls.into_iter().map(tool_use));
@@ -371,11 +372,10 @@ mod tests {
         let u =
             usage(&engine::Usage { prompt_tokens: 30, cached_tokens: 12, completion_tokens: 5, ..Default::default() });
         assert_eq!((u.input_tokens, u.cache_read_input_tokens, u.output_tokens), (18, 12, 5));
-        let o = crate::openai::convert::usage(&engine::Usage {
-            prompt_tokens: 30,
-            cached_tokens: 12,
-            ..Default::default()
-        });
+        let o = crate::openai::convert::usage(
+            &engine::Usage { prompt_tokens: 30, cached_tokens: 12, ..Default::default() },
+            0,
+        );
         assert_eq!((o.prompt_tokens, o.prompt_tokens_details.cached_tokens), (30, 12));
         let t = crate::openai::convert::timings(&engine::Usage {
             prompt_tokens: 30,

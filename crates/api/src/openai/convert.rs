@@ -360,12 +360,14 @@ pub fn finish_reason(reason: StopReason) -> &'static str {
     }
 }
 
-pub fn usage(u: &Usage) -> wire::Usage {
+/// Usage; `num_reasoning_tokens` of the completion tokens were reasoning.
+pub fn usage(u: &Usage, num_reasoning_tokens: usize) -> wire::Usage {
     wire::Usage {
         prompt_tokens: u.prompt_tokens,
         completion_tokens: u.completion_tokens,
         total_tokens: u.prompt_tokens + u.completion_tokens,
         prompt_tokens_details: wire::PromptTokensDetails { cached_tokens: u.cached_tokens },
+        completion_tokens_details: wire::CompletionTokensDetails { reasoning_tokens: num_reasoning_tokens },
     }
 }
 
@@ -432,6 +434,7 @@ pub fn completion(
 ) -> wire::ChatCompletion {
     let usages: Vec<Usage> = replies.iter().map(|r| r.usage).collect();
     let total = combined_usage(&usages);
+    let num_reasoning_tokens = replies.iter().map(|r| r.num_reasoning_tokens).sum();
     let choices = replies
         .into_iter()
         .enumerate()
@@ -457,7 +460,7 @@ pub fn completion(
         created,
         model,
         choices,
-        usage: usage(&total),
+        usage: usage(&total, num_reasoning_tokens),
         system_fingerprint: super::SYSTEM_FINGERPRINT,
         timings: timings(&total),
     }

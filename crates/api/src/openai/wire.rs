@@ -203,11 +203,18 @@ pub struct Usage {
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
+    pub completion_tokens_details: CompletionTokensDetails,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct PromptTokensDetails {
     pub cached_tokens: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionTokensDetails {
+    /// Output tokens of a thinking model's reasoning.
+    pub reasoning_tokens: usize,
 }
 
 /// llama-server's `timings` object.

@@ -334,7 +334,8 @@ pub fn output_items(reasoning: &str, text: &str, calls: &[ToolCall]) -> (Vec<Val
     if !reasoning.is_empty() {
         items.push(reasoning_item(&random_id("rs_"), reasoning, "completed"));
     }
-    if !text.is_empty() || calls.is_empty() {
+    // A reply cut off while thinking is only its reasoning item, as streamed.
+    if !text.is_empty() || (calls.is_empty() && items.is_empty()) {
         items.push(message_item(&random_id("msg_"), text, "completed"));
     }
     let mut history_calls = Vec::new();
