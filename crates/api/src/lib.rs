@@ -3,10 +3,10 @@
 //!
 //! A request goes: `guard` (Host/Origin, API key) → route (here) → protocol adapter (`openai/` for Chat Completions,
 //! `responses/`, `anthropic/`: wire types, checks, conversion, stream, errors) → the neutral [`generate::ChatTurn`] →
-//! chat template + tokenizer → [`engine::service::EngineHandle::submit`] → engine events → one output parser (text /
-//! tool calls) in [`generate::Reply`] → the adapter's response or event stream. Adapters never import each other
-//! (they share only `generate` and `error`), and nothing here knows how the engine schedules. `admin` holds the
-//! endpoints outside the chat protocols.
+//! chat template + tokenizer → [`engine::service::EngineHandle::submit`] → engine events → one output pipeline (a
+//! thinking model's reasoning, then text / tool calls) in [`generate::Reply`] → the adapter's response or event
+//! stream. Adapters never import each other (they share only `generate` and `error`), and nothing here knows how the
+//! engine schedules. `admin` holds the endpoints outside the chat protocols.
 
 pub mod admin;
 pub mod anthropic;

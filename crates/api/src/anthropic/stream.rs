@@ -1,7 +1,8 @@
 //! A reply as an Anthropic Messages event stream: `message_start` and a `ping` as soon as the request is queued,
 //! then content blocks (`content_block_start` / `content_block_delta` with `thinking_delta` (a thinking model's
-//! reasoning, first, closed by a `signature_delta`), `text_delta` or `input_json_delta` / `content_block_stop`), `message_delta` with the stop reason and output tokens, `message_stop`. A failure after the
-//! stream has begun is one `error` event. While nothing else is sent (a long prompt being read), `ping` events keep
+//! reasoning, first, closed by a `signature_delta`), `text_delta` or `input_json_delta` / `content_block_stop`),
+//! `message_delta` with the stop reason and output tokens, `message_stop`. A failure after the stream has begun is one
+//! `error` event. While nothing else is sent (a long prompt being read), `ping` events keep
 //! the connection alive.
 
 use std::collections::VecDeque;
