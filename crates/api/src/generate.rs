@@ -3,23 +3,26 @@
 //! Every protocol adapter converts its wire request into a [`ChatTurn`] (a `chat::Conversation` plus tool choice,
 //! sampling, limits and stop strings), calls [`start`], and renders the [`Reply`]'s outputs in its own shape. Here the
 //! conversation is rendered with the model's chat template and tokenized into an `engine::GenerateRequest`; the
-//! engine's token events go through the one output parser (text / tool calls) on the way back. No protocol types
-//! appear in this module.
+//! engine's token events go through the one output pipeline on the way back: for a thinking model (its template
+//! writes `<think>` … `</think>`) the reasoning is split off first (`chat::ReasoningParser`), then the content goes
+//! through the output parser (text / tool calls). No protocol types appear in this module.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
 use chat::tool_parser::{JsonEnd, JsonScanner};
-use chat::{Content, Conversation, ParseEvent, RenderInput, Role, ToolCall, ToolCallParser};
+use chat::{
+    Content, Conversation, ParseEvent, ReasoningEvent, ReasoningParser, RenderInput, Role, ToolCall, ToolCallParser,
+};
 use engine::service::RequestStream;
 use engine::{Event, FinishReason, GenerateRequest, SamplingParams, Usage};
 
-use crate::AppState;
 use crate::constraint::Constraint;
 pub use crate::constraint::OutputFormat;
 use crate::error::ApiError;
 use crate::lazy_call::{CallStarts, LazyToolCalls};
+use crate::{AppState, ReasoningFormat};
 
 /// Which tool calls the reply may or must contain.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -35,6 +38,17 @@ pub enum ToolChoice {
     Named(String),
 }
 
+/// Whether the model should think, for templates that can switch it (Qwen3's `enable_thinking`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Thinking {
+    /// The template's default.
+    #[default]
+    Default,
+    On,
+    /// No reasoning: the switch is turned off, and a reasoning block the prompt opens is closed at once.
+    Off,
+}
+
 /// One chat request, as every protocol adapter describes it.
 #[derive(Debug, Clone)]
 pub struct ChatTurn {
@@ -47,6 +61,9 @@ pub struct ChatTurn {
     pub stop: Vec<String>,
     /// What the text must be (JSON, a schema), enforced while decoding.
     pub output_format: OutputFormat,
+    pub thinking: Thinking,
+    /// Extra keyword arguments for the chat template (`chat_template_kwargs`).
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Why a reply ended.
@@ -63,6 +80,8 @@ pub enum StopReason {
 /// One piece of a reply, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Output {
+    /// Reasoning of a thinking model; all of it comes before any other text or call.
+    Reasoning(String),
     Text(String),
     /// A complete call (`id` is `None`: each protocol names its own ids). After `ToolCallBegin` it closes that call
     /// (its arguments were sent as `ToolCallArgs`).
@@ -76,11 +95,13 @@ pub enum Output {
     /// Log-probabilities of generated tokens (when the request asked for them), in order, each before the text it
     /// is part of is released (text may be held back by the output parser, so a `Text` can follow several).
     Logprobs(Vec<TokenLogprob>),
-    /// The last output. `matched_stop`: the request's stop string that ended the reply.
+    /// The last output. `matched_stop`: the request's stop string that ended the reply. `num_reasoning_tokens`: the
+    /// generated tokens that were reasoning (part of `usage.completion_tokens`).
     Done {
         reason: StopReason,
         usage: Usage,
         matched_stop: Option<String>,
+        num_reasoning_tokens: usize,
     },
 }
 
@@ -133,6 +154,8 @@ pub struct Prepared {
     pub streams_call: bool,
     /// Where the calls held by the lazy grammar (auto tool choice) start: their arguments are streamed too.
     pub call_starts: Option<CallStarts>,
+    /// The reasoning is split from the content: `Some(prompt_opened)` (the prompt ends inside the reasoning).
+    pub reasoning: Option<bool>,
 }
 
 /// The start of a Hermes-style call, written into the prompt when a call is required; the grammar of the call
@@ -152,6 +175,8 @@ pub struct Rendered {
     pub tool_names: Vec<String>,
     /// The tools a forced call may name, with their parameter schemas (empty when no call is forced).
     pub forced_tools: Vec<(String, serde_json::Value)>,
+    /// The reasoning is split from the content: `Some(prompt_opened)` (the prompt ends inside the reasoning).
+    pub reasoning: Option<bool>,
 }
 
 /// Renders a turn's conversation into prompt text. CPU-bound: call from a blocking thread.
@@ -182,16 +207,39 @@ pub fn render(state: &AppState, turn: &ChatTurn) -> Result<Rendered, ApiError> {
     if !use_tools {
         conversation.tools.clear();
     }
-    let mut text = match template.render(&RenderInput::from_conversation(&conversation, true)) {
+    let forced = use_tools && template.source().contains("<tool_call>");
+    // A forced call or a format is enforced from the first generated token: there is no room to think.
+    let constrained = (forced && matches!(turn.tool_choice, ToolChoice::Required | ToolChoice::Named(_)))
+        || turn.output_format != OutputFormat::Text;
+    let thinking = if constrained { Thinking::Off } else { turn.thinking };
+    let mut extra = turn.template_kwargs.clone();
+    if chat::reasoning::template_has_thinking_switch(template.source()) {
+        match thinking {
+            Thinking::Off => _ = extra.insert("enable_thinking".into(), false.into()),
+            Thinking::On => _ = extra.entry("enable_thinking").or_insert(true.into()),
+            Thinking::Default => {}
+        }
+    }
+    let input = |conversation: &Conversation| RenderInput {
+        extra: extra.clone(),
+        ..RenderInput::from_conversation(conversation, true)
+    };
+    let mut text = match template.render(&input(&conversation)) {
         // Strict templates refuse a system turn after the first message or two turns of one role in a row, which
         // agents send: retry once with the conversation reshaped to what such templates accept.
         Err(chat::Error::Raised(_)) => {
             reshape_for_strict_templates(&mut conversation);
-            template.render(&RenderInput::from_conversation(&conversation, true))?
+            template.render(&input(&conversation))?
         }
         other => other?,
     };
-    let forced = use_tools && template.source().contains("<tool_call>");
+    let thinks = chat::reasoning::template_thinks(template.source());
+    if thinks && thinking == Thinking::Off && chat::reasoning::prompt_opens_reasoning(&text) {
+        // No switch in the template (or it opens the reasoning anyway): close the block, as Qwen3 does when off.
+        text.push_str(if text.ends_with('\n') { "\n</think>\n\n" } else { "\n\n</think>\n\n" });
+    }
+    let reasoning = (thinks && !constrained && state.config.reasoning_format == ReasoningFormat::Auto)
+        .then(|| chat::reasoning::prompt_opens_reasoning(&text));
     let schema = |t: &chat::Tool| (t.name.clone(), t.parameters.clone());
     let forced_tools: Vec<(String, serde_json::Value)> = match &turn.tool_choice {
         _ if !forced => Vec::new(),
@@ -201,7 +249,7 @@ pub fn render(state: &AppState, turn: &ChatTurn) -> Result<Rendered, ApiError> {
     };
     let prefill = if forced_tools.is_empty() { String::new() } else { FORCED_CALL_PREFIX.to_string() };
     text.push_str(&prefill);
-    Ok(Rendered { text, prefill, tool_names: if use_tools { tool_names } else { Vec::new() }, forced_tools })
+    Ok(Rendered { text, prefill, tool_names: if use_tools { tool_names } else { Vec::new() }, forced_tools, reasoning })
 }
 
 /// The grammar of a forced call: the tools' own argument schemas, or (when one of them cannot be compiled) any JSON
@@ -218,7 +266,7 @@ fn forced_call_constraint(
 
 /// Renders and tokenizes a turn. CPU-bound (templates, tokenizer): call from a blocking thread.
 pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
-    let Rendered { mut text, mut prefill, tool_names, forced_tools } = render(state, &turn)?;
+    let Rendered { mut text, mut prefill, tool_names, forced_tools, reasoning } = render(state, &turn)?;
     let constraint = if forced_tools.is_empty() {
         Constraint::for_format(&state.tokenizer, &turn.output_format, "response_format")?
     } else {
@@ -242,8 +290,11 @@ pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
         && turn.tool_choice == ToolChoice::Auto
         && !tool_names.is_empty()
         && turn.output_format == OutputFormat::Text
-        && let Some(lazy) = lazy_tool_grammar(state, &turn)
+        && let Some(mut lazy) = lazy_tool_grammar(state, &turn)
     {
+        if let Some(prompt_opened) = reasoning {
+            lazy.wait_for_reasoning(prompt_opened);
+        }
         call_starts = Some(lazy.call_starts());
         constraint = Some(Box::new(lazy));
     }
@@ -259,6 +310,7 @@ pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
         parallel_tool_calls: turn.parallel_tool_calls,
         streams_call,
         call_starts,
+        reasoning,
     })
 }
 
@@ -331,13 +383,14 @@ pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<Reply, ApiEr
     let prepared = tokio::task::spawn_blocking(move || prepare(&s, turn))
         .await
         .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))??;
-    let Prepared { request, prefill, tool_names, parallel_tool_calls, streams_call, call_starts } = prepared;
+    let Prepared { request, prefill, tool_names, parallel_tool_calls, streams_call, call_starts, reasoning } = prepared;
     let stream = state.engine.submit(request)?;
     let mut reply = Reply::new(stream, &prefill, tool_names, parallel_tool_calls);
     if streams_call {
         reply.forced_call = Some(ForcedCall::default());
     }
     reply.auto_calls = call_starts.map(AutoCalls::new);
+    reply.reasoning = reasoning.map(ReasoningParser::new);
     reply.tokenizer = Some(state.tokenizer.clone());
     reply.loop_guard = state.config.max_repeated_chars.map(LoopGuard::new);
     Ok(reply)
@@ -364,6 +417,11 @@ pub struct Reply {
     forced_call: Option<ForcedCall>,
     /// Streams the arguments of the calls the lazy grammar holds.
     auto_calls: Option<AutoCalls>,
+    /// Splits a thinking model's reasoning from its content.
+    reasoning: Option<ReasoningParser>,
+    num_reasoning_tokens: usize,
+    /// Tokens at the start whose text may still open the reasoning (blanks, part of `<think>`).
+    num_undecided_tokens: usize,
 }
 
 /// The arguments of a grammar-forced call as they are generated. The grammar fixes the text around them:
@@ -449,6 +507,9 @@ impl Reply {
             tokenizer: None,
             forced_call: None,
             auto_calls: None,
+            reasoning: None,
+            num_reasoning_tokens: 0,
+            num_undecided_tokens: 0,
         }
     }
 
@@ -479,10 +540,13 @@ impl Reply {
                         self.pending.push_back(Output::Logprobs(vec![TokenLogprob::new(tok, id, lp)]));
                     }
                     self.t_first_token.get_or_insert_with(Instant::now);
+                    let was_reasoning = self.reasoning.as_ref().is_some_and(ReasoningParser::in_reasoning);
                     self.feed(&text);
+                    self.count_reasoning_token(was_reasoning);
                     if self.loop_guard.as_mut().is_some_and(|g| g.push(&text)) {
                         // The model is looping: stop it and report the output limit.
                         let usage = self.cut_short();
+                        self.finish_reasoning();
                         if let Some(p) = &mut self.parser {
                             let events = p.finish();
                             self.take(events);
@@ -498,6 +562,7 @@ impl Reply {
                 Some(Ok(Event::Finished { reason, text, usage, matched_stop })) => {
                     self.stream = None;
                     self.feed(&text);
+                    self.finish_reasoning();
                     if let Some(p) = &mut self.parser {
                         let events = p.finish();
                         self.take(events);
@@ -527,6 +592,8 @@ impl Reply {
     /// Reads the whole reply: text, calls, and how it ended.
     pub async fn collect(mut self) -> Result<Collected, ApiError> {
         let mut out = Collected {
+            reasoning: String::new(),
+            num_reasoning_tokens: 0,
             text: String::new(),
             tool_calls: Vec::new(),
             reason: StopReason::EndTurn,
@@ -536,11 +603,13 @@ impl Reply {
         };
         while let Some(item) = self.next().await {
             match item? {
+                Output::Reasoning(t) => out.reasoning.push_str(&t),
                 Output::Text(t) => out.text.push_str(&t),
                 Output::ToolCall(c) => out.tool_calls.push(c),
                 Output::Logprobs(l) => out.logprobs.extend(l),
                 Output::ToolCallBegin { .. } | Output::ToolCallArgs(_) => {}
-                Output::Done { reason, usage, matched_stop } => {
+                Output::Done { reason, usage, matched_stop, num_reasoning_tokens } => {
+                    out.num_reasoning_tokens = num_reasoning_tokens;
                     out.reason = reason;
                     out.usage = usage;
                     out.matched_stop = matched_stop;
@@ -551,12 +620,58 @@ impl Reply {
     }
 
     fn feed(&mut self, text: &str) {
+        let content = match &mut self.reasoning {
+            Some(r) => {
+                let events = r.push(text);
+                self.split_reasoning(events)
+            }
+            None => text.to_string(),
+        };
         if let Some(f) = &mut self.forced_call {
             f.push(text, &mut self.pending);
         }
+        // The lazy grammar's call starts are offsets in the whole output, reasoning included.
         if let Some(a) = &mut self.auto_calls {
             a.push(text, &mut self.pending);
         }
+        self.feed_content(&content);
+    }
+
+    /// Queues the reasoning of `events`; returns their content.
+    fn split_reasoning(&mut self, events: Vec<ReasoningEvent>) -> String {
+        let mut content = String::new();
+        for e in events {
+            match e {
+                ReasoningEvent::Reasoning(t) => self.pending.push_back(Output::Reasoning(t)),
+                ReasoningEvent::Content(t) => content.push_str(&t),
+            }
+        }
+        content
+    }
+
+    /// The output has ended: releases what the reasoning splitter holds.
+    fn finish_reasoning(&mut self) {
+        if let Some(r) = &mut self.reasoning {
+            let events = r.finish();
+            let content = self.split_reasoning(events);
+            self.feed_content(&content);
+        }
+    }
+
+    /// Counts a generated token as reasoning when it was written inside the reasoning (or ended it). Tokens of an
+    /// undecided start count once the start is decided.
+    fn count_reasoning_token(&mut self, was_reasoning: bool) {
+        let Some(r) = &self.reasoning else { return };
+        if r.is_undecided() {
+            self.num_undecided_tokens += 1;
+        } else if was_reasoning || r.in_reasoning() {
+            self.num_reasoning_tokens += 1 + std::mem::take(&mut self.num_undecided_tokens);
+        } else {
+            self.num_undecided_tokens = 0;
+        }
+    }
+
+    fn feed_content(&mut self, text: &str) {
         match &mut self.parser {
             Some(p) => {
                 let events = p.push(text);
@@ -590,7 +705,8 @@ impl Reply {
 
     fn finish(&mut self, reason: StopReason, usage: Usage, matched_stop: Option<String>) {
         if !self.finished {
-            self.pending.push_back(Output::Done { reason, usage, matched_stop });
+            let num_reasoning_tokens = self.num_reasoning_tokens;
+            self.pending.push_back(Output::Done { reason, usage, matched_stop, num_reasoning_tokens });
             self.finished = true;
         }
     }
@@ -803,6 +919,10 @@ impl LoopGuard {
 /// A whole reply, for non-streaming responses.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Collected {
+    /// A thinking model's reasoning (empty for other models).
+    pub reasoning: String,
+    /// The generated tokens that were reasoning.
+    pub num_reasoning_tokens: usize,
     pub text: String,
     pub tool_calls: Vec<ToolCall>,
     pub reason: StopReason,

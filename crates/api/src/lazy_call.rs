@@ -20,6 +20,9 @@
 //! such as a `package.json` in a json fence, is taken for a call). The part of the call written before the trigger
 //! fired (`{\n  "name":`) is replayed into the grammar byte by byte, so the model's own layout is kept; if the
 //! grammar cannot accept it, the candidate is left alone.
+//!
+//! For a thinking model ([`LazyToolCalls::wait_for_reasoning`]) nothing triggers inside the reasoning block at the
+//! start of the output (`<think>` … `</think>`): the reasoning is not parsed for calls, so it is not held to one.
 
 use std::sync::Arc;
 
@@ -31,6 +34,8 @@ use crate::constraint::factory;
 use crate::error::ApiError;
 
 const TAG_OPEN: &[u8] = b"<tool_call>";
+const THINK_OPEN: &[u8] = b"<think>";
+const THINK_CLOSE: &[u8] = b"</think>";
 /// Info strings of a fenced block that may hold a call (as `chat::ToolCallParser` reads them).
 const FENCE_LANGS: [&[u8]; 6] = [b"", b"json", b"json5", b"tool_call", b"tool_code", b"tool"];
 /// Longest fence info string waited for.
@@ -77,8 +82,19 @@ pub struct CallStart {
 /// The starts of the calls of one reply, in order.
 pub type CallStarts = Arc<std::sync::Mutex<Vec<CallStart>>>;
 
+/// Where the output stands with respect to a reasoning block at its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    /// Blanks or part of `<think>` so far; `opened`: the prompt opened the reasoning already.
+    Start { opened: bool },
+    /// Inside the reasoning; `</think>` is looked for from this offset.
+    Reasoning { from: usize },
+}
+
 /// The lazy grammar of one request.
 pub struct LazyToolCalls {
+    /// Triggers wait for the end of the reasoning.
+    gate: Option<Gate>,
     starts: CallStarts,
     xml: bool,
     tokenizer: Arc<tokenizer::Tokenizer>,
@@ -191,6 +207,7 @@ impl LazyToolCalls {
             }
         }
         let mut lazy = LazyToolCalls {
+            gate: None,
             starts: CallStarts::default(),
             xml,
             tokenizer: tokenizer.clone(),
@@ -212,6 +229,49 @@ impl LazyToolCalls {
             lazy.grammar(Form::Bare)?;
         }
         Ok(lazy)
+    }
+
+    /// The model thinks first (its template writes `<think>` … `</think>`): no call is looked for inside a reasoning
+    /// block at the start of the output. `prompt_opened`: the prompt ends inside the reasoning.
+    pub fn wait_for_reasoning(&mut self, prompt_opened: bool) {
+        self.gate = Some(Gate::Start { opened: prompt_opened });
+    }
+
+    /// Follows the reasoning block at the start of the output; true while triggers must wait. Once it is over, the
+    /// search for calls starts right after it (as the content the output parser reads does).
+    fn in_reasoning(&mut self) -> bool {
+        loop {
+            match self.gate {
+                None => return false,
+                Some(Gate::Start { opened }) => {
+                    let body = self.text.trim_ascii_start();
+                    if body.starts_with(THINK_OPEN) {
+                        let from = self.text.len() - body.len() + THINK_OPEN.len();
+                        self.gate = Some(Gate::Reasoning { from });
+                    } else if THINK_OPEN.starts_with(body) {
+                        return true;
+                    } else if opened {
+                        self.gate = Some(Gate::Reasoning { from: 0 });
+                    } else {
+                        self.gate = None;
+                    }
+                }
+                Some(Gate::Reasoning { from }) => match find(&self.text, THINK_CLOSE, from) {
+                    Some(p) => {
+                        let end = p + THINK_CLOSE.len();
+                        self.gate = None;
+                        self.line_from = end;
+                        self.line_from_is_start = true;
+                        self.tag_from = end;
+                    }
+                    None => {
+                        let from = self.text.len().saturating_sub(THINK_CLOSE.len() - 1).max(from);
+                        self.gate = Some(Gate::Reasoning { from });
+                        return true;
+                    }
+                },
+            }
+        }
     }
 
     /// Where the calls held by the grammar start, filled in as they start.
@@ -398,7 +458,7 @@ impl engine::TokenConstraint for LazyToolCalls {
             self.check_complete();
             return Ok(());
         }
-        if self.finished {
+        if self.finished || self.in_reasoning() {
             return Ok(());
         }
         while let Some((start, form)) = self.find_trigger() {
@@ -676,5 +736,38 @@ mod tests {
             assert_eq!(c.num_calls(), 1, "{text:?}");
             assert!(c.is_dormant());
         }
+    }
+
+    #[test]
+    fn no_trigger_inside_the_reasoning_at_any_split() {
+        // Inside the reasoning the model may sketch a call (or an undeclared one); only the call after `</think>`
+        // is held to the grammar.
+        let think = "<think>\nMaybe <tool_call>\n{\"name\": \"hello\"}\n```json\n{\"name\": \"nope\"}\n</think>\n\n";
+        let call = "<tool_call>\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>";
+        let text = format!("{think}{call}");
+        for cut in (1..text.len()).step_by(3) {
+            let mut c = lazy(true);
+            c.wait_for_reasoning(false);
+            assert_eq!(write_text(&mut c, &text, &[cut]), Ok(()), "split at {cut}");
+            assert_eq!(c.num_calls(), 1, "split at {cut}");
+            let starts = c.call_starts();
+            let starts = starts.lock().unwrap();
+            assert_eq!(starts.len(), 1);
+            assert_eq!((starts[0].offset, starts[0].tagged), (think.len(), true), "split at {cut}");
+        }
+        // The prompt opened the reasoning: only `</think>` appears.
+        let text = format!("{}{call}", &think["<think>\n".len()..]);
+        let mut c = lazy(true);
+        c.wait_for_reasoning(true);
+        assert_eq!(write_text(&mut c, &text, &[]), Ok(()));
+        assert_eq!(c.num_calls(), 1);
+        // Without the gate, the sketch inside the reasoning would be held (and refused: "hello" is not a tool).
+        let mut c = lazy(true);
+        assert!(write_text(&mut c, &format!("{think}{call}"), &[]).is_err());
+        // A model that does not think: calls trigger from the start.
+        let mut c = lazy(true);
+        c.wait_for_reasoning(false);
+        assert_eq!(write_text(&mut c, call, &[]), Ok(()));
+        assert_eq!(c.num_calls(), 1);
     }
 }

@@ -3,10 +3,10 @@
 //!
 //! A request goes: `guard` (Host/Origin, API key) → route (here) → protocol adapter (`openai/` for Chat Completions,
 //! `responses/`, `anthropic/`: wire types, checks, conversion, stream, errors) → the neutral [`generate::ChatTurn`] →
-//! chat template + tokenizer → [`engine::service::EngineHandle::submit`] → engine events → one output parser (text /
-//! tool calls) in [`generate::Reply`] → the adapter's response or event stream. Adapters never import each other
-//! (they share only `generate` and `error`), and nothing here knows how the engine schedules. `admin` holds the
-//! endpoints outside the chat protocols.
+//! chat template + tokenizer → [`engine::service::EngineHandle::submit`] → engine events → one output pipeline (a
+//! thinking model's reasoning, then text / tool calls) in [`generate::Reply`] → the adapter's response or event
+//! stream. Adapters never import each other (they share only `generate` and `error`), and nothing here knows how the
+//! engine schedules. `admin` holds the endpoints outside the chat protocols.
 
 pub mod admin;
 pub mod anthropic;
@@ -60,6 +60,19 @@ pub struct ServerConfig {
     /// With tools and `tool_choice: auto`, hold a call the model starts to a well-formed call of a declared tool
     /// (the lazy grammar of `lazy_call`).
     pub tool_grammar: bool,
+    /// Whether the reasoning of thinking models (`<think>` … `</think>`) is split from the content.
+    pub reasoning_format: ReasoningFormat,
+}
+
+/// What happens to a thinking model's reasoning (llama-server's `--reasoning-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReasoningFormat {
+    /// Left in the content as the model wrote it.
+    None,
+    /// When the chat template thinks, the reasoning goes out separately (`reasoning_content`, reasoning items,
+    /// thinking blocks); other models are not affected.
+    #[default]
+    Auto,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +89,7 @@ impl Default for ServerConfig {
             max_repeated_chars: Some(2048),
             webui: true,
             tool_grammar: true,
+            reasoning_format: ReasoningFormat::Auto,
         }
     }
 }

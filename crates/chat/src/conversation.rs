@@ -133,11 +133,22 @@ pub struct Message {
     /// For a tool result: the function's name; for other roles, the author's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// For an assistant message: the reasoning that came before it (thinking models' templates show it as
+    /// `reasoning_content`; other templates ignore it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
     pub fn new(role: Role, content: impl Into<Content>) -> Self {
-        Message { role, content: Some(content.into()), tool_calls: Vec::new(), tool_call_id: None, name: None }
+        Message {
+            role,
+            content: Some(content.into()),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+            reasoning_content: None,
+        }
     }
 
     pub fn system(content: impl Into<Content>) -> Self {
@@ -160,6 +171,7 @@ impl Message {
             tool_calls,
             tool_call_id: None,
             name: None,
+            reasoning_content: None,
         }
     }
 
@@ -168,8 +180,8 @@ impl Message {
         Message { tool_call_id: Some(tool_call_id.into()), ..Self::new(Role::Tool, content) }
     }
 
-    /// The message as chat templates see it: `{"role", "content", "tool_calls"?, "tool_call_id"?, "name"?}`, content
-    /// flattened to a string (`null` when absent), tool calls in OpenAI's shape.
+    /// The message as chat templates see it: `{"role", "content", "tool_calls"?, "tool_call_id"?, "name"?,
+    /// "reasoning_content"?}`, content flattened to a string (`null` when absent), tool calls in OpenAI's shape.
     pub fn to_template_value(&self) -> Value {
         let mut m = Map::new();
         m.insert("role".into(), Value::from(self.role.as_str()));
@@ -195,6 +207,9 @@ impl Message {
         }
         if let Some(name) = &self.name {
             m.insert("name".into(), Value::from(name.as_str()));
+        }
+        if let Some(reasoning) = &self.reasoning_content {
+            m.insert("reasoning_content".into(), Value::from(reasoning.as_str()));
         }
         Value::Object(m)
     }

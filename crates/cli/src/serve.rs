@@ -58,6 +58,10 @@ pub struct Args {
     /// With tools and `tool_choice: auto`, let the model write calls freely (no grammar once a call starts).
     #[arg(long)]
     no_tool_grammar: bool,
+    /// A thinking model's reasoning (`<think>` … `</think>`, when its chat template has it): `auto` sends it apart
+    /// from the content (`reasoning_content`, reasoning items, thinking blocks); `none` leaves it in the content.
+    #[arg(long, value_enum, default_value = "auto")]
+    reasoning_format: ReasoningFormatArg,
     /// Threads for the model (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
@@ -70,6 +74,12 @@ pub struct Args {
     /// restart (per model: target and draft each); 0 turns it off.
     #[arg(long, default_value = "4G", value_parser = parse_size_or_zero)]
     prefix_cache_disk: u64,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ReasoningFormatArg {
+    None,
+    Auto,
 }
 
 /// A size (`4G`, `512M`, bytes) or `0`.
@@ -238,6 +248,10 @@ pub fn main(a: Args) -> Result<()> {
         max_repeated_chars: (a.repetition_guard > 0).then_some(a.repetition_guard),
         webui: !a.no_webui,
         tool_grammar: !a.no_tool_grammar,
+        reasoning_format: match a.reasoning_format {
+            ReasoningFormatArg::None => api::ReasoningFormat::None,
+            ReasoningFormatArg::Auto => api::ReasoningFormat::Auto,
+        },
         ..Default::default()
     };
     if let Some(m) = pack_of(&a.model) {

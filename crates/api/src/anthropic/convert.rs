@@ -1,8 +1,9 @@
 //! Anthropic Messages ⇄ the neutral [`ChatTurn`]: system as a string or text blocks (Claude Code's
 //! `x-anthropic-billing-header:` block dropped so the prompt prefix stays stable), `role: "system"` turns inside
 //! `messages` (those before the first assistant turn moved ahead of the user turns, see [`hoist_opening_system_turns`]),
-//! text / tool_use / tool_result blocks (thinking blocks dropped), tools and `tool_choice`. Every problem
-//! is a 400 naming the field.
+//! text / tool_use / tool_result / thinking blocks (an assistant turn's thinking goes to the template as its
+//! `reasoning_content`; redacted thinking is dropped), tools, `tool_choice` and `thinking`. Every problem is a 400
+//! naming the field. Replies put a thinking model's reasoning in a `thinking` block ahead of the others.
 
 use chat::{Conversation, Message, Role, ToolCall};
 use engine::SamplingParams;
@@ -10,11 +11,14 @@ use serde_json::{Map, Value, json};
 
 use super::wire;
 use crate::error::ApiError;
-use crate::generate::{ChatTurn, Collected, StopReason, ToolChoice, random_id};
+use crate::generate::{ChatTurn, Collected, StopReason, Thinking, ToolChoice, random_id};
 
 /// Prefix of the per-request attribution block Claude Code puts first in `system`.
 const BILLING_HEADER: &str = "x-anthropic-billing-header:";
 const MAX_STOP_SEQUENCES: usize = 16;
+/// The `signature` of the thinking blocks this server writes: there is nothing to sign (and signatures sent back
+/// are not checked).
+pub const THINKING_SIGNATURE: &str = "splash-unsigned";
 
 pub fn to_turn(req: wire::MessagesRequest, defaults: &SamplingParams) -> Result<ChatTurn, ApiError> {
     let mut messages = Vec::new();
@@ -68,7 +72,26 @@ pub fn to_turn(req: wire::MessagesRequest, defaults: &SamplingParams) -> Result<
         max_tokens,
         stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
         output_format: Default::default(),
+        thinking: convert_thinking(req.thinking.as_ref())?,
+        template_kwargs: Map::new(),
     })
+}
+
+/// `thinking`: `disabled` turns a thinking model's reasoning off (where its template can), `enabled` on, `adaptive`
+/// leaves the template's default. The budget is not enforced (the output limit is).
+fn convert_thinking(thinking: Option<&Value>) -> Result<Thinking, ApiError> {
+    match thinking {
+        None | Some(Value::Null) => Ok(Thinking::Default),
+        Some(t) => match t.get("type").and_then(Value::as_str) {
+            Some("enabled") => Ok(Thinking::On),
+            Some("disabled") => Ok(Thinking::Off),
+            Some("adaptive") => Ok(Thinking::Default),
+            _ => Err(ApiError::invalid_param(
+                "thinking.type",
+                "thinking.type must be 'enabled', 'disabled' or 'adaptive'.",
+            )),
+        },
+    }
 }
 
 /// Moves the `role: "system"` turns that come before the first assistant turn ahead of the user turns there, keeping
@@ -154,6 +177,7 @@ fn convert_message(i: usize, m: wire::Message, out: &mut Vec<Message>) -> Result
         _ => return Err(ApiError::invalid_param(param, "content must be a string or an array of content blocks.")),
     };
     let mut texts: Vec<String> = Vec::new();
+    let mut thoughts: Vec<String> = Vec::new();
     let mut calls = Vec::new();
     for (j, b) in blocks.into_iter().enumerate() {
         let at = format!("{param}[{j}]");
@@ -194,8 +218,18 @@ fn convert_message(i: usize, m: wire::Message, out: &mut Vec<Message>) -> Result
                 }
                 out.push(Message::tool_result(id, text));
             }
-            // Earlier reasoning is not shown again (the served models do not reason).
-            "thinking" | "redacted_thinking" if m.role == wire::Role::Assistant => {}
+            "thinking" if m.role == wire::Role::Assistant => match b.get("thinking") {
+                Some(Value::String(t)) => thoughts.push(t.clone()),
+                None | Some(Value::Null) => {}
+                Some(_) => {
+                    return Err(ApiError::invalid_param(
+                        format!("{at}.thinking"),
+                        "A thinking block's 'thinking' must be a string.",
+                    ));
+                }
+            },
+            // Encrypted reasoning of another model: nothing to show.
+            "redacted_thinking" if m.role == wire::Role::Assistant => {}
             kind @ ("image" | "document" | "search_result") => {
                 return Err(ApiError::invalid_param(
                     at,
@@ -212,11 +246,13 @@ fn convert_message(i: usize, m: wire::Message, out: &mut Vec<Message>) -> Result
         }
     }
     let text = texts.join("\n");
+    let reasoning_content = Some(thoughts.join("\n")).filter(|t| !t.is_empty());
     match m.role {
-        wire::Role::Assistant if !calls.is_empty() => {
-            out.push(Message::assistant_tool_calls((!text.is_empty()).then_some(text), calls));
-        }
-        wire::Role::Assistant => out.push(Message::assistant(text)),
+        wire::Role::Assistant if !calls.is_empty() => out.push(Message {
+            reasoning_content,
+            ..Message::assistant_tool_calls((!text.is_empty()).then_some(text), calls)
+        }),
+        wire::Role::Assistant => out.push(Message { reasoning_content, ..Message::assistant(text) }),
         // A user message holding only tool results adds no empty user turn.
         _ if text.is_empty() && out.last().is_some_and(|m| m.role == Role::Tool) => {}
         _ => out.push(Message::user(text)),
@@ -304,7 +340,14 @@ pub fn tool_use(call: ToolCall) -> wire::ContentBlock {
 
 pub fn message(reply: Collected, id: String, model: String) -> wire::MessageResponse {
     let mut content = Vec::new();
-    if !reply.text.is_empty() || reply.tool_calls.is_empty() {
+    if !reply.reasoning.is_empty() {
+        content.push(wire::ContentBlock::Thinking {
+            thinking: reply.reasoning,
+            signature: THINKING_SIGNATURE.to_string(),
+        });
+    }
+    // A reply cut off while thinking is only its thinking block, as streamed.
+    if !reply.text.is_empty() || (reply.tool_calls.is_empty() && content.is_empty()) {
         content.push(wire::ContentBlock::Text { text: reply.text });
     }
     content.extend(reply.tool_calls.into_iter().map(tool_use));
@@ -329,11 +372,10 @@ mod tests {
         let u =
             usage(&engine::Usage { prompt_tokens: 30, cached_tokens: 12, completion_tokens: 5, ..Default::default() });
         assert_eq!((u.input_tokens, u.cache_read_input_tokens, u.output_tokens), (18, 12, 5));
-        let o = crate::openai::convert::usage(&engine::Usage {
-            prompt_tokens: 30,
-            cached_tokens: 12,
-            ..Default::default()
-        });
+        let o = crate::openai::convert::usage(
+            &engine::Usage { prompt_tokens: 30, cached_tokens: 12, ..Default::default() },
+            0,
+        );
         assert_eq!((o.prompt_tokens, o.prompt_tokens_details.cached_tokens), (30, 12));
         let t = crate::openai::convert::timings(&engine::Usage {
             prompt_tokens: 30,
@@ -417,6 +459,8 @@ mod tests {
         assert_eq!(m[5].content, Some(chat::Content::Text("reminder as a string".into())));
         assert_eq!(m[2].content, Some(chat::Content::Text("<reminder>\nwrite a file".into())));
         assert_eq!(m[3].tool_calls[0].arguments, json!({"command": "ls"}));
+        assert_eq!(m[3].reasoning_content.as_deref(), Some("hmm"));
+        assert_eq!(t.thinking, Thinking::Default, "adaptive leaves the template's default");
         assert_eq!(m[4].tool_call_id.as_deref(), Some("toolu_1"));
         assert_eq!(t.conversation.tools.len(), 1);
         assert_eq!((t.tool_choice, t.parallel_tool_calls), (ToolChoice::Required, false));

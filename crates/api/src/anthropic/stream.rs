@@ -1,7 +1,8 @@
 //! A reply as an Anthropic Messages event stream: `message_start` and a `ping` as soon as the request is queued,
-//! then content blocks (`content_block_start` / `content_block_delta` with `text_delta` or `input_json_delta` /
-//! `content_block_stop`), `message_delta` with the stop reason and output tokens, `message_stop`. A failure after the
-//! stream has begun is one `error` event. While nothing else is sent (a long prompt being read), `ping` events keep
+//! then content blocks (`content_block_start` / `content_block_delta` with `thinking_delta` (a thinking model's
+//! reasoning, first, closed by a `signature_delta`), `text_delta` or `input_json_delta` / `content_block_stop`),
+//! `message_delta` with the stop reason and output tokens, `message_stop`. A failure after the stream has begun is one
+//! `error` event. While nothing else is sent (a long prompt being read), `ping` events keep
 //! the connection alive.
 
 use std::collections::VecDeque;
@@ -22,6 +23,8 @@ struct State {
     num_blocks: usize,
     /// A text block is open (its index is `num_blocks - 1`).
     text_open: bool,
+    /// A thinking block is open (its index is `num_blocks - 1`).
+    thinking_open: bool,
     /// A tool_use block whose input is being streamed.
     open_call: bool,
     ended: bool,
@@ -39,7 +42,8 @@ pub fn sse(
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let start = json!({"type": "message_start", "message": start});
     let queue = VecDeque::from([event("message_start", &start), event("ping", &json!({"type": "ping"}))]);
-    let state = State { reply, queue, num_blocks: 0, text_open: false, open_call: false, ended: false };
+    let state =
+        State { reply, queue, num_blocks: 0, text_open: false, thinking_open: false, open_call: false, ended: false };
     let stream = futures::stream::unfold(state, |mut s| async move {
         loop {
             if let Some(e) = s.queue.pop_front() {
@@ -56,6 +60,17 @@ pub fn sse(
 }
 
 impl State {
+    fn close_thinking(&mut self) {
+        if self.thinking_open {
+            let index = self.num_blocks - 1;
+            let delta = json!({"type": "content_block_delta", "index": index,
+                               "delta": {"type": "signature_delta", "signature": convert::THINKING_SIGNATURE}});
+            self.queue.push_back(event("content_block_delta", &delta));
+            self.queue.push_back(event("content_block_stop", &json!({"type": "content_block_stop", "index": index})));
+            self.thinking_open = false;
+        }
+    }
+
     fn close_text(&mut self) {
         if self.text_open {
             let index = self.num_blocks - 1;
@@ -73,7 +88,24 @@ impl State {
     }
 
     async fn fill(&mut self) {
-        match self.reply.next().await {
+        let next = self.reply.next().await;
+        if !matches!(next, Some(Ok(Output::Reasoning(_) | Output::Logprobs(_)))) {
+            // The reasoning comes first: anything else ends it.
+            self.close_thinking();
+        }
+        match next {
+            Some(Ok(Output::Reasoning(thinking))) => {
+                if !self.thinking_open {
+                    let start = json!({"type": "content_block_start", "index": self.num_blocks,
+                                       "content_block": {"type": "thinking", "thinking": "", "signature": ""}});
+                    self.queue.push_back(event("content_block_start", &start));
+                    self.num_blocks += 1;
+                    self.thinking_open = true;
+                }
+                let delta = json!({"type": "content_block_delta", "index": self.num_blocks - 1,
+                                   "delta": {"type": "thinking_delta", "thinking": thinking}});
+                self.queue.push_back(event("content_block_delta", &delta));
+            }
             Some(Ok(Output::Text(text))) => {
                 if !self.text_open {
                     let start = json!({"type": "content_block_start", "index": self.num_blocks,
@@ -119,7 +151,7 @@ impl State {
                                    "delta": {"type": "input_json_delta", "partial_json": partial_json}});
                 self.queue.push_back(event("content_block_delta", &delta));
             }
-            Some(Ok(Output::Done { reason, usage, matched_stop })) => {
+            Some(Ok(Output::Done { reason, usage, matched_stop, .. })) => {
                 self.close_text();
                 self.close_call();
                 let u = convert::usage(&usage);

@@ -1,8 +1,8 @@
 //! Anthropic Messages on the wire: the request as Claude Code and the SDKs send it and the response shapes they
 //! expect. Plain serde types; checking and conversion are in `convert.rs`.
 //!
-//! `system`, `content` and `tool_choice` vary in shape and stay JSON values for `convert.rs` to check with precise
-//! messages. Unknown fields (`thinking`, `metadata`, `context_management`, `output_config`, `safeguards`, ...) are
+//! `system`, `content`, `tool_choice` and `thinking` vary in shape and stay JSON values for `convert.rs` to check with
+//! precise messages. Unknown fields (`metadata`, `context_management`, `output_config`, `safeguards`, ...) are
 //! ignored.
 
 use serde::{Deserialize, Serialize};
@@ -32,6 +32,9 @@ pub struct MessagesRequest {
     pub tools: Option<Vec<Tool>>,
     #[serde(default)]
     pub tool_choice: Option<Value>,
+    /// `{"type": "enabled", "budget_tokens": N}`, `{"type": "adaptive"}` or `{"type": "disabled"}`.
+    #[serde(default)]
+    pub thinking: Option<Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -82,8 +85,19 @@ pub struct MessageResponse {
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentBlock {
-    Text { text: String },
-    ToolUse { id: String, name: String, input: Value },
+    /// A thinking model's reasoning; `signature` is opaque (this server does not check the ones sent back).
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    Text {
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        input: Value,
+    },
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

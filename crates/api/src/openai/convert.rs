@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 
 use super::wire;
 use crate::error::ApiError;
-use crate::generate::{ChatTurn, Collected, OutputFormat, StopReason, TokenLogprob, ToolChoice, random_id};
+use crate::generate::{ChatTurn, Collected, OutputFormat, StopReason, Thinking, TokenLogprob, ToolChoice, random_id};
 
 /// Most stop strings in one request.
 const MAX_STOP_STRINGS: usize = 16;
@@ -99,6 +99,11 @@ pub fn to_turn(req: wire::ChatRequest, defaults: &SamplingParams) -> Result<Chat
         req.messages.into_iter().enumerate().map(|(i, m)| convert_message(i, m)).collect::<Result<Vec<_>, _>>()?;
     let mut sampling = sampling(&requested, defaults)?;
     sampling.logprobs = logprobs;
+    let template_kwargs = req.chat_template_kwargs.unwrap_or_default();
+    let thinking = match template_kwargs.get("enable_thinking").and_then(Value::as_bool) {
+        Some(false) => Thinking::Off,
+        _ => reasoning_effort(req.reasoning_effort.as_deref())?,
+    };
     Ok(ChatTurn {
         conversation: Conversation { messages, tools },
         tool_choice,
@@ -107,7 +112,24 @@ pub fn to_turn(req: wire::ChatRequest, defaults: &SamplingParams) -> Result<Chat
         max_tokens,
         stop: convert_stop(req.stop.as_ref())?,
         output_format,
+        thinking,
+        template_kwargs,
     })
+}
+
+/// `reasoning_effort`: `none` turns thinking off; the other levels leave it on (the model decides how long).
+fn reasoning_effort(effort: Option<&str>) -> Result<Thinking, ApiError> {
+    match effort {
+        None => Ok(Thinking::Default),
+        Some("none") => Ok(Thinking::Off),
+        Some("minimal" | "low" | "medium" | "high" | "xhigh") => Ok(Thinking::On),
+        Some(other) => Err(ApiError::invalid_param(
+            "reasoning_effort",
+            format!(
+                "Unknown reasoning_effort '{other}'; expected 'none', 'minimal', 'low', 'medium', 'high' or 'xhigh'."
+            ),
+        )),
+    }
 }
 
 /// The sampling fields of a request, as given.
@@ -326,6 +348,7 @@ fn convert_message(i: usize, m: wire::Message) -> Result<Message, ApiError> {
         tool_calls,
         tool_call_id: m.tool_call_id,
         name: if role == Role::Tool { m.name } else { None },
+        reasoning_content: m.reasoning_content.or(m.reasoning).filter(|r| role == Role::Assistant && !r.is_empty()),
     })
 }
 
@@ -337,12 +360,14 @@ pub fn finish_reason(reason: StopReason) -> &'static str {
     }
 }
 
-pub fn usage(u: &Usage) -> wire::Usage {
+/// Usage; `num_reasoning_tokens` of the completion tokens were reasoning.
+pub fn usage(u: &Usage, num_reasoning_tokens: usize) -> wire::Usage {
     wire::Usage {
         prompt_tokens: u.prompt_tokens,
         completion_tokens: u.completion_tokens,
         total_tokens: u.prompt_tokens + u.completion_tokens,
         prompt_tokens_details: wire::PromptTokensDetails { cached_tokens: u.cached_tokens },
+        completion_tokens_details: wire::CompletionTokensDetails { reasoning_tokens: num_reasoning_tokens },
     }
 }
 
@@ -409,6 +434,7 @@ pub fn completion(
 ) -> wire::ChatCompletion {
     let usages: Vec<Usage> = replies.iter().map(|r| r.usage).collect();
     let total = combined_usage(&usages);
+    let num_reasoning_tokens = replies.iter().map(|r| r.num_reasoning_tokens).sum();
     let choices = replies
         .into_iter()
         .enumerate()
@@ -418,6 +444,7 @@ pub fn completion(
                 index: index as u32,
                 message: wire::AssistantMessage {
                     role: "assistant",
+                    reasoning_content: (!reply.reasoning.is_empty()).then_some(reply.reasoning),
                     content,
                     tool_calls: reply.tool_calls.into_iter().map(|c| tool_call(c, None)).collect(),
                     refusal: None,
@@ -433,7 +460,7 @@ pub fn completion(
         created,
         model,
         choices,
-        usage: usage(&total),
+        usage: usage(&total, num_reasoning_tokens),
         system_fingerprint: super::SYSTEM_FINGERPRINT,
         timings: timings(&total),
     }

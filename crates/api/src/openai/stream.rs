@@ -1,5 +1,6 @@
 //! A reply as a Chat Completions event stream: a first chunk with the role as soon as the request is queued (one per
-//! choice when `n` > 1), text and tool-call chunks as the output parser releases them (with their tokens'
+//! choice when `n` > 1), a thinking model's reasoning (`delta.reasoning_content`), text and tool-call chunks as the
+//! output parser releases them (with their tokens'
 //! `logprobs` when asked for), a chunk with `finish_reason` (and llama-server `timings`) per choice, a usage chunk
 //! when `stream_options.include_usage` is set, then `data: [DONE]`. Choices are interleaved as they produce output.
 //! A failure after the stream has begun is sent as one `{"error": {...}}` event, which the OpenAI SDKs raise.
@@ -45,7 +46,8 @@ impl ChunkMeta {
 /// What one choice's stream yields.
 enum Item {
     Chunk(Box<wire::Chunk>),
-    Finished(engine::Usage),
+    /// The usage, and how many of the output tokens were reasoning.
+    Finished(engine::Usage, usize),
     Failed(ApiError),
 }
 
@@ -86,11 +88,20 @@ pub fn sse(
         merged: S,
         meta: ChunkMeta,
         usages: Vec<engine::Usage>,
+        num_reasoning_tokens: usize,
         num_choices: usize,
         tail: VecDeque<Event>,
         done: bool,
     }
-    let state = Merge { merged, meta, usages: Vec::new(), num_choices, tail: VecDeque::new(), done: false };
+    let state = Merge {
+        merged,
+        meta,
+        usages: Vec::new(),
+        num_reasoning_tokens: 0,
+        num_choices,
+        tail: VecDeque::new(),
+        done: false,
+    };
     let stream = futures::stream::unfold(state, |mut s| async move {
         loop {
             if let Some(e) = s.tail.pop_front() {
@@ -101,13 +112,15 @@ pub fn sse(
             }
             match s.merged.next().await {
                 Some(Item::Chunk(c)) => return Some((Ok(data(&c)), s)),
-                Some(Item::Finished(u)) => {
+                Some(Item::Finished(u, num_reasoning_tokens)) => {
                     s.usages.push(u);
+                    s.num_reasoning_tokens += num_reasoning_tokens;
                     if s.usages.len() == s.num_choices {
                         if s.meta.include_usage {
                             let mut chunk = s.meta.chunk(0, wire::Delta::default(), None);
                             chunk.choices.clear();
-                            chunk.usage = Some(convert::usage(&convert::combined_usage(&s.usages)));
+                            let total = convert::combined_usage(&s.usages);
+                            chunk.usage = Some(convert::usage(&total, s.num_reasoning_tokens));
                             s.tail.push_back(data(&chunk));
                         }
                         s.tail.push_back(Event::default().data("[DONE]"));
@@ -171,6 +184,9 @@ impl Choice {
     /// Turns the reply's next output into items.
     async fn fill(&mut self) {
         match self.reply.next().await {
+            Some(Ok(Output::Reasoning(text))) => {
+                self.push(wire::Delta { reasoning_content: Some(text), ..Default::default() }, None);
+            }
             Some(Ok(Output::Text(text))) => {
                 self.push(wire::Delta { content: Some(text), ..Default::default() }, None);
             }
@@ -213,14 +229,14 @@ impl Choice {
                 };
                 self.push(wire::Delta { tool_calls: vec![call], ..Default::default() }, None);
             }
-            Some(Ok(Output::Done { reason, usage, .. })) => {
+            Some(Ok(Output::Done { reason, usage, num_reasoning_tokens, .. })) => {
                 if !self.logprobs.is_empty() {
                     // Tokens whose text never became a text chunk (e.g. held by the tool-call parser).
                     self.push(wire::Delta::default(), None);
                 }
                 let chunk = self.push(wire::Delta::default(), Some(convert::finish_reason(reason)));
                 chunk.timings = Some(convert::timings(&usage));
-                self.queue.push_back(Item::Finished(usage));
+                self.queue.push_back(Item::Finished(usage, num_reasoning_tokens));
                 self.ended = true;
             }
             Some(Err(e)) => {

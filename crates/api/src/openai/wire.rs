@@ -58,9 +58,12 @@ pub struct ChatRequest {
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     #[serde(default)]
     pub response_format: Option<ResponseFormat>,
-    /// Accepted; the served models do not reason.
+    /// `none` turns a thinking model's reasoning off (where its template can); other levels leave it on.
     #[serde(default)]
     pub reasoning_effort: Option<String>,
+    /// Extension (vLLM): extra keyword arguments for the chat template, such as `{"enable_thinking": false}`.
+    #[serde(default)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -89,6 +92,12 @@ pub struct Message {
     pub tool_calls: Option<Vec<ToolCall>>,
     #[serde(default)]
     pub tool_call_id: Option<String>,
+    /// An assistant turn's reasoning, as this server (and vLLM, llama-server) returns it.
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
+    /// The same under vLLM's newer name.
+    #[serde(default)]
+    pub reasoning: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -161,6 +170,9 @@ pub struct Choice {
 #[derive(Debug, Clone, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
+    /// A thinking model's reasoning (absent for other models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     pub content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<OutToolCall>,
@@ -191,11 +203,18 @@ pub struct Usage {
     pub completion_tokens: usize,
     pub total_tokens: usize,
     pub prompt_tokens_details: PromptTokensDetails,
+    pub completion_tokens_details: CompletionTokensDetails,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct PromptTokensDetails {
     pub cached_tokens: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionTokensDetails {
+    /// Output tokens of a thinking model's reasoning.
+    pub reasoning_tokens: usize,
 }
 
 /// llama-server's `timings` object.
@@ -239,6 +258,8 @@ pub struct ChunkChoice {
 pub struct Delta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]

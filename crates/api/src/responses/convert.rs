@@ -1,7 +1,9 @@
 //! OpenAI Responses ⇄ the neutral [`ChatTurn`]: `input` as a string or items (message, function_call,
-//! function_call_output, reasoning — reasoning items are dropped, with or without `content`), `instructions`,
-//! function tools (`namespace` tools flattened into their functions; hosted tools such as `web_search` left out),
-//! `tool_choice`, `max_output_tokens`. Output items (`message` with `output_text`, `function_call`) are built here.
+//! function_call_output, reasoning — a reasoning item's `reasoning_text` content goes to the template as the next
+//! assistant turn's `reasoning_content`; without content it is dropped), `instructions`, function tools (`namespace`
+//! tools flattened into their functions; hosted tools such as `web_search` left out), `tool_choice`,
+//! `max_output_tokens`, `reasoning.effort`. Output items (`reasoning` with `reasoning_text` for thinking models,
+//! `message` with `output_text`, `function_call`) are built here.
 
 use chat::{Conversation, Message, Role, ToolCall};
 use engine::SamplingParams;
@@ -9,7 +11,7 @@ use serde_json::{Map, Value, json};
 
 use super::wire;
 use crate::error::ApiError;
-use crate::generate::{ChatTurn, OutputFormat, ToolChoice, random_id};
+use crate::generate::{ChatTurn, OutputFormat, Thinking, ToolChoice, random_id};
 
 /// The conversation items of an `input` (no instructions), appended to `out`.
 pub fn input_messages(input: Option<&Value>, out: &mut Vec<Message>) -> Result<(), ApiError> {
@@ -22,6 +24,8 @@ pub fn input_messages(input: Option<&Value>, out: &mut Vec<Message>) -> Result<(
         Some(Value::Array(items)) => items,
         Some(_) => return Err(ApiError::invalid_param("input", "input must be a string or an array of items.")),
     };
+    // The reasoning of the assistant turn that comes next.
+    let mut reasoning: Option<String> = None;
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
         let kind =
@@ -40,7 +44,8 @@ pub fn input_messages(input: Option<&Value>, out: &mut Vec<Message>) -> Result<(
                     }
                 };
                 let text = content_text(item.get("content"), &format!("{at}.content"))?;
-                out.push(Message::new(role, text));
+                let reasoning_content = if role == Role::Assistant { reasoning.take() } else { None };
+                out.push(Message { reasoning_content, ..Message::new(role, text) });
             }
             "function_call" => {
                 let name = str_field(item, "name", &at)?;
@@ -58,8 +63,16 @@ pub fn input_messages(input: Option<&Value>, out: &mut Vec<Message>) -> Result<(
                 let call = ToolCall { id: call_id, name: name.to_owned(), arguments };
                 // Calls in a row belong to one assistant turn.
                 match out.last_mut() {
-                    Some(m) if m.role == Role::Assistant && !m.tool_calls.is_empty() => m.tool_calls.push(call),
-                    _ => out.push(Message::assistant_tool_calls(None, vec![call])),
+                    Some(m) if m.role == Role::Assistant && !m.tool_calls.is_empty() => {
+                        m.tool_calls.push(call);
+                        if m.reasoning_content.is_none() {
+                            m.reasoning_content = reasoning.take();
+                        }
+                    }
+                    _ => out.push(Message {
+                        reasoning_content: reasoning.take(),
+                        ..Message::assistant_tool_calls(None, vec![call])
+                    }),
                 }
             }
             "function_call_output" => {
@@ -77,8 +90,13 @@ pub fn input_messages(input: Option<&Value>, out: &mut Vec<Message>) -> Result<(
                 };
                 out.push(Message::tool_result(call_id, output));
             }
-            // Reasoning echoed back by clients (with or without content): the served models do not reason.
-            "reasoning" => {}
+            // Reasoning echoed back by clients: its text (when it has any) goes with the assistant turn after it.
+            "reasoning" => {
+                let text = reasoning_text(item.get("content"), &format!("{at}.content"))?;
+                if !text.is_empty() {
+                    reasoning = Some(text);
+                }
+            }
             "" => return Err(ApiError::invalid_param(format!("{at}.type"), "Each input item needs a 'type'.")),
             other => {
                 return Err(ApiError::invalid_param(
@@ -89,6 +107,29 @@ pub fn input_messages(input: Option<&Value>, out: &mut Vec<Message>) -> Result<(
         }
     }
     Ok(())
+}
+
+/// The text of a reasoning item's `content`: `reasoning_text` parts joined by newlines (none: empty).
+fn reasoning_text(content: Option<&Value>, param: &str) -> Result<String, ApiError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::Array(parts)) => {
+            let mut texts = Vec::new();
+            for (j, p) in parts.iter().enumerate() {
+                match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                    (Some("reasoning_text"), Some(t)) => texts.push(t),
+                    _ => {
+                        return Err(ApiError::invalid_param(
+                            format!("{param}[{j}]"),
+                            "Reasoning content parts must be {\"type\": \"reasoning_text\", \"text\": ...}.",
+                        ));
+                    }
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        Some(_) => Err(ApiError::invalid_param(param, "A reasoning item's content must be an array of parts.")),
+    }
 }
 
 fn str_field<'a>(item: &'a Value, key: &str, at: &str) -> Result<&'a str, ApiError> {
@@ -219,6 +260,17 @@ pub fn to_turn(
         sampling.top_p = p.max(f32::MIN_POSITIVE);
     }
     let output_format = text_format(req.text.as_ref().and_then(|t| t.get("format")))?;
+    let thinking = match req.reasoning.as_ref().and_then(|r| r.get("effort")) {
+        None | Some(Value::Null) => Thinking::Default,
+        Some(Value::String(e)) if e == "none" => Thinking::Off,
+        Some(Value::String(e)) if ["minimal", "low", "medium", "high", "xhigh"].contains(&e.as_str()) => Thinking::On,
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "reasoning.effort",
+                "reasoning.effort must be 'none', 'minimal', 'low', 'medium', 'high' or 'xhigh'.",
+            ));
+        }
+    };
     let max_tokens = match req.max_output_tokens {
         Some(0) => return Err(ApiError::invalid_param("max_output_tokens", "max_output_tokens must be at least 1.")),
         Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
@@ -232,6 +284,8 @@ pub fn to_turn(
         max_tokens,
         stop: Vec::new(),
         output_format,
+        thinking,
+        template_kwargs: Map::new(),
     })
 }
 
@@ -268,10 +322,20 @@ pub fn function_call_item(id: &str, call_id: &str, name: &str, arguments: &str, 
     json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status})
 }
 
+/// A `reasoning` output item: no summary, the reasoning as one `reasoning_text` part (none while in progress).
+pub fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
+    let content = if status == "in_progress" { json!([]) } else { json!([{"type": "reasoning_text", "text": text}]) };
+    json!({"type": "reasoning", "id": id, "summary": [], "content": content, "status": status})
+}
+
 /// The output items of a reply, and the same as conversation messages (for `previous_response_id`).
-pub fn output_items(text: &str, calls: &[ToolCall]) -> (Vec<Value>, Vec<Message>) {
+pub fn output_items(reasoning: &str, text: &str, calls: &[ToolCall]) -> (Vec<Value>, Vec<Message>) {
     let mut items = Vec::new();
-    if !text.is_empty() || calls.is_empty() {
+    if !reasoning.is_empty() {
+        items.push(reasoning_item(&random_id("rs_"), reasoning, "completed"));
+    }
+    // A reply cut off while thinking is only its reasoning item, as streamed.
+    if !text.is_empty() || (calls.is_empty() && items.is_empty()) {
         items.push(message_item(&random_id("msg_"), text, "completed"));
     }
     let mut history_calls = Vec::new();
@@ -280,11 +344,12 @@ pub fn output_items(text: &str, calls: &[ToolCall]) -> (Vec<Value>, Vec<Message>
         items.push(function_call_item(&random_id("fc_"), &call_id, &c.name, &c.arguments.to_string(), "completed"));
         history_calls.push(ToolCall { id: Some(call_id), ..c.clone() });
     }
-    let message = if history_calls.is_empty() {
+    let mut message = if history_calls.is_empty() {
         Message::assistant(text)
     } else {
         Message::assistant_tool_calls((!text.is_empty()).then(|| text.to_owned()), history_calls)
     };
+    message.reasoning_content = (!reasoning.is_empty()).then(|| reasoning.to_owned());
     (items, vec![message])
 }
 
@@ -324,9 +389,35 @@ mod tests {
         let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
         assert_eq!(roles, [Role::System, Role::User, Role::Assistant, Role::Tool, Role::Tool]);
         assert_eq!(m[2].tool_calls.len(), 2);
+        assert_eq!(m[2].reasoning_content, None, "a reasoning item without content adds nothing");
         assert_eq!(m[3].tool_call_id.as_deref(), Some("call_1"));
         let names: Vec<&str> = t.conversation.tools.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["exec_command", "close_agent"]);
+    }
+
+    #[test]
+    fn reasoning_items_go_with_the_next_assistant_turn() {
+        let t = turn(json!({"reasoning": {"effort": "none"}, "input": [
+            {"role": "user", "content": "q"},
+            {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "a"}, {"type": "reasoning_text", "text": "b"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "x"}]},
+            {"type": "reasoning", "id": "rs_2", "summary": [], "content": [{"type": "reasoning_text", "text": "c"}]},
+            {"type": "function_call", "name": "f", "arguments": "{}", "call_id": "c1"},
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+            {"type": "reasoning", "id": "rs_3", "summary": [], "content": [{"type": "reasoning_text", "text": "lost"}]},
+            {"role": "user", "content": "next"}
+        ]}))
+        .unwrap();
+        let m = &t.conversation.messages;
+        let reasoning: Vec<Option<&str>> = m.iter().map(|m| m.reasoning_content.as_deref()).collect();
+        assert_eq!(reasoning, [None, Some("a\nb"), Some("c"), None, None]);
+        assert_eq!(t.thinking, Thinking::Off);
+        let (items, history) = output_items("r", "t", &[]);
+        assert_eq!(items[0]["type"], "reasoning");
+        assert_eq!(items[0]["content"], json!([{"type": "reasoning_text", "text": "r"}]));
+        assert_eq!(items[1]["type"], "message");
+        assert_eq!(history[0].reasoning_content.as_deref(), Some("r"));
     }
 
     #[test]

@@ -22,12 +22,13 @@ use crate::generate::{self, random_id};
 use crate::openai::OpenAiError;
 use crate::{AppState, body_error};
 
-pub fn usage(u: &engine::Usage) -> wire::Usage {
+/// Usage; `num_reasoning_tokens` of the output tokens were reasoning.
+pub fn usage(u: &engine::Usage, num_reasoning_tokens: usize) -> wire::Usage {
     wire::Usage {
         input_tokens: u.prompt_tokens,
         input_tokens_details: json!({"cached_tokens": u.cached_tokens}),
         output_tokens: u.completion_tokens,
-        output_tokens_details: json!({"reasoning_tokens": 0}),
+        output_tokens_details: json!({"reasoning_tokens": num_reasoning_tokens}),
         total_tokens: u.prompt_tokens + u.completion_tokens,
     }
 }
@@ -82,10 +83,10 @@ pub async fn create(
         return Ok(stream::sse(reply, pending, keep_alive).into_response());
     }
     let collected = reply.collect().await?;
-    let (output, history) = convert::output_items(&collected.text, &collected.tool_calls);
+    let (output, history) = convert::output_items(&collected.reasoning, &collected.text, &collected.tool_calls);
     let mut response = response;
     response.output = output;
-    response.usage = Some(usage(&collected.usage));
+    response.usage = Some(usage(&collected.usage, collected.num_reasoning_tokens));
     if collected.reason == generate::StopReason::Length {
         response.status = "incomplete";
         response.incomplete_details = Some(json!({"reason": "max_output_tokens"}));

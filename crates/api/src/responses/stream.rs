@@ -1,7 +1,8 @@
 //! A reply as a Responses event stream, in the order Codex needs: `response.created`, `response.in_progress`, then
 //! per output item `response.output_item.added`, its content events (`response.content_part.added`,
-//! `response.output_text.delta` … `.done`, `response.content_part.done`, or `response.function_call_arguments.delta`
-//! / `.done`) and `response.output_item.done`, and finally `response.completed` (or `response.incomplete` when the
+//! `response.output_text.delta` … `.done`, `response.content_part.done`; for a thinking model's reasoning item, first,
+//! the same with `response.reasoning_text.delta` … `.done`; or `response.function_call_arguments.delta` / `.done`)
+//! and `response.output_item.done`, and finally `response.completed` (or `response.incomplete` when the
 //! output limit was hit) with usage. Every event carries `sequence_number`. A failure after the start is one
 //! `response.failed`. The finished response is stored when the request asked for it.
 
@@ -35,6 +36,9 @@ struct State {
     sequence_number: u64,
     /// The open message item: id, output index, text so far.
     text: Option<(String, usize, String)>,
+    /// The open reasoning item: id, output index, reasoning so far.
+    reasoning: Option<(String, usize, String)>,
+    all_reasoning: String,
     output: Vec<Value>,
     calls: Vec<ToolCall>,
     all_text: String,
@@ -51,6 +55,8 @@ pub fn sse(reply: Reply, pending: Pending, keep_alive: Duration) -> Sse<impl Str
         queue: VecDeque::new(),
         sequence_number: 0,
         text: None,
+        reasoning: None,
+        all_reasoning: String::new(),
         output: Vec::new(),
         calls: Vec::new(),
         open_call: None,
@@ -88,6 +94,22 @@ impl State {
         self.queue.push_back(Event::default().event(kind).data(Value::Object(event).to_string()));
     }
 
+    fn close_reasoning(&mut self) {
+        let Some((id, index, text)) = self.reasoning.take() else { return };
+        let part = json!({"type": "reasoning_text", "text": text});
+        self.push(
+            "response.reasoning_text.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
+        );
+        self.push(
+            "response.content_part.done",
+            json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+        );
+        let item = convert::reasoning_item(&id, &text, "completed");
+        self.push("response.output_item.done", json!({"output_index": index, "item": item}));
+        self.output.push(item);
+    }
+
     fn close_text(&mut self) {
         let Some((id, index, text)) = self.text.take() else { return };
         let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
@@ -121,7 +143,31 @@ impl State {
     }
 
     async fn fill(&mut self) {
-        match self.reply.next().await {
+        let next = self.reply.next().await;
+        if !matches!(next, Some(Ok(Output::Reasoning(_) | Output::Logprobs(_)))) {
+            // The reasoning comes first: anything else ends it.
+            self.close_reasoning();
+        }
+        match next {
+            Some(Ok(Output::Reasoning(delta))) => {
+                if self.reasoning.is_none() {
+                    let id = random_id("rs_");
+                    let index = self.output.len();
+                    let item = convert::reasoning_item(&id, "", "in_progress");
+                    self.push("response.output_item.added", json!({"output_index": index, "item": item}));
+                    let part = json!({"type": "reasoning_text", "text": ""});
+                    self.push(
+                        "response.content_part.added",
+                        json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+                    );
+                    self.reasoning = Some((id, index, String::new()));
+                }
+                let (id, index, text) = self.reasoning.as_mut().expect("INVARIANT: opened above");
+                text.push_str(&delta);
+                self.all_reasoning.push_str(&delta);
+                let data = json!({"item_id": id, "output_index": *index, "content_index": 0, "delta": delta});
+                self.push("response.reasoning_text.delta", data);
+            }
             Some(Ok(Output::Text(delta))) => {
                 if self.text.is_none() {
                     let id = random_id("msg_");
@@ -177,12 +223,12 @@ impl State {
                     self.push("response.function_call_arguments.delta", data);
                 }
             }
-            Some(Ok(Output::Done { reason, usage, .. })) => {
+            Some(Ok(Output::Done { reason, usage, num_reasoning_tokens, .. })) => {
                 self.close_text();
                 self.close_call(None, "incomplete");
                 let response = &mut self.pending.response;
                 response.output = std::mem::take(&mut self.output);
-                response.usage = Some(super::usage(&usage));
+                response.usage = Some(super::usage(&usage, num_reasoning_tokens));
                 let kind = if reason == StopReason::Length {
                     response.status = "incomplete";
                     response.incomplete_details = Some(json!({"reason": "max_output_tokens"}));
@@ -195,11 +241,13 @@ impl State {
                 if response.store {
                     let text = std::mem::take(&mut self.all_text);
                     let calls = std::mem::take(&mut self.calls);
-                    let message = if calls.is_empty() {
+                    let mut message = if calls.is_empty() {
                         Message::assistant(text)
                     } else {
                         Message::assistant_tool_calls((!text.is_empty()).then_some(text), calls)
                     };
+                    let reasoning = std::mem::take(&mut self.all_reasoning);
+                    message.reasoning_content = (!reasoning.is_empty()).then_some(reasoning);
                     let mut conversation = std::mem::take(&mut self.pending.conversation);
                     conversation.push(message);
                     self.pending.state.responses.put(response.id.clone(), value.clone(), conversation);

@@ -1,6 +1,6 @@
 //! OpenAI Responses on the wire: the create request as Codex and the SDKs send it, and the response object. Input
 //! items, tools and `tool_choice` vary in shape and stay JSON values for `convert.rs` to check. Unknown fields
-//! (`reasoning`, `include`, `prompt_cache_key`, `client_metadata`, ...) are ignored.
+//! (`include`, `prompt_cache_key`, `client_metadata`, ...) are ignored.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -37,6 +37,9 @@ pub struct CreateRequest {
     pub text: Option<Value>,
     #[serde(default)]
     pub metadata: Option<Value>,
+    /// `{"effort": ..., "summary": ...}`: effort `none` turns a thinking model's reasoning off.
+    #[serde(default)]
+    pub reasoning: Option<Value>,
 }
 
 /// The response object (also the `response` of stream events).
