@@ -117,19 +117,14 @@ pub fn to_turn(req: wire::ChatRequest, defaults: &SamplingParams) -> Result<Chat
     })
 }
 
-/// `reasoning_effort`: `none` turns thinking off; the other levels leave it on (the model decides how long).
+/// `reasoning_effort`: `none` turns thinking off; any other level leaves it on (the model decides how long), including
+/// levels newer than this server: clients add them, and refusing one would break a working agent.
 fn reasoning_effort(effort: Option<&str>) -> Result<Thinking, ApiError> {
-    match effort {
-        None => Ok(Thinking::Default),
-        Some("none") => Ok(Thinking::Off),
-        Some("minimal" | "low" | "medium" | "high" | "xhigh") => Ok(Thinking::On),
-        Some(other) => Err(ApiError::invalid_param(
-            "reasoning_effort",
-            format!(
-                "Unknown reasoning_effort '{other}'; expected 'none', 'minimal', 'low', 'medium', 'high' or 'xhigh'."
-            ),
-        )),
-    }
+    Ok(match effort {
+        None => Thinking::Default,
+        Some("none") => Thinking::Off,
+        Some(_) => Thinking::On,
+    })
 }
 
 /// The sampling fields of a request, as given.

@@ -263,11 +263,12 @@ pub fn to_turn(
     let thinking = match req.reasoning.as_ref().and_then(|r| r.get("effort")) {
         None | Some(Value::Null) => Thinking::Default,
         Some(Value::String(e)) if e == "none" => Thinking::Off,
-        Some(Value::String(e)) if ["minimal", "low", "medium", "high", "xhigh"].contains(&e.as_str()) => Thinking::On,
+        // Any other level (newer ones too: refusing one would break a working client) leaves thinking on.
+        Some(Value::String(_)) => Thinking::On,
         Some(_) => {
             return Err(ApiError::invalid_param(
                 "reasoning.effort",
-                "reasoning.effort must be 'none', 'minimal', 'low', 'medium', 'high' or 'xhigh'.",
+                "reasoning.effort must be a string such as 'low'.",
             ));
         }
     };
