@@ -2,6 +2,7 @@
 # End-to-end test of `splash serve` with the official client SDKs (pinned in requirements.txt) on the real
 # Qwen2.5-Coder-0.5B. Installs the SDKs into $SPLASH_HOME/sdkvenv (default ~/.cache/splash/sdkvenv) once, builds and
 # starts the server on a free loopback port, runs the SDK tests, stops the server. Prints "N passed, M failed".
+# Without a FILTER it also runs sdk_reasoning.py (thinking-model replies, from the router tests).
 # Usage: scripts/e2e/run.sh [--no-build] [FILTER...]   (FILTER: run only checks whose "module.name" contains it,
 #        e.g. scripts/e2e/run.sh --no-build sdk_extras)
 set -euo pipefail
@@ -15,7 +16,7 @@ if ! cmp -s scripts/e2e/requirements.txt "$stamp" 2>/dev/null; then
     cp scripts/e2e/requirements.txt "$stamp"
 fi
 if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
-    sed -n '2,6p' "$0"; exit 0
+    sed -n '2,7p' "$0"; exit 0
 fi
 if [[ "${1:-}" == "--no-build" ]]; then
     shift
@@ -31,3 +32,8 @@ start_serve "$log" target/release/splash --model qwen2.5-coder-0.5b --port "$por
     --max-context 2048 --served-model-name splash-e2e
 SPLASH_URL="http://127.0.0.1:$port" SPLASH_KEY="$key" SPLASH_MODEL=splash-e2e SPLASH_MAX_CONTEXT=2048 \
     "$venv/bin/python" scripts/e2e/main.py "$@"
+if [[ $# -eq 0 ]]; then
+    # Thinking-model replies through the same SDKs (no served model thinks, so these come from the router's tests;
+    # see the script).
+    "$venv/bin/python" scripts/e2e/sdk_reasoning.py
+fi
