@@ -8,6 +8,12 @@
 //! page tables) lives in fixed device buffers that the host rewrites before each launch. Chunks of at least
 //! [`GEMM_MIN_ROWS`] tokens (prefill) instead run on tensor cores: each weight matrix dequantized to f16 into scratch
 //! and multiplied with cuBLAS, attention as cuBLAS GEMMs around a causal softmax over the gathered paged cache.
+//!
+//! Decode-sized chunks of layers whose matrices are all Q4_K / Q6_K (`CudaOptions::q8`) multiply on 8-bit
+//! activations: each activation row is quantized per 32 values (fused with the RMSNorm, or written by the attention
+//! and gate/up kernels themselves) and the weights are consumed with dp4a, several threads per weight row, never
+//! converted to f32. Q6_K matrices are stored on the device in 224-byte blocks (16-byte aligned). Other types keep
+//! the f32-activation kernels.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
