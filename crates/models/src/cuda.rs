@@ -9,11 +9,11 @@
 //! [`GEMM_MIN_ROWS`] tokens (prefill) instead run on tensor cores: each weight matrix dequantized to f16 into scratch
 //! and multiplied with cuBLAS, attention as cuBLAS GEMMs around a causal softmax over the gathered paged cache.
 //!
-//! Decode-sized chunks of layers whose matrices are all Q4_K / Q6_K (`CudaOptions::q8`) multiply on 8-bit
+//! Decode-sized chunks of layers whose matrices all have such kernels (`CudaOptions::q8`) multiply on 8-bit
 //! activations: each activation row is quantized per 32 values (fused with the RMSNorm, or written by the attention
 //! and gate/up kernels themselves) and the weights are consumed with dp4a, several threads per weight row, never
-//! converted to f32. Q6_K matrices are stored on the device in 224-byte blocks (16-byte aligned). Other types keep
-//! the f32-activation kernels.
+//! converted to f32 (Q4_K, Q6_K, Q8_0, Q5_0). Q6_K, Q8_0 and Q5_0 matrices are stored on the device with padded
+//! blocks (aligned fields, see `device_layout`). Other types keep the f32-activation kernels.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -303,9 +303,15 @@ fn embed_name(ty: GgmlType, k: usize) -> String {
 
 const MRS: [usize; 4] = [1, 2, 4, 8];
 
-/// Weight types with an 8-bit-activation (dp4a) matrix-vector kernel.
-fn q8_ok(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
+/// Whether a `ty` matrix with rows of `cols` has an 8-bit-activation (dp4a) matrix-vector kernel (weights are taken
+/// 64 at a time).
+fn q8_ok(ty: GgmlType, cols: usize) -> bool {
+    use GgmlType::*;
+    match ty {
+        Q4_K | Q6_K => cols.is_multiple_of(256),
+        Q8_0 | Q5_0 => cols.is_multiple_of(64),
+        _ => false,
+    }
 }
 
 /// Threads that split one weight row of length `k` (`n` rows) in the 8-bit-activation kernels: enough that each
@@ -347,14 +353,23 @@ pub struct Q8Kernels {
     pub gu_fuse: bool,
 }
 
-/// Q6_K blocks padded from 210 to 224 bytes (the layout the kernels read: every block 16-byte aligned).
-fn repack_q6k(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len() / 210 * 224);
-    for b in bytes.chunks_exact(210) {
-        out.extend_from_slice(b);
-        out.extend_from_slice(&[0u8; 14]);
+/// The device layout of a matrix's bytes: Q6_K blocks padded from 210 to 224 bytes (every block 16-byte aligned);
+/// Q8_0 and Q5_0 blocks with two zero bytes after the f16 scale (36 and 24 bytes: the rest 4-byte aligned); other
+/// types as stored.
+fn device_layout(ty: GgmlType, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let (from, to, at) = match ty {
+        GgmlType::Q6_K => (210, 224, 210),
+        GgmlType::Q8_0 => (34, 36, 2),
+        GgmlType::Q5_0 => (22, 24, 2),
+        _ => return std::borrow::Cow::Borrowed(bytes),
+    };
+    let mut out = Vec::with_capacity(bytes.len() / from * to);
+    for b in bytes.chunks_exact(from) {
+        out.extend_from_slice(&b[..at]);
+        out.extend(std::iter::repeat_n(0u8, to - from));
+        out.extend_from_slice(&b[at..]);
     }
-    out
+    std::borrow::Cow::Owned(out)
 }
 
 /// Warps that share one weight row of length `k` in the matrix-vector kernels (long rows: more loads in flight).
@@ -603,7 +618,7 @@ impl CudaRunner {
         for l in &weights.layers {
             let all = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down];
             let on = q8_on
-                && all.iter().all(|m| q8_ok(m.ty) && m.cols % 256 == 0)
+                && all.iter().all(|m| q8_ok(m.ty, m.cols))
                 && [&l.wq, &l.wk, &l.wv].iter().all(|m| m.cols == cfg.hidden_size);
             q8_layers.push(on);
             if !on {
@@ -624,7 +639,7 @@ impl CudaRunner {
                 }
             }
         }
-        let q8_out = q8_on && q8_ok(weights.output.ty) && weights.output.cols % 256 == 0;
+        let q8_out = q8_on && q8_ok(weights.output.ty, weights.output.cols);
         if q8_out {
             let m = &weights.output;
             add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
@@ -679,11 +694,7 @@ impl CudaRunner {
         let mut weight_bytes = 0usize;
         let mut up_mat = |m: &backend::cpu::QMatrix| -> Result<GMat> {
             weight_bytes += m.bytes.as_slice().len();
-            let buf = if m.ty == GgmlType::Q6_K {
-                gpu.upload(&repack_q6k(m.bytes.as_slice()))?
-            } else {
-                gpu.upload(m.bytes.as_slice())?
-            };
+            let buf = gpu.upload(&device_layout(m.ty, m.bytes.as_slice()))?;
             Ok(GMat { ty: m.ty, rows: m.rows, cols: m.cols, buf })
         };
         let embd = up_mat(&weights.token_embd)?;
@@ -1499,6 +1510,24 @@ mod tests {
     use super::*;
     use crate::Arch;
 
+    /// The padded device layouts keep every field of every block, in order.
+    #[test]
+    fn device_layout_pads_blocks() {
+        let q8: Vec<u8> = (0..68).map(|i| i as u8).collect();
+        let out = device_layout(GgmlType::Q8_0, &q8);
+        assert_eq!(out.len(), 72);
+        assert_eq!(&out[..4], &[0, 1, 0, 0]);
+        assert_eq!(&out[4..36], &q8[2..34]);
+        assert_eq!(&out[36..40], &[34, 35, 0, 0]);
+        let q5: Vec<u8> = (0..22).map(|i| i as u8).collect();
+        let out = device_layout(GgmlType::Q5_0, &q5);
+        assert_eq!((&out[..4], &out[4..]), (&[0u8, 1, 0, 0][..], &q5[2..]));
+        let q6: Vec<u8> = (0..210).map(|i| i as u8).collect();
+        let out = device_layout(GgmlType::Q6_K, &q6);
+        assert_eq!((out.len(), &out[..210], &out[210..]), (224, &q6[..], &[0u8; 14][..]));
+        assert!(matches!(device_layout(GgmlType::Q4_K, &q6), std::borrow::Cow::Borrowed(_)));
+    }
+
     /// The generated source compiles for Hopper with every supported type (runs where NVRTC can be loaded).
     #[test]
     fn kernels_compile_with_nvrtc() {
@@ -1528,9 +1557,17 @@ mod tests {
         let mats: Vec<(GgmlType, usize)> =
             [F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K].iter().map(|&t| (t, 1536)).collect();
         let q8 = Q8Kernels {
-            mats: vec![(Q4_K, 1536, 16), (Q6_K, 1536, 8), (Q4_K, 8960, 32), (Q6_K, 8960, 64), (Q6_K, 8960, 128)],
-            gu: vec![(Q4_K, 1536, 8), (Q6_K, 5120, 32)],
-            qkv: vec![(Q4_K, Q4_K, Q6_K, 16)],
+            mats: vec![
+                (Q4_K, 1536, 16),
+                (Q6_K, 1536, 8),
+                (Q4_K, 8960, 32),
+                (Q6_K, 8960, 64),
+                (Q6_K, 8960, 128),
+                (Q8_0, 1536, 8),
+                (Q5_0, 1536, 32),
+            ],
+            gu: vec![(Q4_K, 1536, 8), (Q6_K, 5120, 32), (Q5_0, 1536, 8)],
+            qkv: vec![(Q4_K, Q4_K, Q6_K, 16), (Q5_0, Q5_0, Q8_0, 32)],
             gu_fuse: true,
         };
         let src = kernel_source(&cfg, &mats, &[(Q4_K, 1536), (Q5_0, 1536)], &[(Q4_K, Q4_K, Q6_K)], (Q6_K, 1536), &q8);

@@ -95,9 +95,11 @@ template <> struct Fmt<T_F32> { static const int BLOCK = 32, BYTES = 128, DOFF =
 template <> struct Fmt<T_F16> { static const int BLOCK = 32, BYTES = 64, DOFF = 16; };
 template <> struct Fmt<T_Q4_0> { static const int BLOCK = 32, BYTES = 18, DOFF = 16; };
 template <> struct Fmt<T_Q4_1> { static const int BLOCK = 32, BYTES = 20, DOFF = 16; };
-template <> struct Fmt<T_Q5_0> { static const int BLOCK = 32, BYTES = 22, DOFF = 16; };
+// Q5_0 and Q8_0 blocks are repacked on upload too: {d, 2 zero bytes, qh, qs} (24 bytes) and {d, 2 zero bytes, qs}
+// (36 bytes), so their bit and quant fields are 4-byte aligned.
+template <> struct Fmt<T_Q5_0> { static const int BLOCK = 32, BYTES = 24, DOFF = 16; };
 template <> struct Fmt<T_Q5_1> { static const int BLOCK = 32, BYTES = 24, DOFF = 16; };
-template <> struct Fmt<T_Q8_0> { static const int BLOCK = 32, BYTES = 34, DOFF = 16; };
+template <> struct Fmt<T_Q8_0> { static const int BLOCK = 32, BYTES = 36, DOFF = 16; };
 template <> struct Fmt<T_Q4_K> { static const int BLOCK = 256, BYTES = 144, DOFF = 32; };
 // Q6_K blocks are repacked on upload from 210 to 224 bytes (same field offsets, zero padding at the end), so every
 // block starts 16-byte aligned and its fields load as 16-byte vectors.
@@ -169,12 +171,12 @@ template <> __device__ __forceinline__ int unit<T_Q4_1>(const u8* row, int u, fl
     return u * 32;
 }
 template <> __device__ __forceinline__ int unit<T_Q5_0>(const u8* row, int u, float* w) {
-    const u8* b = row + u * 22;
+    const u8* b = row + u * 24;
     float d = h2f(ld16(b));
-    u32 qh = (u32)ld16(b + 2) | ((u32)ld16(b + 4) << 16);
+    u32 qh = *(const u32*)(b + 4);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        u16 q = ld16(b + 6 + 2 * j);
+        u16 q = ld16(b + 8 + 2 * j);
 #pragma unroll
         for (int k = 0; k < 2; k++) {
             int jj = 2 * j + k;
@@ -200,11 +202,11 @@ template <> __device__ __forceinline__ int unit<T_Q5_1>(const u8* row, int u, fl
     return u * 32;
 }
 template <> __device__ __forceinline__ int unit<T_Q8_0>(const u8* row, int u, float* w) {
-    const u8* b = row + u * 34;
+    const u8* b = row + u * 36;
     float d = h2f(ld16(b));
 #pragma unroll
     for (int j = 0; j < 16; j++) {
-        u16 q = ld16(b + 2 + 2 * j);
+        u16 q = ld16(b + 4 + 2 * j);
         w[2 * j] = d * (float)(i8)(q & 0xFF);
         w[2 * j + 1] = d * (float)(i8)(q >> 8);
     }
@@ -1022,9 +1024,40 @@ extern "C" __global__ void quant_q8(const float* __restrict__ x, const float* __
 
 struct PQ4K { uint4 h, a, b; };
 struct PQ6K { uint4 l0, l1, h0, h1, s; u32 d; };
+struct PQ8 { u32 d0, d1; u32 q0[8], q1[8]; };
+struct PQ5 { u32 d0, d1, h0, h1; uint2 q0[2], q1[2]; };
 template <int T> struct Pair;
 template <> struct Pair<T_Q4_K> { typedef PQ4K W; };
 template <> struct Pair<T_Q6_K> { typedef PQ6K W; };
+template <> struct Pair<T_Q8_0> { typedef PQ8 W; };
+template <> struct Pair<T_Q5_0> { typedef PQ5 W; };
+
+// Pair p of a (repacked) Q8_0 / Q5_0 row: blocks 2p and 2p + 1.
+__device__ __forceinline__ void pload(const u8* row, int p, PQ8& w) {
+    const u8* b = row + p * 72;
+    w.d0 = ld16(b);
+    w.d1 = ld16(b + 36);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        w.q0[i] = *(const u32*)(b + 4 + 4 * i);
+        w.q1[i] = *(const u32*)(b + 40 + 4 * i);
+    }
+}
+__device__ __forceinline__ void pload(const u8* row, int p, PQ5& w) {
+    const u8* b = row + p * 48;
+    w.d0 = ld16(b);
+    w.d1 = ld16(b + 24);
+    w.h0 = *(const u32*)(b + 4);
+    w.h1 = *(const u32*)(b + 28);
+    w.q0[0] = *(const uint2*)(b + 8);
+    w.q0[1] = *(const uint2*)(b + 16);
+    w.q1[0] = *(const uint2*)(b + 32);
+    w.q1[1] = *(const uint2*)(b + 40);
+}
+// Bits 0..3 of x to bit 0 of bytes 0..3.
+__device__ __forceinline__ u32 spread4(u32 x) { return ((x & 0xFu) * 0x00204081u) & 0x01010101u; }
+// Bytes 0..31 minus 16 each.
+__device__ __forceinline__ int sub16x4(u32 v) { return (int)(((v | 0x80808080u) - 0x10101010u) ^ 0x80808080u); }
 
 // Pair p of a Q4_K row: superblock p / 4, sub-blocks 2j and 2j + 1 (j = p % 4): header (d, dmin, scales) and the
 // 32 bytes of nibbles.
@@ -1124,6 +1157,59 @@ __device__ __forceinline__ void pdot(const PQ6K& w, int p, const i8* __restrict_
     }
 }
 
+template <int K, int MR>
+__device__ __forceinline__ void pdot(const PQ8& w, int p, const i8* __restrict__ xq, const float2* __restrict__ xd,
+                                     int m, float* acc) {
+    const float d0 = h2f((u16)w.d0), d1 = h2f((u16)w.d1);
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r < m) {
+            const int4* x = (const int4*)(xq + (size_t)r * K + 64 * p);
+            const int4 x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+            const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + 2 * p);
+            int s0 = 0, s1 = 0;
+            s0 = dp4a((int)w.q0[0], x0.x, s0); s0 = dp4a((int)w.q0[1], x0.y, s0); s0 = dp4a((int)w.q0[2], x0.z, s0);
+            s0 = dp4a((int)w.q0[3], x0.w, s0); s0 = dp4a((int)w.q0[4], x1.x, s0); s0 = dp4a((int)w.q0[5], x1.y, s0);
+            s0 = dp4a((int)w.q0[6], x1.z, s0); s0 = dp4a((int)w.q0[7], x1.w, s0);
+            s1 = dp4a((int)w.q1[0], x2.x, s1); s1 = dp4a((int)w.q1[1], x2.y, s1); s1 = dp4a((int)w.q1[2], x2.z, s1);
+            s1 = dp4a((int)w.q1[3], x2.w, s1); s1 = dp4a((int)w.q1[4], x3.x, s1); s1 = dp4a((int)w.q1[5], x3.y, s1);
+            s1 = dp4a((int)w.q1[6], x3.z, s1); s1 = dp4a((int)w.q1[7], x3.w, s1);
+            acc[r] += d0 * dd.x * (float)s0 + d1 * dd.z * (float)s1;
+        }
+    }
+}
+// One Q5_0 block (qh bits, 16 bytes of nibbles) as 8 words of signed bytes: weights 0..15, then 16..31.
+__device__ __forceinline__ void q5_bytes(u32 qh, uint2 q0, uint2 q1, int* v) {
+    const u32 q[4] = {q0.x, q0.y, q1.x, q1.y};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        v[k] = sub16x4((q[k] & 0x0F0F0F0Fu) | (spread4(qh >> (4 * k)) << 4));
+        v[4 + k] = sub16x4(((q[k] >> 4) & 0x0F0F0F0Fu) | (spread4(qh >> (16 + 4 * k)) << 4));
+    }
+}
+template <int K, int MR>
+__device__ __forceinline__ void pdot(const PQ5& w, int p, const i8* __restrict__ xq, const float2* __restrict__ xd,
+                                     int m, float* acc) {
+    int a[8], b[8];
+    q5_bytes(w.h0, w.q0[0], w.q0[1], a);
+    q5_bytes(w.h1, w.q1[0], w.q1[1], b);
+    const float d0 = h2f((u16)w.d0), d1 = h2f((u16)w.d1);
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r < m) {
+            const int4* x = (const int4*)(xq + (size_t)r * K + 64 * p);
+            const int4 x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+            const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + 2 * p);
+            int s0 = 0, s1 = 0;
+            s0 = dp4a(a[0], x0.x, s0); s0 = dp4a(a[1], x0.y, s0); s0 = dp4a(a[2], x0.z, s0); s0 = dp4a(a[3], x0.w, s0);
+            s0 = dp4a(a[4], x1.x, s0); s0 = dp4a(a[5], x1.y, s0); s0 = dp4a(a[6], x1.z, s0); s0 = dp4a(a[7], x1.w, s0);
+            s1 = dp4a(b[0], x2.x, s1); s1 = dp4a(b[1], x2.y, s1); s1 = dp4a(b[2], x2.z, s1); s1 = dp4a(b[3], x2.w, s1);
+            s1 = dp4a(b[4], x3.x, s1); s1 = dp4a(b[5], x3.y, s1); s1 = dp4a(b[6], x3.z, s1); s1 = dp4a(b[7], x3.w, s1);
+            acc[r] += d0 * dd.x * (float)s0 + d1 * dd.z * (float)s1;
+        }
+    }
+}
+
 // The pairs of one row that one thread takes (part, part + P, ...), loaded up front.
 template <int T, int K, int P> struct RowQ {
     static const int NP = K / 64, IT = (NP + P - 1) / P;
@@ -1161,7 +1247,7 @@ __device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __
     Y += (size_t)blockIdx.y * MR * N;
     m = min(m - (int)blockIdx.y * MR, MR);
     RowQ<T, K, P> rq;
-    rq.load(W + (size_t)min(n, N - 1) * (K / 256) * Fmt<T>::BYTES, part);
+    rq.load(W + (size_t)min(n, N - 1) * (K / Fmt<T>::BLOCK) * Fmt<T>::BYTES, part);
     pdl_wait();
     float acc[MR];
     rq.template dot<MR>(part, Xq, Xd, m, acc);
@@ -1209,7 +1295,7 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
     Xd += (size_t)blockIdx.y * MR * (K / 32);
     Y += (size_t)blockIdx.y * MR * N;
     m = min(m - (int)blockIdx.y * MR, MR);
-    const size_t rb = (size_t)(K / 256) * Fmt<T>::BYTES;
+    const size_t rb = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
     RowQ<T, K, P> g, u;
     g.load(Wg + (size_t)min(n, N - 1) * rb, part);
     u.load(Wu + (size_t)min(n, N - 1) * rb, part);
@@ -1244,7 +1330,7 @@ template <int T, int MR, int P>
 __device__ __forceinline__ void qkvq_row(const u8* W, int n, int part, const i8* Xq, const float2* Xd, int m,
                                          float* Y, int N, const float* bias) {
     RowQ<T, HIDDEN, P> rq;
-    rq.load(W + (size_t)n * (HIDDEN / 256) * Fmt<T>::BYTES, part);
+    rq.load(W + (size_t)n * (HIDDEN / Fmt<T>::BLOCK) * Fmt<T>::BYTES, part);
     pdl_wait();
     float acc[MR];
     rq.template dot<MR>(part, Xq, Xd, m, acc);
