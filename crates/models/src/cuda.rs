@@ -8,6 +8,12 @@
 //! page tables) lives in fixed device buffers that the host rewrites before each launch. Chunks of at least
 //! [`GEMM_MIN_ROWS`] tokens (prefill) instead run on tensor cores: each weight matrix dequantized to f16 into scratch
 //! and multiplied with cuBLAS, attention as cuBLAS GEMMs around a causal softmax over the gathered paged cache.
+//!
+//! Decode-sized chunks of layers whose matrices all have such kernels (`CudaOptions::q8`) multiply on 8-bit
+//! activations: each activation row is quantized per 32 values (fused with the RMSNorm, or written by the attention
+//! and gate/up kernels themselves) and the weights are consumed with dp4a, several threads per weight row, never
+//! converted to f32 (Q4_K, Q6_K, Q8_0, Q5_0). Q6_K, Q8_0 and Q5_0 matrices are stored on the device with padded
+//! blocks (aligned fields, see `device_layout`). Other types keep the f32-activation kernels.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -65,6 +71,18 @@ pub struct CudaOptions {
     pub fuse_ffn_norm: bool,
     /// Profiling only (wrong results): stages left out of every layer, to time the others by difference.
     pub skip: Vec<String>,
+    /// Matrix-vector products of Q4_K / Q6_K layers on 8-bit activations with dp4a (like ggml's mmvq) instead of
+    /// dequantizing every weight to f32. Chosen per model, so a sequence's results do not depend on its batch.
+    pub q8: bool,
+    /// Target pairs of 32-blocks per thread in those kernels (sets how many threads split one weight row).
+    pub q8_iters: usize,
+    /// Programmatic dependent launch inside CUDA graphs too (the 8-bit kernels load their weights before waiting
+    /// for the previous kernel).
+    pub graph_pdl: bool,
+    /// The gate/up kernel writes the down projection's 8-bit input itself (else a separate quantization launch).
+    pub gu_fuse: bool,
+    /// The attention kernel writes the output projection's 8-bit input itself.
+    pub att_q8: bool,
 }
 
 impl Default for CudaOptions {
@@ -78,6 +96,9 @@ impl Default for CudaOptions {
             .map(|v| v.split(',').map(str::to_string).filter(|s| !s.is_empty()).collect())
             .unwrap_or_default();
         let fuse_ffn_norm = std::env::var("SPLASH_CUDA_FUSE_FFN_NORM").is_ok_and(|v| v == "1");
+        let q8 = std::env::var("SPLASH_CUDA_Q8").map(|v| v != "0").unwrap_or(true);
+        let q8_iters =
+            std::env::var("SPLASH_CUDA_Q8_IT").ok().and_then(|v| v.parse().ok()).unwrap_or(3usize).clamp(1, 8);
         CudaOptions {
             device: 0,
             kv_tokens: 0,
@@ -89,6 +110,11 @@ impl Default for CudaOptions {
             pdl,
             skip,
             fuse_ffn_norm,
+            q8,
+            q8_iters,
+            graph_pdl: std::env::var("SPLASH_CUDA_GRAPH_PDL").is_ok_and(|v| v == "1"),
+            gu_fuse: std::env::var("SPLASH_CUDA_GU_FUSE").map(|v| v != "0").unwrap_or(true),
+            att_q8: std::env::var("SPLASH_CUDA_ATT_Q8").map(|v| v != "0").unwrap_or(true),
         }
     }
 }
@@ -156,6 +182,12 @@ struct Scratch {
     up: DevBuf,
     /// Rounded activations (see `CudaOptions::exact_activations`).
     xq: DevBuf,
+    /// 8-bit activations (int8) and their per-32 {scale, scale * sum} of the dp4a kernels.
+    xq8: DevBuf,
+    xds: DevBuf,
+    /// A second pair for kernels that read one set and write the next (gate/up writes the down projection's input).
+    xq8b: DevBuf,
+    xdsb: DevBuf,
     /// Attention partials of the splits.
     part: DevBuf,
     /// Per (row, head): splits finished (the last one merges); zero between launches.
@@ -224,8 +256,13 @@ pub struct CudaRunner {
     seqs: HashMap<SeqId, SeqState>,
     scratch: Option<Scratch>,
     graphs: HashMap<(usize, usize), Graph>,
-    logits: Vec<f32>,
+    /// Logits of the last forward pass (page-locked: copied straight from the device).
+    logits: Option<backend::cuda::PinnedF32>,
     opts: CudaOptions,
+    /// Layers whose products run on 8-bit activations (every matrix Q4_K / Q6_K, `CudaOptions::q8`).
+    q8_layers: Vec<bool>,
+    /// The output matrix runs on 8-bit activations.
+    q8_out: bool,
     blas: Option<Blas>,
     segs: Vec<Seg>,
     gemm_scratch: Option<GemmScratch>,
@@ -265,6 +302,75 @@ fn embed_name(ty: GgmlType, k: usize) -> String {
 }
 
 const MRS: [usize; 4] = [1, 2, 4, 8];
+
+/// Whether a `ty` matrix with rows of `cols` has an 8-bit-activation (dp4a) matrix-vector kernel (weights are taken
+/// 64 at a time).
+fn q8_ok(ty: GgmlType, cols: usize) -> bool {
+    use GgmlType::*;
+    match ty {
+        Q4_K | Q6_K => cols.is_multiple_of(256),
+        Q8_0 | Q5_0 => cols.is_multiple_of(64),
+        _ => false,
+    }
+}
+
+/// Threads that split one weight row of length `k` (`n` rows) in the 8-bit-activation kernels: enough that each
+/// takes at most `iters` pairs of 32-blocks, more for small matrices (at least ~32k threads in all), at most `cap`.
+fn q8_threads(k: usize, n: usize, iters: usize, cap: usize) -> usize {
+    let pairs = k / 64;
+    let mut p = 4;
+    while p < cap && pairs.div_ceil(p) > iters {
+        p *= 2;
+    }
+    while p < cap.min(32) && n * p < 32768 && pairs.div_ceil(p) > 1 {
+        p *= 2;
+    }
+    p
+}
+
+fn mmvq_name(ty: GgmlType, k: usize, p: usize, mr: usize, mode: u32) -> String {
+    format!("mmvq_{}_{k}_{p}_{mr}_{mode}", type_id(ty))
+}
+fn guq_name(ty: GgmlType, k: usize, p: usize, mr: usize) -> String {
+    format!("guq_{}_{k}_{p}_{mr}", type_id(ty))
+}
+/// The gate/up kernel also writes its output as 8-bit activations (blocks of 32 rows, 32 * p threads).
+fn guq_fused(p: usize) -> bool {
+    p <= 16
+}
+fn qkvq_name(tq: GgmlType, tk: GgmlType, tv: GgmlType, p: usize, mr: usize) -> String {
+    format!("qkvq_{}_{}_{}_{p}_{mr}", type_id(tq), type_id(tk), type_id(tv))
+}
+
+/// The 8-bit-activation kernels a model needs: (type, row length, threads per row) for plain and gate/up products,
+/// (q, k, v types, threads per row) for the fused QKV.
+#[derive(Debug, Clone, Default)]
+pub struct Q8Kernels {
+    pub mats: Vec<(GgmlType, usize, usize)>,
+    pub gu: Vec<(GgmlType, usize, usize)>,
+    pub qkv: Vec<(GgmlType, GgmlType, GgmlType, usize)>,
+    /// Gate/up kernels with p <= 16 also write the down projection's 8-bit input.
+    pub gu_fuse: bool,
+}
+
+/// The device layout of a matrix's bytes: Q6_K blocks padded from 210 to 224 bytes (every block 16-byte aligned);
+/// Q8_0 and Q5_0 blocks with two zero bytes after the f16 scale (36 and 24 bytes: the rest 4-byte aligned); other
+/// types as stored.
+fn device_layout(ty: GgmlType, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let (from, to, at) = match ty {
+        GgmlType::Q6_K => (210, 224, 210),
+        GgmlType::Q8_0 => (34, 36, 2),
+        GgmlType::Q5_0 => (22, 24, 2),
+        _ => return std::borrow::Cow::Borrowed(bytes),
+    };
+    let mut out = Vec::with_capacity(bytes.len() / from * to);
+    for b in bytes.chunks_exact(from) {
+        out.extend_from_slice(&b[..at]);
+        out.extend(std::iter::repeat_n(0u8, to - from));
+        out.extend_from_slice(&b[at..]);
+    }
+    std::borrow::Cow::Owned(out)
+}
 
 /// Warps that share one weight row of length `k` in the matrix-vector kernels (long rows: more loads in flight).
 fn warps_per_row(k: usize) -> usize {
@@ -307,6 +413,7 @@ pub fn kernel_source(
     gu: &[(GgmlType, usize)],
     qkv: &[(GgmlType, GgmlType, GgmlType)],
     embd: (GgmlType, usize),
+    q8: &Q8Kernels,
 ) -> String {
     let max_pages = cfg.max_context.div_ceil(PAGE_SIZE);
     let mut s = String::new();
@@ -399,6 +506,45 @@ pub fn kernel_source(
         embed_name(ty, k),
         type_id(ty)
     ));
+    for &(ty, k, p) in &q8.mats {
+        for mr in MRS {
+            for mode in 0..2 {
+                s.push_str(&format!(
+                    "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* W, const i8* Xq, const float2* Xd, \
+                     float* Y, const float* bias, int m, int N) {{ pdl_trigger(); mmvq_body<{}, {k}, {mr}, {mode}, {p}>(W, \
+                     Xq, Xd, Y, bias, m, N); }}\n",
+                    mmvq_name(ty, k, p, mr, mode),
+                    type_id(ty)
+                ));
+            }
+        }
+    }
+    for &(ty, k, p) in &q8.gu {
+        for mr in MRS {
+            let (threads, fused) = if guq_fused(p) && q8.gu_fuse { (32 * p, "true") } else { (128, "false") };
+            s.push_str(&format!(
+                "extern \"C\" __global__ void __launch_bounds__({threads}) {}(const u8* Wg, const u8* Wu, const i8* Xq, \
+                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do) {{ pdl_trigger(); guq_body<{}, {k}, {mr}, \
+                 {p}, {fused}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do); }}\n",
+                guq_name(ty, k, p, mr),
+                type_id(ty)
+            ));
+        }
+    }
+    for &(tq, tk, tv, p) in &q8.qkv {
+        for mr in MRS {
+            s.push_str(&format!(
+                "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wq, const u8* Wk, const u8* Wv, \
+                 const i8* Xq, const float2* Xd, const float* bq, const float* bk, const float* bv, float* q, float* k, \
+                 float* v, int m) {{ pdl_trigger(); qkvq_body<{}, {}, {}, {mr}, {p}>(Wq, Wk, Wv, Xq, Xd, bq, bk, bv, q, k, \
+                 v, m); }}\n",
+                qkvq_name(tq, tk, tv, p, mr),
+                type_id(tq),
+                type_id(tk),
+                type_id(tv)
+            ));
+        }
+    }
     s
 }
 
@@ -459,7 +605,46 @@ impl CudaRunner {
                 qkv.push(t);
             }
         }
-        let src = kernel_source(&cfg, &mats, &gu, &qkv, (weights.token_embd.ty, cfg.hidden_size));
+        // Layers (and the output matrix) on the 8-bit-activation kernels, and the instantiations they need.
+        let q8_on = opts.q8 && !opts.exact_activations;
+        let it = opts.q8_iters;
+        let mut q8k = Q8Kernels { gu_fuse: opts.gu_fuse, ..Q8Kernels::default() };
+        let mut q8_layers = Vec::with_capacity(weights.layers.len());
+        let add3 = |v: &mut Vec<(GgmlType, usize, usize)>, e: (GgmlType, usize, usize)| {
+            if !v.contains(&e) {
+                v.push(e);
+            }
+        };
+        for l in &weights.layers {
+            let all = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down];
+            let on = q8_on
+                && all.iter().all(|m| q8_ok(m.ty, m.cols))
+                && [&l.wq, &l.wk, &l.wv].iter().all(|m| m.cols == cfg.hidden_size);
+            q8_layers.push(on);
+            if !on {
+                continue;
+            }
+            let t = (l.wq.ty, l.wk.ty, l.wv.ty, q8_threads(cfg.hidden_size, cfg.q_dim() + 2 * cfg.kv_dim(), it, 32));
+            if !q8k.qkv.contains(&t) {
+                q8k.qkv.push(t);
+            }
+            for m in [&l.wo, &l.w_down] {
+                add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
+            }
+            if l.w_gate.ty == l.w_up.ty {
+                add3(&mut q8k.gu, (l.w_gate.ty, l.w_gate.cols, q8_threads(l.w_gate.cols, l.w_gate.rows, it, 32)));
+            } else {
+                for m in [&l.w_gate, &l.w_up] {
+                    add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
+                }
+            }
+        }
+        let q8_out = q8_on && q8_ok(weights.output.ty, weights.output.cols);
+        if q8_out {
+            let m = &weights.output;
+            add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
+        }
+        let src = kernel_source(&cfg, &mats, &gu, &qkv, (weights.token_embd.ty, cfg.hidden_size), &q8k);
         let (module, compile_s, hit) = gpu.compile(&src, opts.cache_dir.clone())?;
         stats.compile_s = compile_s;
         stats.cache_hit = hit;
@@ -487,6 +672,19 @@ impl CudaRunner {
             }
         }
         names.push(embed_name(weights.token_embd.ty, cfg.hidden_size));
+        names.push("quant_q8".into());
+        for &(ty, k, p) in &q8k.mats {
+            for mr in MRS {
+                names.push(mmvq_name(ty, k, p, mr, 0));
+                names.push(mmvq_name(ty, k, p, mr, 1));
+            }
+        }
+        for &(ty, k, p) in &q8k.gu {
+            names.extend(MRS.map(|mr| guq_name(ty, k, p, mr)));
+        }
+        for &(tq, tk, tv, p) in &q8k.qkv {
+            names.extend(MRS.map(|mr| qkvq_name(tq, tk, tv, p, mr)));
+        }
         for n in names {
             let f = module.load_function(&n).map_err(|e| Error::Backend(format!("kernel {n}: {e:?}")))?;
             funcs.insert(n, f);
@@ -496,7 +694,8 @@ impl CudaRunner {
         let mut weight_bytes = 0usize;
         let mut up_mat = |m: &backend::cpu::QMatrix| -> Result<GMat> {
             weight_bytes += m.bytes.as_slice().len();
-            Ok(GMat { ty: m.ty, rows: m.rows, cols: m.cols, buf: gpu.upload(m.bytes.as_slice())? })
+            let buf = gpu.upload(&device_layout(m.ty, m.bytes.as_slice()))?;
+            Ok(GMat { ty: m.ty, rows: m.rows, cols: m.cols, buf })
         };
         let embd = up_mat(&weights.token_embd)?;
         let output = if cfg.tied_embeddings { None } else { Some(up_mat(&weights.output)?) };
@@ -583,8 +782,10 @@ impl CudaRunner {
             seqs: HashMap::new(),
             scratch: None,
             graphs: HashMap::new(),
-            logits: Vec::new(),
+            logits: None,
             opts,
+            q8_layers,
+            q8_out,
             blas,
             segs: Vec::new(),
             gemm_scratch: None,
@@ -649,6 +850,10 @@ impl CudaRunner {
             gate: g.alloc(m * c.ffn_size * f)?,
             up: g.alloc(m * c.ffn_size * f)?,
             xq: g.alloc(m.max(r) * c.hidden_size.max(c.q_dim()).max(c.ffn_size) * f)?,
+            xq8: g.alloc(m.max(r) * c.hidden_size.max(c.q_dim()).max(c.ffn_size))?,
+            xds: g.alloc(m.max(r) * c.hidden_size.max(c.q_dim()).max(c.ffn_size) / 32 * 8)?,
+            xq8b: g.alloc(m * c.ffn_size)?,
+            xdsb: g.alloc(m * c.ffn_size / 32 * 8)?,
             part: g
                 .alloc((1..=m).map(|k| k * att_splits(k)).max().unwrap_or(1) * c.num_heads * (c.head_dim + 2) * f)?,
             counters: g.upload(&vec![0u32; m * c.num_heads])?,
@@ -668,7 +873,8 @@ impl CudaRunner {
             return Ok(());
         }
         let mut p = args.ptrs();
-        self.gpu.launch_pdl(f, grid, block, &mut p, self.opts.pdl && !self.capturing.get())?;
+        let pdl = self.opts.pdl && (!self.capturing.get() || self.opts.graph_pdl);
+        self.gpu.launch_pdl(f, grid, block, &mut p, pdl)?;
         Ok(())
     }
 
@@ -714,13 +920,42 @@ impl CudaRunner {
         self.launch(&name, grid, 128, Args(vec![w.buf.ptr, x, y, b, i(m), i(w.rows)]))
     }
 
+    /// Rows [0, m) of `x` (width `k`; with `norm`, RMS-normalised with those weights first; with `rows`, the rows
+    /// that table names) quantized to 8 bits into `xq` (int8) and `xd` (a float2 per 32 values).
+    #[allow(clippy::too_many_arguments)]
+    fn quant(&self, x: u64, norm: u64, rows: u64, xq: u64, xd: u64, m: usize, k: usize) -> Result<()> {
+        self.launch("quant_q8", (m as u32, k.div_ceil(256) as u32, 1), 256, Args(vec![x, norm, rows, xq, xd, i(k)]))
+    }
+
+    /// Threads of a `rope_kv` block: one per rotation pair of the q and k heads (at most 1024).
+    fn rope_threads(&self) -> u32 {
+        let c = &self.cfg;
+        ((c.num_heads + c.num_kv_heads) * c.head_dim / 2).next_multiple_of(32).clamp(128, 1024) as u32
+    }
+
+    /// Y[m, N] (+)= W X[m, K] (+ bias) on 8-bit activations (`quant` output).
+    #[allow(clippy::too_many_arguments)]
+    fn mmvq(&self, w: &GMat, xq: u64, xd: u64, y: u64, bias: Option<&DevBuf>, m: usize, residual: bool) -> Result<()> {
+        let pt = q8_threads(w.cols, w.rows, self.opts.q8_iters, 128);
+        let mr = pick_mr(m);
+        let name = mmvq_name(w.ty, w.cols, pt, mr, u32::from(residual));
+        let grid = (w.rows.div_ceil((128 / pt).max(1)) as u32, m.div_ceil(mr) as u32, 1);
+        let b = bias.map_or(0, |b| b.ptr);
+        self.launch(&name, grid, 128, Args(vec![w.buf.ptr, xq, xd, y, b, i(m), i(w.rows)]))
+    }
+
     /// Enqueues the whole forward pass for the batch's segments (`self.segs`, covering `m` rows) and `r` logit rows
     /// (metadata already on the device).
     fn enqueue(&self, _m: usize, r: usize) -> Result<()> {
         for seg in &self.segs {
             self.enqueue_rows(seg)?;
         }
-        if r > 0 {
+        if r > 0 && self.q8_out && !(r >= GEMM_MIN_ROWS && self.blas.is_some() && self.opts.gemm) {
+            let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
+            let out = self.output.as_ref().unwrap_or(&self.embd);
+            self.quant(s.x.ptr, self.output_norm.ptr, s.out_rows.ptr, s.xq8.ptr, s.xds.ptr, r, self.cfg.hidden_size)?;
+            self.mmvq(out, s.xq8.ptr, s.xds.ptr, s.logits.ptr, None, r, false)?;
+        } else if r > 0 {
             let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
             self.launch(
                 "rms_norm",
@@ -774,7 +1009,7 @@ impl CudaRunner {
                 self.launch(
                     "rope_kv",
                     (mu, 1, 1),
-                    128,
+                    self.rope_threads(),
                     Args(vec![q, k, v, self.inv_freq.ptr, pos, slot, s.table.ptr, self.kc[li].ptr, self.vc[li].ptr]),
                 )?;
                 self.gemm_attention(li, gc, q, att, m)?;
@@ -798,7 +1033,45 @@ impl CudaRunner {
                 && c.rope_dim == c.head_dim
                 && !c.qk_norm
                 && c.head_dim.is_multiple_of(2);
-            if !fused || !self.opts.fuse_rope {
+            let q8 = self.q8_layers[li];
+            // Rows of the 8-bit activation scratch for an input of width k (this segment's rows).
+            let qb = |k: usize| (s.xq8.ptr + (r0 * k) as u64, s.xds.ptr + (r0 * (k / 32) * 8) as u64);
+            if q8 {
+                // Attention RMSNorm + 8-bit quantization, then Q, K, V in one launch (dp4a).
+                let (xq, xd) = qb(c.hidden_size);
+                self.quant(x, l.attn_norm.ptr, 0, xq, xd, m, c.hidden_size)?;
+                let rows = c.q_dim() + 2 * c.kv_dim();
+                let pt = q8_threads(c.hidden_size, rows, self.opts.q8_iters, 32);
+                let mr = pick_mr(m);
+                self.launch(
+                    &qkvq_name(l.wq.ty, l.wk.ty, l.wv.ty, pt, mr),
+                    (rows.div_ceil(128 / pt) as u32, m.div_ceil(mr) as u32, 1),
+                    128,
+                    Args(vec![
+                        l.wq.buf.ptr,
+                        l.wk.buf.ptr,
+                        l.wv.buf.ptr,
+                        xq,
+                        xd,
+                        p(&l.bq),
+                        p(&l.bk),
+                        p(&l.bv),
+                        q,
+                        k,
+                        v,
+                        i(m),
+                    ]),
+                )?;
+                if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                    self.launch("qk_norm", (mu, 1, 1), 128, Args(vec![q, k, qn.ptr, kn.ptr]))?;
+                }
+                self.launch(
+                    "rope_kv",
+                    (mu, 1, 1),
+                    self.rope_threads(),
+                    Args(vec![q, k, v, self.inv_freq.ptr, pos, slot, s.table.ptr, self.kc[li].ptr, self.vc[li].ptr]),
+                )?;
+            } else if !fused || !self.opts.fuse_rope {
                 if fused {
                     // RMSNorm fused into one launch of the three projections.
                     let mr = pick_mr(m);
@@ -835,7 +1108,7 @@ impl CudaRunner {
                 self.launch(
                     "rope_kv",
                     (mu, 1, 1),
-                    128,
+                    self.rope_threads(),
                     Args(vec![q, k, v, self.inv_freq.ptr, pos, slot, s.table.ptr, self.kc[li].ptr, self.vc[li].ptr]),
                 )?;
             } else {
@@ -880,8 +1153,45 @@ impl CudaRunner {
                     s.part.ptr,
                     att,
                     s.counters.ptr,
+                    if q8 && self.opts.att_q8 { qb(c.q_dim()).0 } else { 0 },
+                    if q8 && self.opts.att_q8 { qb(c.q_dim()).1 } else { 0 },
                 ]),
             )?;
+            if q8 {
+                // The attention kernel also wrote its output as 8-bit activations (unless turned off).
+                let (aq, ad) = qb(c.q_dim());
+                if !self.opts.att_q8 {
+                    self.quant(att, 0, 0, aq, ad, m, c.q_dim())?;
+                }
+                self.mmvq(&l.wo, aq, ad, x, None, m, true)?;
+                let (fq, fd) = qb(c.hidden_size);
+                self.quant(x, l.ffn_norm.ptr, 0, fq, fd, m, c.hidden_size)?;
+                let (dq, dd) =
+                    (s.xq8b.ptr + (r0 * c.ffn_size) as u64, s.xdsb.ptr + (r0 * (c.ffn_size / 32) * 8) as u64);
+                let mut down_in_q8 = false;
+                if l.gate.ty == l.up.ty {
+                    let pt = q8_threads(l.gate.cols, l.gate.rows, self.opts.q8_iters, 32);
+                    let mr = pick_mr(m);
+                    down_in_q8 = guq_fused(pt) && self.opts.gu_fuse;
+                    let (rows_per_block, threads) = if down_in_q8 { (32, 32 * pt) } else { (128 / pt, 128) };
+                    self.launch(
+                        &guq_name(l.gate.ty, l.gate.cols, pt, mr),
+                        (l.gate.rows.div_ceil(rows_per_block) as u32, m.div_ceil(mr) as u32, 1),
+                        threads as u32,
+                        Args(vec![l.gate.buf.ptr, l.up.buf.ptr, fq, fd, gate, i(m), i(l.gate.rows), dq, dd]),
+                    )?;
+                } else {
+                    self.mmvq(&l.gate, fq, fd, gate, None, m, false)?;
+                    self.mmvq(&l.up, fq, fd, up, None, m, false)?;
+                    let n = m * c.ffn_size;
+                    self.launch("silu_mul", (n.div_ceil(256) as u32, 1, 1), 256, Args(vec![gate, up, i(n)]))?;
+                }
+                if !down_in_q8 {
+                    self.quant(gate, 0, 0, dq, dd, m, c.ffn_size)?;
+                }
+                self.mmvq(&l.down, dq, dd, x, None, m, true)?;
+                continue;
+            }
             self.mmv(&l.wo, att, x, None, m, true)?;
             let mut memo = None;
             if l.gate.ty == l.up.ty && fused && self.opts.fuse_ffn_norm {
@@ -1065,8 +1375,7 @@ impl Runner for CudaRunner {
         let r = batch.num_logit_rows();
         let nchunks = batch.chunks.len();
         if m == 0 {
-            self.logits.clear();
-            return Ok(&self.logits);
+            return Ok(&[]);
         }
         self.ensure_scratch(m, nchunks, r)?;
         // Segments: each long chunk alone on tensor cores, runs of short chunks together.
@@ -1153,10 +1462,15 @@ impl Runner for CudaRunner {
             self.enqueue(m, r)?;
         }
         let vocab = self.cfg.vocab_size;
-        self.logits.resize(r * vocab, 0.0);
+        if self.logits.as_ref().is_none_or(|l| l.len() < r * vocab) {
+            self.logits = None;
+            let cap = self.scratch.as_ref().map_or(r, |s| s.cap_r).max(r);
+            self.logits = Some(self.gpu.alloc_pinned_f32(cap * vocab)?);
+        }
         let s = self.scratch.as_ref().expect("INVARIANT: ensured above");
+        let logits = self.logits.as_mut().expect("INVARIANT: allocated above");
         if r > 0 {
-            self.gpu.dtoh(&mut self.logits[..r * vocab], s.logits.ptr)?;
+            self.gpu.dtoh_pinned(logits, s.logits.ptr, r * vocab)?;
         } else {
             self.gpu.sync()?;
         }
@@ -1165,7 +1479,7 @@ impl Runner for CudaRunner {
                 st.len += c.tokens.len();
             }
         }
-        Ok(&self.logits[..r * vocab])
+        Ok(&self.logits.as_ref().expect("INVARIANT: allocated above").as_slice()[..r * vocab])
     }
 
     fn seq_len(&self, seq: SeqId) -> usize {
@@ -1196,6 +1510,24 @@ mod tests {
     use super::*;
     use crate::Arch;
 
+    /// The padded device layouts keep every field of every block, in order.
+    #[test]
+    fn device_layout_pads_blocks() {
+        let q8: Vec<u8> = (0..68).map(|i| i as u8).collect();
+        let out = device_layout(GgmlType::Q8_0, &q8);
+        assert_eq!(out.len(), 72);
+        assert_eq!(&out[..4], &[0, 1, 0, 0]);
+        assert_eq!(&out[4..36], &q8[2..34]);
+        assert_eq!(&out[36..40], &[34, 35, 0, 0]);
+        let q5: Vec<u8> = (0..22).map(|i| i as u8).collect();
+        let out = device_layout(GgmlType::Q5_0, &q5);
+        assert_eq!((&out[..4], &out[4..]), (&[0u8, 1, 0, 0][..], &q5[2..]));
+        let q6: Vec<u8> = (0..210).map(|i| i as u8).collect();
+        let out = device_layout(GgmlType::Q6_K, &q6);
+        assert_eq!((out.len(), &out[..210], &out[210..]), (224, &q6[..], &[0u8; 14][..]));
+        assert!(matches!(device_layout(GgmlType::Q4_K, &q6), std::borrow::Cow::Borrowed(_)));
+    }
+
     /// The generated source compiles for Hopper with every supported type (runs where NVRTC can be loaded).
     #[test]
     fn kernels_compile_with_nvrtc() {
@@ -1224,7 +1556,21 @@ mod tests {
         use GgmlType::*;
         let mats: Vec<(GgmlType, usize)> =
             [F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K].iter().map(|&t| (t, 1536)).collect();
-        let src = kernel_source(&cfg, &mats, &[(Q4_K, 1536), (Q5_0, 1536)], &[(Q4_K, Q4_K, Q6_K)], (Q6_K, 1536));
+        let q8 = Q8Kernels {
+            mats: vec![
+                (Q4_K, 1536, 16),
+                (Q6_K, 1536, 8),
+                (Q4_K, 8960, 32),
+                (Q6_K, 8960, 64),
+                (Q6_K, 8960, 128),
+                (Q8_0, 1536, 8),
+                (Q5_0, 1536, 32),
+            ],
+            gu: vec![(Q4_K, 1536, 8), (Q6_K, 5120, 32), (Q5_0, 1536, 8)],
+            qkv: vec![(Q4_K, Q4_K, Q6_K, 16), (Q5_0, Q5_0, Q8_0, 32)],
+            gu_fuse: true,
+        };
+        let src = kernel_source(&cfg, &mats, &[(Q4_K, 1536), (Q5_0, 1536)], &[(Q4_K, Q4_K, Q6_K)], (Q6_K, 1536), &q8);
         let t0 = std::time::Instant::now();
         let bin = backend::cuda::nvrtc_cubin(&src, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
         eprintln!(

@@ -51,6 +51,32 @@ __device__ __forceinline__ void pdl_trigger() {
 #define PDL_ENTER pdl_trigger(); pdl_wait();
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ u32 byte_of(u32 w, int k) { return (w >> (8 * k)) & 0xFF; }
+// Bytes 0..63 minus 32 each (no borrow between bytes).
+__device__ __forceinline__ int sub32x4(u32 v) { return (int)(((v | 0x80808080u) - 0x20202020u) ^ 0x80808080u); }
+
+// Quantizes v (element `lane` of a 32-block) into q[lane] and ds.
+__device__ __forceinline__ void q8_block(float v, i8* q, float2* ds) {
+    const int lane = threadIdx.x & 31;
+    const float amax = warp_max(fabsf(v));
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    const int qi = (int)rintf(v * id);
+    int s = qi;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    q[lane] = (i8)qi;
+    if (lane == 0) {
+        const float d = amax / 127.f;
+        *ds = make_float2(d, d * (float)s);
+    }
+}
+
+
 // ---- Quant formats: each row is split into units of 32 weights. A unit's weights w[0..16) multiply
 // x[off .. off+16) and w[16..32) multiply x[off+DOFF .. off+DOFF+16).
 
@@ -69,11 +95,15 @@ template <> struct Fmt<T_F32> { static const int BLOCK = 32, BYTES = 128, DOFF =
 template <> struct Fmt<T_F16> { static const int BLOCK = 32, BYTES = 64, DOFF = 16; };
 template <> struct Fmt<T_Q4_0> { static const int BLOCK = 32, BYTES = 18, DOFF = 16; };
 template <> struct Fmt<T_Q4_1> { static const int BLOCK = 32, BYTES = 20, DOFF = 16; };
-template <> struct Fmt<T_Q5_0> { static const int BLOCK = 32, BYTES = 22, DOFF = 16; };
+// Q5_0 and Q8_0 blocks are repacked on upload too: {d, 2 zero bytes, qh, qs} (24 bytes) and {d, 2 zero bytes, qs}
+// (36 bytes), so their bit and quant fields are 4-byte aligned.
+template <> struct Fmt<T_Q5_0> { static const int BLOCK = 32, BYTES = 24, DOFF = 16; };
 template <> struct Fmt<T_Q5_1> { static const int BLOCK = 32, BYTES = 24, DOFF = 16; };
-template <> struct Fmt<T_Q8_0> { static const int BLOCK = 32, BYTES = 34, DOFF = 16; };
+template <> struct Fmt<T_Q8_0> { static const int BLOCK = 32, BYTES = 36, DOFF = 16; };
 template <> struct Fmt<T_Q4_K> { static const int BLOCK = 256, BYTES = 144, DOFF = 32; };
-template <> struct Fmt<T_Q6_K> { static const int BLOCK = 256, BYTES = 210, DOFF = 64; };
+// Q6_K blocks are repacked on upload from 210 to 224 bytes (same field offsets, zero padding at the end), so every
+// block starts 16-byte aligned and its fields load as 16-byte vectors.
+template <> struct Fmt<T_Q6_K> { static const int BLOCK = 256, BYTES = 224, DOFF = 64; };
 
 __device__ __forceinline__ void scale_min_k4(int j, const u8* q, float& d, float& m) {
     if (j < 4) {
@@ -141,12 +171,12 @@ template <> __device__ __forceinline__ int unit<T_Q4_1>(const u8* row, int u, fl
     return u * 32;
 }
 template <> __device__ __forceinline__ int unit<T_Q5_0>(const u8* row, int u, float* w) {
-    const u8* b = row + u * 22;
+    const u8* b = row + u * 24;
     float d = h2f(ld16(b));
-    u32 qh = (u32)ld16(b + 2) | ((u32)ld16(b + 4) << 16);
+    u32 qh = *(const u32*)(b + 4);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        u16 q = ld16(b + 6 + 2 * j);
+        u16 q = ld16(b + 8 + 2 * j);
 #pragma unroll
         for (int k = 0; k < 2; k++) {
             int jj = 2 * j + k;
@@ -172,11 +202,11 @@ template <> __device__ __forceinline__ int unit<T_Q5_1>(const u8* row, int u, fl
     return u * 32;
 }
 template <> __device__ __forceinline__ int unit<T_Q8_0>(const u8* row, int u, float* w) {
-    const u8* b = row + u * 34;
+    const u8* b = row + u * 36;
     float d = h2f(ld16(b));
 #pragma unroll
     for (int j = 0; j < 16; j++) {
-        u16 q = ld16(b + 2 + 2 * j);
+        u16 q = ld16(b + 4 + 2 * j);
         w[2 * j] = d * (float)(i8)(q & 0xFF);
         w[2 * j + 1] = d * (float)(i8)(q >> 8);
     }
@@ -204,7 +234,7 @@ template <> __device__ __forceinline__ int unit<T_Q4_K>(const u8* row, int u, fl
     return (u >> 3) * 256 + 64 * j + 16 * h;
 }
 template <> __device__ __forceinline__ int unit<T_Q6_K>(const u8* row, int u, float* w) {
-    const u8* b = row + (u >> 3) * 210;
+    const u8* b = row + (u >> 3) * Fmt<T_Q6_K>::BYTES;
     int sub = u & 7, hf = sub >> 2, pp = (sub >> 1) & 1, lg = sub & 1;
     const u8* ql = b + 64 * hf + 32 * pp + 16 * lg;
     const u8* qh = b + 128 + 32 * hf + 16 * lg;
@@ -739,7 +769,8 @@ extern "C" __global__ void act_q8_k(const float* x, float* out, int K) { PDL_ENT
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const float* __restrict__ q,
         const u16* __restrict__ kc, const u16* __restrict__ vc, const u32* __restrict__ pos,
         const u32* __restrict__ slot, const u32* __restrict__ table, float* __restrict__ part, float* out,
-        int* counters) { PDL_ENTER
+        int* counters, i8* __restrict__ qo, float2* __restrict__ qd) {
+    pdl_trigger();
     const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, S = gridDim.z;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int kvh = h / (NUM_HEADS / NUM_KV_HEADS);
@@ -747,6 +778,17 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
     const int chunk = ((n + S - 1) / S + 32 * ATT_WARPS - 1) / (32 * ATT_WARPS) * (32 * ATT_WARPS);
     const int start = z * chunk, end = min(n, start + chunk);
     const u32* tab = table + (size_t)slot[t] * MAX_PAGES;
+    // The warp's first tile of K and V into L2 while the query (written by the previous kernel) is awaited and read.
+    // (Positions, slots and page tables are written by the host before the launch.)
+    if (start + 32 * wid + lane < end) {
+        const int b0 = start + 32 * wid;
+        const size_t prow = (size_t)tab[b0 / PAGE_SIZE] * PAGE_SIZE + b0 % PAGE_SIZE + lane;
+        for (int o = 0; o < HEAD_DIM; o += 64) {
+            prefetch_l2(kc + prow * KV_DIM + kvh * HEAD_DIM + o);
+            prefetch_l2(vc + prow * KV_DIM + kvh * HEAD_DIM + o);
+        }
+    }
+    pdl_wait();
     const float scale = rsqrtf((float)HEAD_DIM);
     __shared__ float qs[HEAD_DIM];
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], sacc[ATT_WARPS][HEAD_DIM];
@@ -760,6 +802,14 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
         const int p = base + lane;
         // Tiles are 32-aligned and pages hold a multiple of 32 positions: one page per tile.
         const size_t prow = (size_t)tab[base / PAGE_SIZE] * PAGE_SIZE + base % PAGE_SIZE;
+        const int cnt = min(32, end - base);
+        const u16* vb = vc + prow * KV_DIM + kvh * HEAD_DIM + lane * E;
+        // The tile's V rows (E == 4: 8 bytes per lane and row) are loaded together with K, not after the softmax.
+        uint2 vt[E == 4 ? 32 : 1];
+        if (E == 4) {
+#pragma unroll
+            for (int j = 0; j < 32; j++) vt[j] = j < cnt ? *(const uint2*)(vb + (size_t)j * KV_DIM) : make_uint2(0, 0);
+        }
         float s = -1e30f;
         if (p < end) {
             const uint4* kr = (const uint4*)(kc + (prow + lane) * KV_DIM + kvh * HEAD_DIM);
@@ -783,15 +833,13 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
         l = l * corr + warp_sum(pr);
 #pragma unroll
         for (int e = 0; e < E; e++) acc[e] *= corr;
-        const int cnt = min(32, end - base);
-        const u16* vb = vc + prow * KV_DIM + kvh * HEAD_DIM + lane * E;
 #pragma unroll
         for (int j = 0; j < 32; j++) {
             const float pj = __shfl_sync(0xffffffffu, pr, j);
             if (j < cnt) {
                 const u16* vr = vb + (size_t)j * KV_DIM;
                 if (E == 4) {
-                    uint2 v4 = *(const uint2*)vr;
+                    const uint2 v4 = vt[E == 4 ? j : 0];
                     acc[0] += pj * h2f((u16)(v4.x & 0xFFFF));
                     acc[1 % E] += pj * h2f((u16)(v4.x >> 16));
                     acc[2 % E] += pj * h2f((u16)(v4.y & 0xFFFF));
@@ -836,6 +884,8 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
     const volatile float* pp = part + (size_t)(t * NUM_HEADS + h) * S * (HEAD_DIM + 2);
     float MM = -1e30f;
     for (int zz = 0; zz < S; zz++) MM = fmaxf(MM, pp[zz * (HEAD_DIM + 2)]);
+    // Blocks of 32 threads hold 32-blocks of the output (HEAD_DIM is a multiple of 32): with qo, also quantized to 8
+    // bits for the output projection.
     for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
         float LL = 0.f, acc2 = 0.f;
         for (int zz = 0; zz < S; zz++) {
@@ -843,7 +893,9 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
             LL += pp[zz * (HEAD_DIM + 2) + 1] * c;
             acc2 += pp[zz * (HEAD_DIM + 2) + 2 + i] * c;
         }
-        out[(size_t)t * Q_DIM + h * HEAD_DIM + i] = acc2 / LL;
+        const size_t o = (size_t)t * Q_DIM + h * HEAD_DIM + i;
+        out[o] = acc2 / LL;
+        if (qo) q8_block(acc2 / LL, qo + (o & ~(size_t)31), qd + o / 32);
     }
     if (threadIdx.x == 0) counters[t * NUM_HEADS + h] = 0;
 }
@@ -938,4 +990,377 @@ extern "C" __global__ void softmax_causal(const float* __restrict__ S, u16* __re
     s = block_sum(s, sh);
     const float inv = 1.f / s;
     for (int p = threadIdx.x; p < ld; p += blockDim.x) P[base + p] = p < valid ? f2h(__expf(S[base + p] - mx) * inv) : 0;
+}
+
+
+// ---- Decode path on 8-bit activations (Q4_K and Q6_K weights), like ggml's mmvq: each activation row is quantized
+// per 32 values (d = amax / 127, q = round(x / d)) into int8 plus a float2 {d, d * sum(q)} per block, and the weights
+// are consumed 64 at a time ("pairs": two 32-blocks of activations) with dp4a, so no weight is converted to float.
+// One weight row is split over P threads (P <= 32: lanes of one warp, reduced by shuffles; P = 64 or 128: several
+// warps, reduced through shared memory), each taking pairs part, part + P, ... whose weights are all loaded before
+// the first is used. The order of every sum depends only on the matrix's shape, never on the batch.
+
+// Row i = blockIdx.x of x (row rows[i] when rows is set), RMS-normalised with weights g when g is set (the same
+// arithmetic as rms_norm; every block sums the squares of the whole row), quantized to q[i * K ..],
+// ds[i * K / 32 ..]. Grid (rows, ceil(K / 256)), 256 threads: one 32-block per warp.
+extern "C" __global__ void quant_q8(const float* __restrict__ x, const float* __restrict__ g, const u32* __restrict__ rows,
+                                    i8* __restrict__ q, float2* __restrict__ ds, int K) { PDL_ENTER
+    __shared__ float sh[32];
+    const int i = blockIdx.x;
+    const float* xr = x + (size_t)(rows ? rows[i] : i) * K;
+    float scale = 1.f;
+    if (g) {
+        float s = 0.f;
+        for (int k = threadIdx.x; k < K; k += blockDim.x) s += xr[k] * xr[k];
+        s = block_sum(s, sh);
+        scale = rsqrtf(s / (float)K + RMS_EPS);
+    }
+    const int k = blockIdx.y * 256 + threadIdx.x;
+    if (k - (threadIdx.x & 31) < K) {
+        const float v = g ? xr[k] * scale * g[k] : xr[k];
+        q8_block(v, q + (size_t)i * K + (k & ~31), ds + ((size_t)i * K + k) / 32);
+    }
+}
+
+struct PQ4K { uint4 h, a, b; };
+struct PQ6K { uint4 l0, l1, h0, h1, s; u32 d; };
+struct PQ8 { u32 d0, d1; u32 q0[8], q1[8]; };
+struct PQ5 { u32 d0, d1, h0, h1; uint2 q0[2], q1[2]; };
+template <int T> struct Pair;
+template <> struct Pair<T_Q4_K> { typedef PQ4K W; };
+template <> struct Pair<T_Q6_K> { typedef PQ6K W; };
+template <> struct Pair<T_Q8_0> { typedef PQ8 W; };
+template <> struct Pair<T_Q5_0> { typedef PQ5 W; };
+
+// Pair p of a (repacked) Q8_0 / Q5_0 row: blocks 2p and 2p + 1.
+__device__ __forceinline__ void pload(const u8* row, int p, PQ8& w) {
+    const u8* b = row + p * 72;
+    w.d0 = ld16(b);
+    w.d1 = ld16(b + 36);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        w.q0[i] = *(const u32*)(b + 4 + 4 * i);
+        w.q1[i] = *(const u32*)(b + 40 + 4 * i);
+    }
+}
+__device__ __forceinline__ void pload(const u8* row, int p, PQ5& w) {
+    const u8* b = row + p * 48;
+    w.d0 = ld16(b);
+    w.d1 = ld16(b + 24);
+    w.h0 = *(const u32*)(b + 4);
+    w.h1 = *(const u32*)(b + 28);
+    w.q0[0] = *(const uint2*)(b + 8);
+    w.q0[1] = *(const uint2*)(b + 16);
+    w.q1[0] = *(const uint2*)(b + 32);
+    w.q1[1] = *(const uint2*)(b + 40);
+}
+// Bits 0..3 of x to bit 0 of bytes 0..3.
+__device__ __forceinline__ u32 spread4(u32 x) { return ((x & 0xFu) * 0x00204081u) & 0x01010101u; }
+// Bytes 0..31 minus 16 each.
+__device__ __forceinline__ int sub16x4(u32 v) { return (int)(((v | 0x80808080u) - 0x10101010u) ^ 0x80808080u); }
+
+// Pair p of a Q4_K row: superblock p / 4, sub-blocks 2j and 2j + 1 (j = p % 4): header (d, dmin, scales) and the
+// 32 bytes of nibbles.
+__device__ __forceinline__ void pload(const u8* row, int p, PQ4K& w) {
+    const u8* b = row + (p >> 2) * 144;
+    const int j = p & 3;
+    w.h = *(const uint4*)b;
+    w.a = *(const uint4*)(b + 16 + 32 * j);
+    w.b = *(const uint4*)(b + 32 + 32 * j);
+}
+// Pair p of a (repacked) Q6_K row: superblock p / 4, half hf = (p / 2) % 2, quarter pp = p % 2: positions
+// 128 hf + 32 pp + [0, 32) (low nibbles) and + 64 (high nibbles).
+__device__ __forceinline__ void pload(const u8* row, int p, PQ6K& w) {
+    const u8* b = row + (p >> 2) * 224;
+    const int hf = (p >> 1) & 1, pp = p & 1;
+    w.l0 = *(const uint4*)(b + 64 * hf + 32 * pp);
+    w.l1 = *(const uint4*)(b + 64 * hf + 32 * pp + 16);
+    w.h0 = *(const uint4*)(b + 128 + 32 * hf);
+    w.h1 = *(const uint4*)(b + 128 + 32 * hf + 16);
+    w.s = *(const uint4*)(b + 192);
+    w.d = *(const u16*)(b + 208);
+}
+
+// Sums of pair p against MR activation rows (row r at xq + r * K, xd + r * K / 32), added to acc[r] for r < m.
+template <int K, int MR>
+__device__ __forceinline__ void pdot(const PQ4K& w, int p, const i8* __restrict__ xq, const float2* __restrict__ xd,
+                                     int m, float* acc) {
+    const int sb = p >> 2, j = p & 3;
+    int lo[8], hi[8];
+    const u32 a[8] = {w.a.x, w.a.y, w.a.z, w.a.w, w.b.x, w.b.y, w.b.z, w.b.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        lo[i] = (int)(a[i] & 0x0F0F0F0Fu);
+        hi[i] = (int)((a[i] >> 4) & 0x0F0F0F0Fu);
+    }
+    const int k0 = (2 * j) & 3, k1 = (2 * j + 1) & 3;
+    int s0, m0, s1, m1;
+    if (j < 2) {
+        s0 = byte_of(w.h.y, k0) & 63; m0 = byte_of(w.h.z, k0) & 63;
+        s1 = byte_of(w.h.y, k1) & 63; m1 = byte_of(w.h.z, k1) & 63;
+    } else {
+        s0 = (byte_of(w.h.w, k0) & 0xF) | ((byte_of(w.h.y, k0) >> 6) << 4);
+        m0 = (byte_of(w.h.w, k0) >> 4) | ((byte_of(w.h.z, k0) >> 6) << 4);
+        s1 = (byte_of(w.h.w, k1) & 0xF) | ((byte_of(w.h.y, k1) >> 6) << 4);
+        m1 = (byte_of(w.h.w, k1) >> 4) | ((byte_of(w.h.z, k1) >> 6) << 4);
+    }
+    const float d = h2f((u16)(w.h.x & 0xFFFF)), dmin = h2f((u16)(w.h.x >> 16));
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r < m) {
+            const int4* x = (const int4*)(xq + (size_t)r * K + sb * 256 + 64 * j);
+            const int4 x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+            const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + sb * 8 + 2 * j);
+            int sa = 0, sc = 0;
+            sa = dp4a(lo[0], x0.x, sa); sa = dp4a(lo[1], x0.y, sa); sa = dp4a(lo[2], x0.z, sa); sa = dp4a(lo[3], x0.w, sa);
+            sa = dp4a(lo[4], x1.x, sa); sa = dp4a(lo[5], x1.y, sa); sa = dp4a(lo[6], x1.z, sa); sa = dp4a(lo[7], x1.w, sa);
+            sc = dp4a(hi[0], x2.x, sc); sc = dp4a(hi[1], x2.y, sc); sc = dp4a(hi[2], x2.z, sc); sc = dp4a(hi[3], x2.w, sc);
+            sc = dp4a(hi[4], x3.x, sc); sc = dp4a(hi[5], x3.y, sc); sc = dp4a(hi[6], x3.z, sc); sc = dp4a(hi[7], x3.w, sc);
+            acc[r] += d * (dd.x * (float)(s0 * sa) + dd.z * (float)(s1 * sc)) -
+                      dmin * ((float)m0 * dd.y + (float)m1 * dd.w);
+        }
+    }
+}
+template <int K, int MR>
+__device__ __forceinline__ void pdot(const PQ6K& w, int p, const i8* __restrict__ xq, const float2* __restrict__ xd,
+                                     int m, float* acc) {
+    const int sb = p >> 2, hf = (p >> 1) & 1, pp = p & 1;
+    const int shl = 2 * pp, shh = 4 + 2 * pp;
+    const u32 l[8] = {w.l0.x, w.l0.y, w.l0.z, w.l0.w, w.l1.x, w.l1.y, w.l1.z, w.l1.w};
+    const u32 h[8] = {w.h0.x, w.h0.y, w.h0.z, w.h0.w, w.h1.x, w.h1.y, w.h1.z, w.h1.w};
+    int lo[8], hi[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        lo[i] = sub32x4((l[i] & 0x0F0F0F0Fu) | (((h[i] >> shl) & 0x03030303u) << 4));
+        hi[i] = sub32x4(((l[i] >> 4) & 0x0F0F0F0Fu) | (((h[i] >> shh) & 0x03030303u) << 4));
+    }
+    const u32 lw = hf ? w.s.z : w.s.x, hw = hf ? w.s.w : w.s.y;
+    const int scl0 = (int)(i8)byte_of(lw, 2 * pp), scl1 = (int)(i8)byte_of(lw, 2 * pp + 1);
+    const int sch0 = (int)(i8)byte_of(hw, 2 * pp), sch1 = (int)(i8)byte_of(hw, 2 * pp + 1);
+    const float d = h2f((u16)w.d);
+    const int base = sb * 256 + 128 * hf + 32 * pp;
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r < m) {
+            const int4* xl = (const int4*)(xq + (size_t)r * K + base);
+            const int4* xh = (const int4*)(xq + (size_t)r * K + base + 64);
+            const int4 a0 = xl[0], a1 = xl[1], c0 = xh[0], c1 = xh[1];
+            const float2* dr = xd + (size_t)r * (K / 32) + sb * 8 + 4 * hf + pp;
+            const float dl = dr[0].x, dh = dr[2].x;
+            int il0 = 0, il1 = 0, ih0 = 0, ih1 = 0;
+            il0 = dp4a(lo[0], a0.x, il0); il0 = dp4a(lo[1], a0.y, il0); il0 = dp4a(lo[2], a0.z, il0); il0 = dp4a(lo[3], a0.w, il0);
+            il1 = dp4a(lo[4], a1.x, il1); il1 = dp4a(lo[5], a1.y, il1); il1 = dp4a(lo[6], a1.z, il1); il1 = dp4a(lo[7], a1.w, il1);
+            ih0 = dp4a(hi[0], c0.x, ih0); ih0 = dp4a(hi[1], c0.y, ih0); ih0 = dp4a(hi[2], c0.z, ih0); ih0 = dp4a(hi[3], c0.w, ih0);
+            ih1 = dp4a(hi[4], c1.x, ih1); ih1 = dp4a(hi[5], c1.y, ih1); ih1 = dp4a(hi[6], c1.z, ih1); ih1 = dp4a(hi[7], c1.w, ih1);
+            acc[r] += d * (dl * (float)(scl0 * il0 + scl1 * il1) + dh * (float)(sch0 * ih0 + sch1 * ih1));
+        }
+    }
+}
+
+template <int K, int MR>
+__device__ __forceinline__ void pdot(const PQ8& w, int p, const i8* __restrict__ xq, const float2* __restrict__ xd,
+                                     int m, float* acc) {
+    const float d0 = h2f((u16)w.d0), d1 = h2f((u16)w.d1);
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r < m) {
+            const int4* x = (const int4*)(xq + (size_t)r * K + 64 * p);
+            const int4 x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+            const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + 2 * p);
+            int s0 = 0, s1 = 0;
+            s0 = dp4a((int)w.q0[0], x0.x, s0); s0 = dp4a((int)w.q0[1], x0.y, s0); s0 = dp4a((int)w.q0[2], x0.z, s0);
+            s0 = dp4a((int)w.q0[3], x0.w, s0); s0 = dp4a((int)w.q0[4], x1.x, s0); s0 = dp4a((int)w.q0[5], x1.y, s0);
+            s0 = dp4a((int)w.q0[6], x1.z, s0); s0 = dp4a((int)w.q0[7], x1.w, s0);
+            s1 = dp4a((int)w.q1[0], x2.x, s1); s1 = dp4a((int)w.q1[1], x2.y, s1); s1 = dp4a((int)w.q1[2], x2.z, s1);
+            s1 = dp4a((int)w.q1[3], x2.w, s1); s1 = dp4a((int)w.q1[4], x3.x, s1); s1 = dp4a((int)w.q1[5], x3.y, s1);
+            s1 = dp4a((int)w.q1[6], x3.z, s1); s1 = dp4a((int)w.q1[7], x3.w, s1);
+            acc[r] += d0 * dd.x * (float)s0 + d1 * dd.z * (float)s1;
+        }
+    }
+}
+// One Q5_0 block (qh bits, 16 bytes of nibbles) as 8 words of signed bytes: weights 0..15, then 16..31.
+__device__ __forceinline__ void q5_bytes(u32 qh, uint2 q0, uint2 q1, int* v) {
+    const u32 q[4] = {q0.x, q0.y, q1.x, q1.y};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        v[k] = sub16x4((q[k] & 0x0F0F0F0Fu) | (spread4(qh >> (4 * k)) << 4));
+        v[4 + k] = sub16x4(((q[k] >> 4) & 0x0F0F0F0Fu) | (spread4(qh >> (16 + 4 * k)) << 4));
+    }
+}
+template <int K, int MR>
+__device__ __forceinline__ void pdot(const PQ5& w, int p, const i8* __restrict__ xq, const float2* __restrict__ xd,
+                                     int m, float* acc) {
+    int a[8], b[8];
+    q5_bytes(w.h0, w.q0[0], w.q0[1], a);
+    q5_bytes(w.h1, w.q1[0], w.q1[1], b);
+    const float d0 = h2f((u16)w.d0), d1 = h2f((u16)w.d1);
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r < m) {
+            const int4* x = (const int4*)(xq + (size_t)r * K + 64 * p);
+            const int4 x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+            const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + 2 * p);
+            int s0 = 0, s1 = 0;
+            s0 = dp4a(a[0], x0.x, s0); s0 = dp4a(a[1], x0.y, s0); s0 = dp4a(a[2], x0.z, s0); s0 = dp4a(a[3], x0.w, s0);
+            s0 = dp4a(a[4], x1.x, s0); s0 = dp4a(a[5], x1.y, s0); s0 = dp4a(a[6], x1.z, s0); s0 = dp4a(a[7], x1.w, s0);
+            s1 = dp4a(b[0], x2.x, s1); s1 = dp4a(b[1], x2.y, s1); s1 = dp4a(b[2], x2.z, s1); s1 = dp4a(b[3], x2.w, s1);
+            s1 = dp4a(b[4], x3.x, s1); s1 = dp4a(b[5], x3.y, s1); s1 = dp4a(b[6], x3.z, s1); s1 = dp4a(b[7], x3.w, s1);
+            acc[r] += d0 * dd.x * (float)s0 + d1 * dd.z * (float)s1;
+        }
+    }
+}
+
+// The pairs of one row that one thread takes (part, part + P, ...), loaded up front.
+template <int T, int K, int P> struct RowQ {
+    static const int NP = K / 64, IT = (NP + P - 1) / P;
+    typename Pair<T>::W w[IT];
+    __device__ __forceinline__ void load(const u8* row, int part) {
+#pragma unroll
+        for (int i = 0; i < IT; i++)
+            if (part + P * i < NP) pload(row, part + P * i, w[i]);
+    }
+    // acc[r] = this thread's share of row r, reduced over the min(P, 32) lanes of its group.
+    template <int MR>
+    __device__ __forceinline__ void dot(int part, const i8* xq, const float2* xd, int m, float* acc) const {
+#pragma unroll
+        for (int r = 0; r < MR; r++) acc[r] = 0.f;
+#pragma unroll
+        for (int i = 0; i < IT; i++)
+            if (part + P * i < NP) pdot<K, MR>(w[i], part + P * i, xq, xd, m, acc);
+#pragma unroll
+        for (int r = 0; r < MR; r++) {
+#pragma unroll
+            for (int o = (P < 32 ? P : 32) / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+        }
+    }
+};
+
+// Y[r, n] (+)= W[n, :] . X[r, :] (+ bias[n]) on 8-bit activations. 128 threads, 128 / P rows per block.
+template <int T, int K, int MR, int MODE, int P>
+__device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __restrict__ Xq,
+                                          const float2* __restrict__ Xd, float* __restrict__ Y,
+                                          const float* __restrict__ bias, int m, int N) {
+    const int tid = threadIdx.x;
+    const int n = blockIdx.x * (128 / P) + tid / P, part = tid % P;
+    Xq += (size_t)blockIdx.y * MR * K;
+    Xd += (size_t)blockIdx.y * MR * (K / 32);
+    Y += (size_t)blockIdx.y * MR * N;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    RowQ<T, K, P> rq;
+    rq.load(W + (size_t)min(n, N - 1) * (K / Fmt<T>::BLOCK) * Fmt<T>::BYTES, part);
+    pdl_wait();
+    float acc[MR];
+    rq.template dot<MR>(part, Xq, Xd, m, acc);
+    if (P > 32) {
+        __shared__ float red[4][MR];
+        const int wid = tid >> 5;
+        if ((tid & 31) == 0) {
+#pragma unroll
+            for (int r = 0; r < MR; r++) red[wid][r] = acc[r];
+        }
+        __syncthreads();
+        if (part == 0) {
+#pragma unroll
+            for (int r = 0; r < MR; r++) {
+                float v = 0.f;
+                for (int w2 = 0; w2 < P / 32; w2++) v += red[wid + w2][r];
+                acc[r] = v;
+            }
+        }
+    }
+    if (part == 0 && n < N) {
+        const float b = bias ? bias[n] : 0.f;
+#pragma unroll
+        for (int r = 0; r < MR; r++) {
+            if (r < m) {
+                if (MODE == 1) Y[(size_t)r * N + n] += acc[r] + b;
+                else Y[(size_t)r * N + n] = acc[r] + b;
+            }
+        }
+    }
+}
+
+// Gate and up on 8-bit activations, writing silu(gate) * up (P <= 32). QOUT: blocks of 32 * P threads take 32
+// consecutive rows and also write the result quantized to 8 bits (Qo, Do: the down projection's input); else 128
+// threads.
+template <int T, int K, int MR, int P, bool QOUT>
+__device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
+                                         const i8* __restrict__ Xq, const float2* __restrict__ Xd,
+                                         float* __restrict__ Y, int m, int N, i8* __restrict__ Qo,
+                                         float2* __restrict__ Do) {
+    const int tid = threadIdx.x;
+    const int RPB = QOUT ? 32 : 128 / P;
+    const int n = blockIdx.x * RPB + tid / P, part = tid % P;
+    Xq += (size_t)blockIdx.y * MR * K;
+    Xd += (size_t)blockIdx.y * MR * (K / 32);
+    Y += (size_t)blockIdx.y * MR * N;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    const size_t rb = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
+    RowQ<T, K, P> g, u;
+    g.load(Wg + (size_t)min(n, N - 1) * rb, part);
+    u.load(Wu + (size_t)min(n, N - 1) * rb, part);
+    pdl_wait();
+    float a[MR], c[MR];
+    g.template dot<MR>(part, Xq, Xd, m, a);
+    u.template dot<MR>(part, Xq, Xd, m, c);
+    if (part == 0 && n < N) {
+#pragma unroll
+        for (int r = 0; r < MR; r++)
+            if (r < m) {
+                a[r] = a[r] / (1.f + __expf(-a[r])) * c[r];
+                Y[(size_t)r * N + n] = a[r];
+            }
+    }
+    if (QOUT) {
+        __shared__ float ys[MR][32];
+        if (part == 0) {
+#pragma unroll
+            for (int r = 0; r < MR; r++) ys[r][tid / P] = a[r];
+        }
+        __syncthreads();
+        const int n0 = blockIdx.x * 32;
+        Qo += (size_t)blockIdx.y * MR * N;
+        Do += (size_t)blockIdx.y * MR * (N / 32);
+        for (int r = tid >> 5; r < m; r += P)
+            if (n0 < N) q8_block(ys[r][tid & 31], Qo + (size_t)r * N + n0, Do + ((size_t)r * N + n0) / 32);
+    }
+}
+
+template <int T, int MR, int P>
+__device__ __forceinline__ void qkvq_row(const u8* W, int n, int part, const i8* Xq, const float2* Xd, int m,
+                                         float* Y, int N, const float* bias) {
+    RowQ<T, HIDDEN, P> rq;
+    rq.load(W + (size_t)n * (HIDDEN / Fmt<T>::BLOCK) * Fmt<T>::BYTES, part);
+    pdl_wait();
+    float acc[MR];
+    rq.template dot<MR>(part, Xq, Xd, m, acc);
+    if (part == 0) {
+        const float b = bias ? bias[n] : 0.f;
+#pragma unroll
+        for (int r = 0; r < MR; r++)
+            if (r < m) Y[(size_t)r * N + n] = acc[r] + b;
+    }
+}
+
+// Q, K and V projections in one launch on 8-bit activations (already RMS-normalised), with their biases. Rows of
+// wq, then wk, then wv; 128 / P rows per block (P <= 32; Q_DIM and KV_DIM are multiples of 32, so no warp straddles
+// two matrices).
+template <int TQ, int TK, int TV, int MR, int P>
+__device__ __forceinline__ void qkvq_body(const u8* Wq, const u8* Wk, const u8* Wv, const i8* Xq, const float2* Xd,
+                                          const float* bq, const float* bk, const float* bv, float* q, float* k,
+                                          float* v, int m) {
+    const int tid = threadIdx.x;
+    int n = blockIdx.x * (128 / P) + tid / P;
+    const int part = tid % P;
+    Xq += (size_t)blockIdx.y * MR * HIDDEN;
+    Xd += (size_t)blockIdx.y * MR * (HIDDEN / 32);
+    const size_t r0 = (size_t)blockIdx.y * MR;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    if (n < Q_DIM) {
+        qkvq_row<TQ, MR, P>(Wq, n, part, Xq, Xd, m, q + r0 * Q_DIM, Q_DIM, bq);
+    } else if (n < Q_DIM + KV_DIM) {
+        qkvq_row<TK, MR, P>(Wk, n - Q_DIM, part, Xq, Xd, m, k + r0 * KV_DIM, KV_DIM, bk);
+    } else if (n < Q_DIM + 2 * KV_DIM) {
+        qkvq_row<TV, MR, P>(Wv, n - Q_DIM - KV_DIM, part, Xq, Xd, m, v + r0 * KV_DIM, KV_DIM, bv);
+    }
 }

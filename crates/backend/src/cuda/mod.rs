@@ -123,6 +123,23 @@ impl Gpu {
         self.sync()
     }
 
+    /// Page-locked host memory for `len` f32 values (device-to-host copies into it run at full link speed and
+    /// need no staging copy).
+    pub fn alloc_pinned_f32(&self, len: usize) -> Result<PinnedF32> {
+        self.bind()?;
+        let bytes = len.max(1) * 4;
+        let ptr = unsafe { dres::malloc_host(bytes, 0) }.map_err(drv("allocating pinned host memory"))?;
+        // SAFETY: the allocation holds `bytes` bytes; zeroed so every value is initialised.
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
+        Ok(PinnedF32 { ptr: ptr as *mut f32, len, ctx: self.ctx.clone() })
+    }
+
+    /// Stream-ordered copy of `len` f32 values from `src` into `dst`; waits for the stream.
+    pub fn dtoh_pinned(&self, dst: &mut PinnedF32, src: u64, len: usize) -> Result<()> {
+        debug_assert!(len <= dst.len);
+        self.dtoh(&mut dst.as_mut_slice()[..len], src)
+    }
+
     pub fn sync(&self) -> Result<()> {
         self.stream.synchronize().map_err(drv("synchronizing the stream"))
     }
@@ -400,6 +417,43 @@ impl Drop for Blas {
 
 // SAFETY: the handle is used from one thread at a time (the runner's), with its context bound.
 unsafe impl Send for Blas {}
+
+/// Page-locked host memory holding f32 values, freed on drop.
+pub struct PinnedF32 {
+    ptr: *mut f32,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl PinnedF32 {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn as_slice(&self) -> &[f32] {
+        // SAFETY: ptr holds len f32 values, zeroed at allocation.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        // SAFETY: as above; &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedF32 {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            unsafe {
+                let _ = dres::free_host(self.ptr as *mut c_void);
+            }
+        }
+    }
+}
+
+// SAFETY: plain host memory owned by this value.
+unsafe impl Send for PinnedF32 {}
 
 /// A device allocation, freed on drop.
 pub struct DevBuf {

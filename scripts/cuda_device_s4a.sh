@@ -1,0 +1,23 @@
+#!/bin/bash
+# Stretch-4 device run A: 8-bit-activation (dp4a) decode kernels. Correctness (cuda-check), decode A/B against the
+# f32 kernels (SPLASH_CUDA_Q8=0), a per-kernel decode profile (SPLASH_CUDA_PROFILE_SKIP: each kernel left out in turn,
+# one repetition) and a second thread split (SPLASH_CUDA_Q8_IT=2). Needs $D (default .dev/cuda/s4) holding `splash`.
+set -u
+R=$(pwd); D=${D:-$R/.dev/cuda/s4}; B=$D/splash; OUT=${OUT:-$R/cuda-out}; mkdir -p $OUT
+export SPLASH_HOME=${SPLASH_HOME:-/tmp/splash-home}; mkdir -p $SPLASH_HOME
+S=$OUT/summary.txt
+log() { echo "== [$SECONDS s] $*" | tee -a $S; }
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader | tee -a $S
+log synth
+$B synth --like qwen2.5-coder-1.5b -o /tmp/q15.gguf > /dev/null 2>&1
+tg() { timeout 120 env "$@" $B bench -m /tmp/q15.gguf --device cuda --prompt-tokens 512 --gen-tokens 128 \
+  --repetitions ${REPS:-3} 2>&1 | grep -E "^(decode|prefill)|rror|anic|load" | tee -a $S; }
+log "q8 on (first start compiles)"; tg SPLASH_CUDA_Q8=1
+log "check q15"; timeout 200 $B cuda-check -m /tmp/q15.gguf -t 16 2>&1 | tee -a $S
+log "q8 off"; tg SPLASH_CUDA_Q8=0
+log "q8 on again"; tg SPLASH_CUDA_Q8=1
+for sk in guq_ _8960_ mmvq_14_1536 mmvq_12_1536 qkvq_ quant_q8 attention rope_kv embed; do
+  log "skip $sk"; REPS=1 tg SPLASH_CUDA_PROFILE_SKIP=$sk
+done
+log "q8 it=2"; tg SPLASH_CUDA_Q8_IT=2
+log done
