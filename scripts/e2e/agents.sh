@@ -16,13 +16,21 @@
 # checkout would: the clients write the working directory into their system prompts, so a fresh directory per turn
 # would make every turn a cold one. Each turn's output goes to $work/<client>-<turn>/.
 # Runs that would start after --deadline-s (default 5400) are skipped and reported as skipped; each run has
-# --turn-timeout-s (default 600).
+# --turn-timeout-s (default 600), the tool turn --tool-timeout-s (default: the same). With --stop-after-round-trip a
+# tool turn ends as soon as the round trip is done: hello.txt exists and the client has sent the model its next
+# request (the tool's result); the small models tend to repeat a call that worked until the client gives up.
+#
+# --ci is the trimmed run of scripts/test: phases cold and tool, tool turns of at most 120 s stopped after the round
+# trip. It fails when a client does not complete its cold turn (exit 0, the model's answer printed); the tool turn is
+# reported only (whether the model calls a tool is the model's choice).
 # plus the launcher's own behaviour: --no-serve refuses, a missing client names its install command, and a background
 # `splash serve` is started (with progress and a log path) when none answers.
 # Prints a table (turn ok, answer, TTFT cold/warm, tool file written) and "N passed, M failed".
 #
 # Usage: scripts/e2e/agents.sh [--no-build] [--model qwen2.5-coder-0.5b] [--clients "pi opencode hermes codex claude"]
 #                              [--deadline-s 5400] [--turn-timeout-s 600] [--phases "cold tool warm restart"]
+#                              [--tool-timeout-s N] [--stop-after-round-trip] [--ci]
+# Needs root for `unshare -n`; otherwise it tries an unprivileged user namespace (`unshare -r -n`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo="$PWD"
@@ -31,6 +39,8 @@ clients="pi opencode hermes codex claude"
 deadline_s=5400
 turn_timeout_s=600
 phases="cold tool warm restart"
+tool_timeout_s=""
+stop_after_round_trip=0
 build=1
 inside=0
 while [[ $# -gt 0 ]]; do
@@ -41,11 +51,15 @@ while [[ $# -gt 0 ]]; do
         --deadline-s) deadline_s="$2"; shift ;;
         --turn-timeout-s) turn_timeout_s="$2"; shift ;;
         --phases) phases="$2"; shift ;;
+        --tool-timeout-s) tool_timeout_s="$2"; shift ;;
+        --stop-after-round-trip) stop_after_round_trip=1 ;;
+        --ci) phases="cold tool"; tool_timeout_s=120; stop_after_round_trip=1 ;;
         --inside) inside=1 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
     shift
 done
+tool_timeout_s="${tool_timeout_s:-$turn_timeout_s}"
 export SPLASH_HOME="${SPLASH_HOME:-$HOME/.cache/splash}"
 
 if [[ $inside == 0 ]]; then
@@ -55,9 +69,13 @@ if [[ $inside == 0 ]]; then
     [[ $build == 1 ]] && cargo build --release --locked -p splash-cli
     work="$(mktemp -d /tmp/splash-agents-e2e.XXXXXX)"
     echo "work dir: $work" >&2
-    AGENTS_BIN="$bin" AGENTS_WORK="$work" exec unshare -n -- bash -c 'ip link set lo up && exec "$0" "$@"' "$0" \
+    unshare=(unshare -n)
+    [[ $EUID == 0 ]] || unshare=(unshare -r -n)
+    round_trip=()
+    [[ $stop_after_round_trip == 1 ]] && round_trip=(--stop-after-round-trip)
+    AGENTS_BIN="$bin" AGENTS_WORK="$work" exec "${unshare[@]}" -- bash -c 'ip link set lo up && exec "$0" "$@"' "$0" \
         --inside --model "$model" --clients "$clients" --deadline-s "$deadline_s" --turn-timeout-s "$turn_timeout_s" \
-        --phases "$phases" </dev/null
+        --tool-timeout-s "$tool_timeout_s" --phases "$phases" "${round_trip[@]}" </dev/null
 fi
 
 # ---- inside the network namespace ----
@@ -142,7 +160,8 @@ run() { # client turn prompt -> runs the launcher in $work/<client>-<turn>, reco
         hermes) extra=(--allow-small-context); args=(-- -z "$prompt") ;;
         pi) args=(-- -p "$prompt" --no-session) ;;
     esac
-    local t0 t1 rc=0
+    local t0 t1 rc=0 limit_s="$turn_timeout_s" stopped=0
+    [[ $turn == tool ]] && limit_s="$tool_timeout_s"
     if ((SECONDS > deadline_s)); then
         python3 -c 'import json,sys; print(json.dumps({"run": sys.argv[1], "turn": sys.argv[2], "skipped": True}))' \
             "$c" "$turn" >>"$results"
@@ -150,14 +169,30 @@ run() { # client turn prompt -> runs the launcher in $work/<client>-<turn>, reco
         return
     fi
     t0="$(date +%s.%N)"
-    (cd "$project" && HOME="$work/home-$c" timeout "$turn_timeout_s" "$splash" "$c" "${extra[@]}" "${args[@]}" </dev/null \
-        >"$dir/stdout" 2>"$dir/stderr") || rc=$?
+    # `timeout` runs the client in its own process group and passes a TERM on to all of it.
+    (cd "$project" && HOME="$work/home-$c" exec timeout "$limit_s" "$splash" "$c" "${extra[@]}" "${args[@]}" </dev/null \
+        >"$dir/stdout" 2>"$dir/stderr") &
+    local client=$! hello
+    if [[ $turn == tool && $stop_after_round_trip == 1 ]]; then
+        # The round trip is done once a request that carries a tool's result back to the model (any of the three
+        # protocols) arrived after hello.txt was written.
+        while kill -0 "$client" 2>/dev/null; do
+            hello="$(find "$project" "$work/home-$c" -name hello.txt 2>/dev/null | head -1)"
+            if [[ -n $hello ]] && find "$work/bodies" -type f -newer "$hello" -print0 2>/dev/null | xargs -0 -r \
+                grep -l -E '"role" *: *"tool"|"type" *: *"(tool_result|function_call_output)"' | grep -q .; then
+                kill -TERM "$client" 2>/dev/null && stopped=1
+                break
+            fi
+            sleep 0.5
+        done
+    fi
+    wait "$client" || rc=$?
     t1="$(date +%s.%N)"
     [[ $turn == tool && -e "$project/hello.txt" ]] && cp "$project/hello.txt" "$dir/hello.txt"
-    python3 -c 'import json,sys; a=sys.argv; print(json.dumps({"run": a[1], "turn": a[2], "rc": int(a[3]), "t0": float(a[4]), "t1": float(a[5]), "dir": a[6]}))' \
-        "$c" "$turn" "$rc" "$t0" "$t1" "$dir" >>"$results"
-    printf '%-9s %-5s rc=%-3s %6.1f s  %s\n' "$c" "$turn" "$rc" "$(echo "$t1 - $t0" | bc)" \
-        "$(tr '\n' ' ' <"$dir/stdout" | cut -c1-100)" >&2
+    python3 -c 'import json,sys; a=sys.argv; print(json.dumps({"run": a[1], "turn": a[2], "rc": int(a[3]), "t0": float(a[4]), "t1": float(a[5]), "dir": a[6], "stopped": a[7] == "1"}))' \
+        "$c" "$turn" "$rc" "$t0" "$t1" "$dir" "$stopped" >>"$results"
+    printf '%-9s %-5s rc=%-3s %6.1f s  %s%s\n' "$c" "$turn" "$rc" "$(awk "BEGIN {print $t1 - $t0}")" \
+        "$( ((stopped)) && echo '(stopped after the round trip) ')" "$(tr '\n' ' ' <"$dir/stdout" | cut -c1-100)" >&2
 }
 
 for c in $clients; do

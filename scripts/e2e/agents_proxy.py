@@ -94,7 +94,21 @@ async def read_request(reader):
     return lines[0], headers, body
 
 
+# Handler tasks, held here: asyncio drops its own reference when a client hangs up (a killed client), and a task
+# nobody holds can be collected mid-request, losing the request's log line.
+TASKS = set()
+
+
 async def handle(creader, cwriter):
+    task = asyncio.current_task()
+    TASKS.add(task)
+    try:
+        await relay(creader, cwriter)
+    finally:
+        TASKS.discard(task)
+
+
+async def relay(creader, cwriter):
     try:
         request_line, headers, body = await read_request(creader)
     except (asyncio.IncompleteReadError, ConnectionError, ValueError):

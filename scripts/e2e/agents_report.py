@@ -1,7 +1,8 @@
 """Report for scripts/e2e/agents.sh: joins each client run with the requests the logging proxy saw during it.
 
 A turn passes when the launcher exited 0 and the client printed the model's answer (most words of the last text the
-server streamed appear on the client's stdout). The tool turn is reported (file written or not), not required.
+server streamed appear on the client's stdout). The tool turn is reported (file written or not;
+"stopped" when agents.sh ended it once the round trip was done), not required.
 Prints a table, then "N passed, M failed"; exits 1 on any failure.
 
 Usage: python3 agents_report.py WORK_DIR MODEL
@@ -52,6 +53,7 @@ for r in (r for r in results if "run" in r and not r.get("skipped")):
         "answer": answer,
         "printed": r["rc"] == 0 and bool(aw) and shown >= 0.6,
         "tool_calls": sum(bool(q.get("tool_call")) for q in gen),
+        "stopped": r.get("stopped", False),
     }
     if r["turn"] == "tool":
         # In the run's directory, or anywhere in the client's throwaway HOME (Hermes gives the model no working
@@ -77,17 +79,17 @@ for r in (r for r in results if "run" in r and not r.get("skipped")):
 fmt = lambda x: "-" if x is None else (f"{x:.1f}" if isinstance(x, float) else str(x))
 print(f"\nagents on {model} (TTFT = time to the first generated token of the turn's main request, seconds)")
 print(f"{'client':9} {'cold':>5} {'warm':>5} {'TTFT cold':>9} {'TTFT warm':>9} {'prompt':>7} {'cached':>7} "
-      f"{'restart':>7} {'TTFT rst':>8} {'cached':>7} {'turn s':>7} {'tool calls':>10} {'hello.txt':>10}  answer (cold)")
+      f"{'restart':>7} {'TTFT rst':>8} {'cached':>7} {'turn s':>7} {'tool calls':>10} {'hello.txt':>20}  answer (cold)")
 for c, row in rows.items():
     cold, warm, tool, rst = row.get("cold", {}), row.get("warm", {}), row.get("tool", {}), row.get("restart", {})
     file = tool.get("file")
     wrote = "-" if not tool or tool.get("skipped") else ("no" if file is None else ("hi" if "hi" in file.lower() else f"{file[:8]!r}"))
-    wrote += tool.get("where", "")
+    wrote += tool.get("where", "") + (" (stopped)" if tool.get("stopped") else "")
     state = lambda t: "-" if not t else ("skip" if t.get("skipped") else ("ok" if t.get("printed") else "FAIL"))
     print(f"{c:9} {state(cold):>5} {state(warm):>5} "
           f"{fmt(cold.get('ttft')):>9} {fmt(warm.get('ttft')):>9} {fmt(cold.get('prompt')):>7} "
           f"{fmt(warm.get('cached')):>7} {state(rst) if rst else '-':>7} {fmt(rst.get('ttft')):>8} "
-          f"{fmt(rst.get('cached')):>7} {fmt(cold.get('secs')):>7} {fmt(tool.get('tool_calls')):>10} {wrote:>10}  "
+          f"{fmt(rst.get('cached')):>7} {fmt(cold.get('secs')):>7} {fmt(tool.get('tool_calls')):>10} {wrote:>20}  "
           f"{cold.get('answer', '')[:60]!r}")
 summary = {c: {t: {k: v for k, v in d.items() if k != "answer"} for t, d in row.items()} for c, row in rows.items()}
 json.dump(summary, open(os.path.join(work, "summary.json"), "w"), indent=1)

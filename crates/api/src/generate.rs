@@ -407,6 +407,8 @@ pub struct Reply {
     num_prompt_tokens: usize,
     num_output_tokens: usize,
     num_calls: usize,
+    /// Name and arguments of each call of this reply so far.
+    calls_made: Vec<(String, serde_json::Value)>,
     t_start: Instant,
     t_first_token: Option<Instant>,
     /// Stops a reply that has started repeating itself.
@@ -501,6 +503,7 @@ impl Reply {
             finished: false,
             num_output_tokens: 0,
             num_calls: 0,
+            calls_made: Vec::new(),
             t_start: Instant::now(),
             t_first_token: None,
             loop_guard: None,
@@ -683,21 +686,27 @@ impl Reply {
     }
 
     fn take(&mut self, events: Vec<ParseEvent>) {
+        let mut repeated = false;
         for e in events {
             match e {
                 ParseEvent::Text(t) => self.pending.push_back(Output::Text(t)),
-                ParseEvent::ToolCall(_) if !self.parallel_tool_calls && self.num_calls > 0 => {}
+                ParseEvent::ToolCall(_) if (!self.parallel_tool_calls && self.num_calls > 0) || repeated => {}
                 ParseEvent::ToolCall(c) => {
                     if let Some(f) = &mut self.forced_call {
                         f.finish(&mut self.pending);
                     }
+                    // A call the reply already made, word for word: the model is looping (the small models repeat
+                    // a call dozens of times in one reply). It still goes out (its start may have been streamed),
+                    // and generation stops after it.
+                    repeated = self.calls_made.iter().any(|(name, args)| *name == c.name && *args == c.arguments);
+                    self.calls_made.push((c.name.clone(), c.arguments.clone()));
                     self.num_calls += 1;
                     self.pending.push_back(Output::ToolCall(c));
                 }
             }
         }
-        if !self.parallel_tool_calls && self.num_calls > 0 && self.stream.is_some() {
-            // One call is all the client wants: stop generating.
+        if (repeated || (!self.parallel_tool_calls && self.num_calls > 0)) && self.stream.is_some() {
+            // One call is all the client wants, or the calls repeat: stop generating.
             let usage = self.cut_short();
             self.finish(StopReason::ToolCalls, usage, None);
         }

@@ -228,6 +228,25 @@ async fn parallel_tool_calls_false_keeps_the_first_call() {
 }
 
 #[tokio::test]
+async fn a_reply_that_repeats_a_call_stops_after_the_repeat() {
+    let h = harness(Options::default());
+    let call = |city: &str| {
+        format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{city}\"}}}}\n</tool_call>\n")
+    };
+    // Two different calls are both kept; the same call again ends the reply there.
+    h.reply(&format!("{}{}{}{}", call("A"), call("B"), call("A"), call("C")));
+    let body = json!({"messages": user("x"), "tools": [weather_tool()]});
+    let (_, reply) = h.post_json(CHAT, &body).await;
+    let calls = reply["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    let cities: Vec<&str> = calls.iter().map(|c| c["function"]["arguments"].as_str().unwrap()).collect();
+    assert_eq!(cities, [r#"{"city":"A"}"#, r#"{"city":"B"}"#, r#"{"city":"A"}"#]);
+    assert_eq!(reply["choices"][0]["finish_reason"], "tool_calls");
+    let all =
+        assets().tokenizer.encode(&format!("{}{}{}{}", call("A"), call("B"), call("A"), call("C")), true).unwrap();
+    assert!(reply["usage"]["completion_tokens"].as_u64().unwrap() < all.len() as u64);
+}
+
+#[tokio::test]
 async fn tool_round_trip_renders_call_and_result() {
     let h = harness(Options::default());
     h.reply("It is sunny in Paris.");

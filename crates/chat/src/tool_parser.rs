@@ -255,8 +255,16 @@ impl ToolCallParser {
             if !FENCE_LANGS.contains(&lang.as_str()) {
                 return Line::NotCall;
             }
-            return match after_fence[nl + 1..].trim_start().as_bytes().first() {
-                Some(b'{' | b'[') => Line::Call(Mode::Fence),
+            // Decided at the first key, as a bare object is: a fenced object that is not a call is text at once,
+            // not held until its block closes (after a call, text ends the reply; a block that never closes would
+            // otherwise run to the output limit unseen).
+            let json = after_fence[nl + 1..].trim_start();
+            return match json.as_bytes().first() {
+                Some(b'{' | b'[') => match call_prefix_verdict(json) {
+                    Verdict::Yes => Line::Call(Mode::Fence),
+                    Verdict::Maybe => undecided,
+                    Verdict::No => Line::NotCall,
+                },
                 Some(_) => Line::NotCall,
                 None => undecided,
             };
@@ -694,6 +702,23 @@ mod tests {
         check(input, &[text(input)]);
         let input = "```json\n{\"a\": [1, 2, {\"b\": \"}\"}]}\n```\n";
         check(input, &[text(input)]);
+    }
+
+    #[test]
+    fn fenced_json_that_is_not_a_call_is_decided_at_its_first_key() {
+        // Released while the block is still open...
+        let open = "Result:\n```json\n{\"path\": \"a.txt\", \"content\": \"never closed";
+        let mut p = ToolCallParser::new(tools());
+        assert_eq!(merge(p.push(open)), vec![text(open)]);
+        // ... and after a call it ends the reply at once.
+        let mut p = ToolCallParser::new(tools());
+        let events = p.push("<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>\n");
+        assert_eq!(events, vec![call("bash", json!({"command": "ls"}))]);
+        assert!(p.push("```json\n{\"output\": \"an invented result that goes on").is_empty());
+        assert!(p.is_done());
+        // A fenced call still waits for its first key.
+        let mut p = ToolCallParser::new(tools());
+        assert!(p.push("```json\n{\n  \"na").is_empty());
     }
 
     #[test]

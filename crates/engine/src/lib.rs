@@ -405,7 +405,10 @@ impl<R: Runner> Engine<R> {
             max_tokens: req.max_tokens,
             sampler: Sampler::new(req.sampling),
             constraint: req.constraint,
-            detok: Detokenizer::new(self.tokenizer.clone()),
+            // Control tokens (`<|im_start|>`, `<|fim_prefix|>`, ...) add no text, as in llama.cpp's server: a model
+            // that samples one would otherwise show the markup to the client (the 1.5B began a Codex reply with
+            // `<|im_start|>`), and the tool-call grammar already reads the output without them.
+            detok: Detokenizer::with_special(self.tokenizer.clone(), false),
             stops: StopStrings::new(req.stop_strings),
             stop_tokens: req.stop_tokens,
             ignore_eos: req.ignore_eos,

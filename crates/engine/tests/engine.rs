@@ -567,6 +567,20 @@ fn end_of_generation_ends_with_stop() {
 }
 
 #[test]
+fn control_tokens_add_no_text() {
+    // A sampled `<|im_start|>` (a control token, not end-of-generation) is generated and counted but not shown.
+    let prompt = bytes("hi");
+    let cont = vec![HELLO, IM_START, SP_WORLD, IM_END];
+    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
+    let id = e.add_request(greedy(prompt, 50)).expect("valid");
+    let out = run_to_end(&mut e);
+    assert_eq!(out[&id].tokens, vec![HELLO, IM_START, SP_WORLD, IM_END]);
+    assert_eq!(out[&id].text, "hello world");
+    assert_eq!(out[&id].finish.expect("finished").1.completion_tokens, 4);
+    assert_all_released(&e, &[id]);
+}
+
+#[test]
 fn max_tokens_ends_with_length() {
     for max_tokens in [1, 2, 17] {
         let prompt = bytes("count");

@@ -3,7 +3,10 @@
 //! assistant turn's `reasoning_content`; without content it is dropped), `instructions`, function tools (`namespace`
 //! tools flattened into their functions; hosted tools such as `web_search` left out), `tool_choice`,
 //! `max_output_tokens`, `reasoning.effort`. Output items (`reasoning` with `reasoning_text` for thinking models,
-//! `message` with `output_text`, `function_call`) are built here.
+//! `message` with `output_text`, `function_call`) are built here; a call of a function declared inside a namespace
+//! carries that `namespace`, as clients route calls by both.
+
+use std::collections::HashMap;
 
 use chat::{Conversation, Message, Role, ToolCall};
 use engine::SamplingParams;
@@ -198,6 +201,33 @@ fn convert_tools(tools: &[Value], param: &str, out: &mut Vec<chat::Tool>) -> Res
     Ok(())
 }
 
+/// The namespace of each function declared only inside a `namespace` tool, by function name (the model sees the
+/// functions flattened, by name alone). A name also declared at the top level, or in two namespaces, is left out:
+/// it cannot be told apart.
+pub fn tool_namespaces(tools: &[Value]) -> HashMap<String, String> {
+    fn function_name(t: &Value) -> Option<&str> {
+        (t.get("type").and_then(Value::as_str) == Some("function")).then(|| t.get("name").and_then(Value::as_str))?
+    }
+    let mut found: HashMap<String, Option<String>> = HashMap::new();
+    for t in tools {
+        if let Some(name) = function_name(t) {
+            found.insert(name.to_owned(), None);
+        } else if t.get("type").and_then(Value::as_str) == Some("namespace")
+            && let Some(namespace) = t.get("name").and_then(Value::as_str)
+        {
+            for member in t.get("tools").and_then(Value::as_array).map_or(&[][..], Vec::as_slice) {
+                if let Some(name) = function_name(member) {
+                    found
+                        .entry(name.to_owned())
+                        .and_modify(|n| *n = None)
+                        .or_insert_with(|| Some(namespace.to_owned()));
+                }
+            }
+        }
+    }
+    found.into_iter().filter_map(|(name, namespace)| Some((name, namespace?))).collect()
+}
+
 fn convert_tool_choice(choice: Option<&Value>) -> Result<ToolChoice, ApiError> {
     let bad = || {
         ApiError::invalid_param(
@@ -318,9 +348,21 @@ pub fn message_item(id: &str, text: &str, status: &str) -> Value {
     json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
 }
 
-/// A `function_call` output item.
-pub fn function_call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
-    json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status})
+/// A `function_call` output item; `namespaces` (from [`tool_namespaces`]) adds the `namespace` of a namespaced
+/// function.
+pub fn function_call_item(
+    id: &str,
+    call_id: &str,
+    name: &str,
+    arguments: &str,
+    status: &str,
+    namespaces: &HashMap<String, String>,
+) -> Value {
+    let mut item = json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status});
+    if let Some(namespace) = namespaces.get(name) {
+        item["namespace"] = Value::from(namespace.as_str());
+    }
+    item
 }
 
 /// A `reasoning` output item: no summary, the reasoning as one `reasoning_text` part (none while in progress).
@@ -330,7 +372,12 @@ pub fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
 }
 
 /// The output items of a reply, and the same as conversation messages (for `previous_response_id`).
-pub fn output_items(reasoning: &str, text: &str, calls: &[ToolCall]) -> (Vec<Value>, Vec<Message>) {
+pub fn output_items(
+    reasoning: &str,
+    text: &str,
+    calls: &[ToolCall],
+    namespaces: &HashMap<String, String>,
+) -> (Vec<Value>, Vec<Message>) {
     let mut items = Vec::new();
     if !reasoning.is_empty() {
         items.push(reasoning_item(&random_id("rs_"), reasoning, "completed"));
@@ -342,7 +389,8 @@ pub fn output_items(reasoning: &str, text: &str, calls: &[ToolCall]) -> (Vec<Val
     let mut history_calls = Vec::new();
     for c in calls {
         let call_id = random_id("call_");
-        items.push(function_call_item(&random_id("fc_"), &call_id, &c.name, &c.arguments.to_string(), "completed"));
+        let arguments = c.arguments.to_string();
+        items.push(function_call_item(&random_id("fc_"), &call_id, &c.name, &arguments, "completed", namespaces));
         history_calls.push(ToolCall { id: Some(call_id), ..c.clone() });
     }
     let mut message = if history_calls.is_empty() {
@@ -414,11 +462,43 @@ mod tests {
         let reasoning: Vec<Option<&str>> = m.iter().map(|m| m.reasoning_content.as_deref()).collect();
         assert_eq!(reasoning, [None, Some("a\nb"), Some("c"), None, None]);
         assert_eq!(t.thinking, Thinking::Off);
-        let (items, history) = output_items("r", "t", &[]);
+        let (items, history) = output_items("r", "t", &[], &HashMap::new());
         assert_eq!(items[0]["type"], "reasoning");
         assert_eq!(items[0]["content"], json!([{"type": "reasoning_text", "text": "r"}]));
         assert_eq!(items[1]["type"], "message");
         assert_eq!(history[0].reasoning_content.as_deref(), Some("r"));
+    }
+
+    #[test]
+    fn namespaced_calls_carry_their_namespace() {
+        let tools = json!([
+            {"type": "function", "name": "exec_command", "parameters": {}},
+            {"type": "namespace", "name": "multi_agent_v1", "description": "agents", "tools": [
+                {"type": "function", "name": "spawn_agent", "parameters": {}},
+                {"type": "function", "name": "exec_command", "parameters": {}}]},
+            {"type": "namespace", "name": "a", "tools": [{"type": "function", "name": "twice"}]},
+            {"type": "namespace", "name": "b", "tools": [{"type": "function", "name": "twice"}]},
+            {"type": "web_search"}
+        ]);
+        let namespaces = tool_namespaces(tools.as_array().unwrap());
+        // Ambiguous names (top level and namespace, or two namespaces) are left out.
+        assert_eq!(namespaces, HashMap::from([("spawn_agent".to_owned(), "multi_agent_v1".to_owned())]));
+        let calls = [
+            ToolCall { id: None, name: "spawn_agent".into(), arguments: json!({"message": "go"}) },
+            ToolCall { id: None, name: "exec_command".into(), arguments: json!({"cmd": "ls"}) },
+        ];
+        let (items, history) = output_items("", "", &calls, &namespaces);
+        assert_eq!(items[0]["namespace"], "multi_agent_v1");
+        assert_eq!(items[0]["name"], "spawn_agent");
+        assert!(items[1].get("namespace").is_none());
+        // The call as the client sends it back (namespace and all) converts to the flattened name the model saw.
+        let mut echoed = items[0].clone();
+        echoed["call_id"] = json!("call_1");
+        let t = turn(json!({"input": [echoed, {"type": "function_call_output", "call_id": "call_1", "output": "ok"}],
+                            "tools": tools}))
+        .unwrap();
+        assert_eq!(t.conversation.messages[0].tool_calls[0].name, "spawn_agent");
+        assert_eq!(history[0].tool_calls.len(), 2);
     }
 
     #[test]

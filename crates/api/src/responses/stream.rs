@@ -6,7 +6,7 @@
 //! output limit was hit) with usage. Every event carries `sequence_number`. A failure after the start is one
 //! `response.failed`. The finished response is stored when the request asked for it.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +27,8 @@ pub struct Pending {
     pub response: wire::Response,
     /// The conversation so far, stored with the response when `store` is set.
     pub conversation: Vec<Message>,
+    /// The namespace of each namespaced function ([`convert::tool_namespaces`]).
+    pub namespaces: HashMap<String, String>,
 }
 
 struct State {
@@ -134,7 +136,7 @@ impl State {
             "response.function_call_arguments.done",
             json!({"item_id": id, "output_index": index, "name": name, "arguments": arguments}),
         );
-        let item = convert::function_call_item(&id, &call_id, &name, &arguments, status);
+        let item = convert::function_call_item(&id, &call_id, &name, &arguments, status, &self.pending.namespaces);
         self.push("response.output_item.done", json!({"output_index": index, "item": item}));
         self.output.push(item);
         if let Some(call) = call {
@@ -193,7 +195,8 @@ impl State {
                 self.close_text();
                 let (id, call_id, index) = (random_id("fc_"), random_id("call_"), self.output.len());
                 let arguments = call.arguments.to_string();
-                let added = convert::function_call_item(&id, &call_id, &call.name, "", "in_progress");
+                let namespaces = &self.pending.namespaces;
+                let added = convert::function_call_item(&id, &call_id, &call.name, "", "in_progress", namespaces);
                 self.push("response.output_item.added", json!({"output_index": index, "item": added}));
                 self.push(
                     "response.function_call_arguments.delta",
@@ -203,7 +206,14 @@ impl State {
                     "response.function_call_arguments.done",
                     json!({"item_id": id, "output_index": index, "name": call.name, "arguments": arguments}),
                 );
-                let item = convert::function_call_item(&id, &call_id, &call.name, &arguments, "completed");
+                let item = convert::function_call_item(
+                    &id,
+                    &call_id,
+                    &call.name,
+                    &arguments,
+                    "completed",
+                    &self.pending.namespaces,
+                );
                 self.push("response.output_item.done", json!({"output_index": index, "item": item}));
                 self.output.push(item);
                 self.calls.push(ToolCall { id: Some(call_id), ..call });
@@ -212,7 +222,8 @@ impl State {
             Some(Ok(Output::ToolCallBegin { name })) => {
                 self.close_text();
                 let (id, call_id, index) = (random_id("fc_"), random_id("call_"), self.output.len());
-                let added = convert::function_call_item(&id, &call_id, &name, "", "in_progress");
+                let added =
+                    convert::function_call_item(&id, &call_id, &name, "", "in_progress", &self.pending.namespaces);
                 self.push("response.output_item.added", json!({"output_index": index, "item": added}));
                 self.open_call = Some((id, call_id, index, name, String::new()));
             }

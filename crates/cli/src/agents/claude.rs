@@ -7,6 +7,11 @@
 //! limit (else Claude assumes 1M tokens), the attribution header off (it changes the system prompt per request and
 //! defeats prefix caching), non-essential traffic and the auto-updater off, and `--permission-mode manual` unless the
 //! user chose a mode (the default auto mode needs Anthropic's server-side classifier).
+//!
+//! Below a 100K context, the output cap as well: Claude Code compacts at the context minus min(output cap, 20,000)
+//! minus 13,000 tokens, and with its default cap (32,000) that is below zero on a 32K server, so it compacted the
+//! conversation after the first tool call (a long extra request). A cap of an eighth of the context (4,096 on 32K)
+//! moves that point to 15.6K tokens, past its ~11.5K-token first prompt. A cap the user set is kept.
 
 use serde_json::{Map, Value};
 
@@ -14,7 +19,7 @@ use super::server::Target;
 use super::{FileWrite, Launch, UserEnv, has_flag, token};
 
 /// The variables we set, in order (all also go into `--settings`).
-pub fn env_vars(target: &Target) -> Vec<(&'static str, String)> {
+pub fn env_vars(target: &Target, user: &UserEnv) -> Vec<(&'static str, String)> {
     let m = target.model.clone();
     let ctx = target.context_tokens.to_string();
     let mut vars = vec![
@@ -41,6 +46,8 @@ pub fn env_vars(target: &Target) -> Vec<(&'static str, String)> {
     // limit alone drives compaction.
     if target.context_tokens >= MIN_AUTO_COMPACT_WINDOW {
         vars.push(("CLAUDE_CODE_AUTO_COMPACT_WINDOW", ctx));
+    } else if !user.vars.contains_key("CLAUDE_CODE_MAX_OUTPUT_TOKENS") {
+        vars.push(("CLAUDE_CODE_MAX_OUTPUT_TOKENS", (target.context_tokens / 8).max(1).to_string()));
     }
     vars
 }
@@ -50,7 +57,7 @@ pub const MIN_AUTO_COMPACT_WINDOW: usize = 100_000;
 
 pub fn build(target: &Target, user: &UserEnv, user_args: &[String]) -> Launch {
     let mut launch = Launch::new("claude");
-    let vars = env_vars(target);
+    let vars = env_vars(target, user);
     let mut env = Map::new();
     for (k, v) in &vars {
         launch.set(k, v.clone());
@@ -119,11 +126,19 @@ mod tests {
         }
         assert_eq!(l.env_value("CLAUDE_CODE_AUTO_COMPACT_WINDOW"), None, "32768 is under Claude's 100K minimum");
         assert!(s["env"].get("CLAUDE_CODE_AUTO_COMPACT_WINDOW").is_none());
+        // Claude Code's compaction point, 32768 - min(cap, 20000) - 13000, must clear its ~11.5K-token first prompt.
+        assert_eq!(l.env_value("CLAUDE_CODE_MAX_OUTPUT_TOKENS"), Some("4096"));
+        assert_eq!(s["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"], "4096");
+        assert!(32768 - 4096 - 13000 > 11_568);
+        let mut own = user(dir.path());
+        own.vars.insert("CLAUDE_CODE_MAX_OUTPUT_TOKENS".into(), "1000".into());
+        assert_eq!(build(&target(None), &own, &[]).env_value("CLAUDE_CODE_MAX_OUTPUT_TOKENS"), None, "user's cap kept");
         let mut big = target(None);
         big.context_tokens = 131072;
         let l = build(&big, &u, &[]);
         assert_eq!(l.env_value("CLAUDE_CODE_AUTO_COMPACT_WINDOW"), Some("131072"));
         assert_eq!(l.env_value("CLAUDE_CODE_MAX_CONTEXT_TOKENS"), Some("131072"));
+        assert_eq!(l.env_value("CLAUDE_CODE_MAX_OUTPUT_TOKENS"), None);
     }
 
     #[test]
