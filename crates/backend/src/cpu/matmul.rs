@@ -92,15 +92,17 @@ impl QMatrix {
     /// This matrix in the layout this machine's kernels prefer for its type ([`quant::preferred_layout`]), packed on
     /// `pool`; `None` when that is the layout it has.
     pub fn repacked(&self, pool: &ThreadPool) -> Option<QMatrix> {
+        if self.layout != Layout::Gguf {
+            return None;
+        }
         let layout = quant::preferred_layout(self.ty);
         let pack = match layout {
-            _ if self.layout != Layout::Gguf => return None,
             Layout::Gguf => return None,
             Layout::Q4KPairs => q4k_pairs::pack_pairs,
             Layout::Q6KPairs => q6k_pairs::pack_pairs,
         };
         let (rows, k) = (self.rows, self.cols);
-        let pb = layout.matrix_bytes(self.ty, 2, k)?;
+        let pb = layout.pair_bytes(k)?;
         let len = layout.matrix_bytes(self.ty, rows, k)?;
         // Anonymous pages (page-aligned, so no vector load of the kernels splits a cache line), on huge pages where
         // the kernel allows: the kernels stream every byte once per token, and 4 KiB pages cost TLB misses and

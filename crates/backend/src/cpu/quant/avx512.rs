@@ -13,8 +13,8 @@
 #![allow(unsafe_op_in_unsafe_fn)]
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 
-use super::ActFormat;
 use super::blocks::*;
+use super::{ActFormat, Layout};
 use gguf::GgmlType;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -378,18 +378,10 @@ unsafe fn group<T: Panel, const R: usize>(
     T::kernel::<R>(pk, n, u0, &a, &x, facc);
 }
 
-/// Where a panel's rows come from: GGUF rows (copied as they are) or a pairs layout (restored to GGUF blocks).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Source {
-    Gguf,
-    Q4KPairs,
-    Q6KPairs,
-}
-
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn drive<T: Panel>(
-    src_layout: Source,
+    src_layout: Layout,
     w: &[u8],
     k: usize,
     rows: Range<usize>,
@@ -417,13 +409,13 @@ unsafe fn drive<T: Panel>(
             // The panel's rows are one contiguous run of bytes. Reading it in order and packing from this copy
             // streams from DRAM at full speed; packing straight from 16 interleaved rows runs at a third of it.
             match src_layout {
-                Source::Gguf => std::ptr::copy_nonoverlapping(w.as_ptr().add(p0 * rb), stage, nvalid * rb),
-                Source::Q4KPairs => {
+                Layout::Gguf => std::ptr::copy_nonoverlapping(w.as_ptr().add(p0 * rb), stage, nvalid * rb),
+                Layout::Q4KPairs => {
                     for i in 0..nvalid {
                         q4k_pairs_unpack_row(w.as_ptr(), k, p0 + i, stage.add(i * rb));
                     }
                 }
-                Source::Q6KPairs => {
+                Layout::Q6KPairs => {
                     let stage_rows = std::slice::from_raw_parts_mut(stage, nvalid * rb);
                     for (i, row) in stage_rows.chunks_exact_mut(rb).enumerate() {
                         super::q6k_pairs::unpack_row(w, k, p0 + i, row);
@@ -440,15 +432,9 @@ unsafe fn drive<T: Panel>(
             // Meanwhile, keep DRAM busy with the next panel, a slice per packed unit.
             // (Past `rows.end` too: the caller's next chunk of rows usually follows.)
             // (In the pairs layout 16 rows from an even row are 8 whole pairs, as many bytes give or take the tails.)
-            let (row_bytes, w_rows) = match src_layout {
-                Source::Gguf => (rb, w.len() / rb),
-                Source::Q4KPairs | Source::Q6KPairs => {
-                    let pb = match src_layout {
-                        Source::Q4KPairs => super::q4k_pairs::pair_bytes(k),
-                        _ => super::q6k_pairs::pair_bytes(k),
-                    };
-                    (pb / 2, 2 * (w.len() / pb))
-                }
+            let (row_bytes, w_rows) = match src_layout.pair_bytes(k) {
+                None => (rb, w.len() / rb),
+                Some(pb) => (pb / 2, 2 * (w.len() / pb)),
             };
             let next = w.as_ptr().add((p0 + 16).min(w_rows) * row_bytes);
             let next_len = w_rows.saturating_sub(p0 + 16).min(16) * row_bytes;
@@ -1061,14 +1047,16 @@ unsafe fn float_rows<W: FloatW>(
     }
 }
 
-/// `matmul_rows` for Q4_K weights in the pairs layout (`super::q4k_pairs`): the row kernels read it directly; the
-/// panels restore each panel's GGUF rows first.
+/// `matmul_rows` for Q4_K or Q6_K weights (`wty`) in their pairs layout (`super::q4k_pairs`, `super::q6k_pairs`):
+/// the row kernels read it directly; the panels restore each panel's GGUF rows first.
 ///
 /// # Safety
 /// As `super::matmul_rows`, plus the CPU features of [`supported`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn matmul_rows_q4k_pairs(
+pub unsafe fn matmul_rows_pairs(
+    layout: Layout,
+    wty: GgmlType,
     w: &[u8],
     k: usize,
     rows: Range<usize>,
@@ -1078,33 +1066,12 @@ pub unsafe fn matmul_rows_q4k_pairs(
     out: *mut f32,
     ldo: usize,
 ) {
-    if m <= rows_max_m(GgmlType::Q4_K).min(8) {
-        super::avx512_rows::matmul_rows_q4k_pairs(w, k, rows, acts, act_rb, m, out, ldo);
+    if m <= rows_max_m(wty).min(8) {
+        super::avx512_rows::matmul_rows_pairs(layout, w, k, rows, acts, act_rb, m, out, ldo);
+    } else if layout == Layout::Q4KPairs {
+        drive::<Q4K>(layout, w, k, rows, acts, act_rb, m, out, ldo);
     } else {
-        drive::<Q4K>(Source::Q4KPairs, w, k, rows, acts, act_rb, m, out, ldo);
-    }
-}
-
-/// `matmul_rows` for Q6_K weights in the pairs layout (`super::q6k_pairs`), as [`matmul_rows_q4k_pairs`].
-///
-/// # Safety
-/// As `super::matmul_rows`, plus the CPU features of [`supported`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn matmul_rows_q6k_pairs(
-    w: &[u8],
-    k: usize,
-    rows: Range<usize>,
-    acts: &[u8],
-    act_rb: usize,
-    m: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    if m <= rows_max_m(GgmlType::Q6_K).min(8) {
-        super::avx512_rows::matmul_rows_q6k_pairs(w, k, rows, acts, act_rb, m, out, ldo);
-    } else {
-        drive::<Q6K>(Source::Q6KPairs, w, k, rows, acts, act_rb, m, out, ldo);
+        drive::<Q6K>(layout, w, k, rows, acts, act_rb, m, out, ldo);
     }
 }
 
@@ -1163,14 +1130,14 @@ pub unsafe fn matmul_rows(
         return;
     }
     match wty {
-        Q4_K => drive::<Q4K>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
-        Q5_K => drive::<Q5K>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
-        Q6_K => drive::<Q6K>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
-        Q4_0 => drive::<Q40>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
-        Q4_1 => drive::<Q41>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
-        Q5_0 => drive::<Q50>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
-        Q5_1 => drive::<Q51>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
-        Q8_0 => drive::<Q80>(Source::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q4_K => drive::<Q4K>(Layout::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q5_K => drive::<Q5K>(Layout::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q6_K => drive::<Q6K>(Layout::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q4_0 => drive::<Q40>(Layout::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q4_1 => drive::<Q41>(Layout::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q5_0 => drive::<Q50>(Layout::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q5_1 => drive::<Q51>(Layout::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
+        Q8_0 => drive::<Q80>(Layout::Gguf, w, k, rows, acts, act_rb, m, out, ldo),
         F32 => float_rows::<WF32>(w, k, rows, acts, act_rb, m, out, ldo),
         F16 => float_rows::<WF16>(w, k, rows, acts, act_rb, m, out, ldo),
         BF16 => float_rows::<WBF16>(w, k, rows, acts, act_rb, m, out, ldo),

@@ -541,78 +541,6 @@ unsafe fn q6k_pair<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]
     res
 }
 
-/// Pairs covering `rows` (Q6_K pairs layout) against the R prepared activation rows at `base` (`prep_rb` apart);
-/// only rows inside `rows` are written.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6k_pairs_r<const R: usize>(
-    w: *const u8,
-    nsb: usize,
-    rows: Range<usize>,
-    base: *const u8,
-    prep_rb: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    let pb = 2 * nsb * Q6_K_BYTES;
-    let mut pa = [base; R];
-    for (i, p) in pa.iter_mut().enumerate() {
-        *p = base.add(i * prep_rb);
-    }
-    for p in rows.start / 2..rows.end.div_ceil(2) {
-        let v = q6k_pair::<R>(w.add(p * pb), nsb, &pa);
-        for (half, vals) in v.iter().enumerate() {
-            let r = 2 * p + half;
-            if rows.contains(&r) {
-                for (i, &x) in vals.iter().enumerate() {
-                    *out.add(i * ldo + r) = x;
-                }
-            }
-        }
-    }
-}
-
-/// `matmul_rows` for Q6_K weights in the pairs layout and `m <= 8`.
-///
-/// # Safety
-/// As `super::matmul_rows` (with `w` in the pairs layout, `super::q6k_pairs::packed_bytes` long for the
-/// matrix), plus the CPU features of `super::avx512::supported`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn matmul_rows_q6k_pairs(
-    w: &[u8],
-    k: usize,
-    rows: Range<usize>,
-    acts: &[u8],
-    act_rb: usize,
-    m: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    let nsb = k / QK_K;
-    assert!(w.len() >= rows.end.div_ceil(2) * super::q6k_pairs::pair_bytes(k), "Q6_K pairs: weights too short");
-    let prep_rb = nsb * PQ6;
-    // The same preparation as the GGUF layout's transposed kernel, so the two share cache entries.
-    let kind = gguf::GgmlType::Q6_K.to_u32() << 1;
-    let prep = prepared(kind, &acts[..m * act_rb], k, m, prep_rb * m, |prep| {
-        for t in 0..m {
-            let a = acts.as_ptr().add(t * act_rb);
-            prep_q6k_t(a, a.add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
-        }
-    });
-    let wp = w.as_ptr();
-    match m {
-        1 => q6k_pairs_r::<1>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        2 => q6k_pairs_r::<2>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        3 => q6k_pairs_r::<3>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        4 => q6k_pairs_r::<4>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        5 => q6k_pairs_r::<5>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        6 => q6k_pairs_r::<6>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        7 => q6k_pairs_r::<7>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        8 => q6k_pairs_r::<8>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        _ => panic!("Q6_K pairs rows: m = {m} > 8"),
-    }
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Q4_K in groups of 4 super-blocks: lane 4g+c of a vector holds chunk c (32 packed bytes = sub-blocks 2c, 2c+1)
 // of super-block g, so every lane meets a single scale per nibble half and the integer sums need one `vpmulld`
@@ -1157,11 +1085,36 @@ unsafe fn q4k_pair<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]
     res
 }
 
-/// Pairs covering `rows` against the R prepared activation rows at `base` (`prep_rb` apart); only rows inside
-/// `rows` are written.
+/// A kernel for both rows of one pair of a pairs layout against R prepared activation rows.
+trait PairKernel {
+    unsafe fn pair<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [[f32; R]; 2];
+}
+
+struct Q4KPair;
+impl PairKernel for Q4KPair {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn pair<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [[f32; R]; 2] {
+        q4k_pair::<R>(w, nsb, pa)
+    }
+}
+
+struct Q6KPair;
+impl PairKernel for Q6KPair {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn pair<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]) -> [[f32; R]; 2] {
+        q6k_pair::<R>(w, nsb, pa)
+    }
+}
+
+/// Pairs covering `rows` (`pb` bytes each) against the R prepared activation rows at `base` (`prep_rb` apart);
+/// only rows inside `rows` are written.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4k_pairs_r<const R: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn pairs_r<K: PairKernel, const R: usize>(
     w: *const u8,
+    pb: usize,
     nsb: usize,
     rows: Range<usize>,
     base: *const u8,
@@ -1169,13 +1122,12 @@ unsafe fn q4k_pairs_r<const R: usize>(
     out: *mut f32,
     ldo: usize,
 ) {
-    let pb = super::q4k_pairs::pair_groups(nsb) * super::q4k_pairs::GROUP_BYTES;
     let mut pa = [base; R];
     for (i, p) in pa.iter_mut().enumerate() {
         *p = base.add(i * prep_rb);
     }
     for p in rows.start / 2..rows.end.div_ceil(2) {
-        let v = q4k_pair::<R>(w.add(p * pb), nsb, &pa);
+        let v = K::pair::<R>(w.add(p * pb), nsb, &pa);
         for (half, vals) in v.iter().enumerate() {
             let r = 2 * p + half;
             if rows.contains(&r) {
@@ -1187,13 +1139,42 @@ unsafe fn q4k_pairs_r<const R: usize>(
     }
 }
 
-/// `matmul_rows` for Q4_K weights in the pairs layout and `m <= 8`.
+/// [`pairs_r`] for the `m <= 8` rows at `prep`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_pairs<K: PairKernel>(
+    w: *const u8,
+    pb: usize,
+    nsb: usize,
+    rows: Range<usize>,
+    prep: *const u8,
+    prep_rb: usize,
+    m: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    match m {
+        1 => pairs_r::<K, 1>(w, pb, nsb, rows, prep, prep_rb, out, ldo),
+        2 => pairs_r::<K, 2>(w, pb, nsb, rows, prep, prep_rb, out, ldo),
+        3 => pairs_r::<K, 3>(w, pb, nsb, rows, prep, prep_rb, out, ldo),
+        4 => pairs_r::<K, 4>(w, pb, nsb, rows, prep, prep_rb, out, ldo),
+        5 => pairs_r::<K, 5>(w, pb, nsb, rows, prep, prep_rb, out, ldo),
+        6 => pairs_r::<K, 6>(w, pb, nsb, rows, prep, prep_rb, out, ldo),
+        7 => pairs_r::<K, 7>(w, pb, nsb, rows, prep, prep_rb, out, ldo),
+        8 => pairs_r::<K, 8>(w, pb, nsb, rows, prep, prep_rb, out, ldo),
+        _ => panic!("pairs rows: m = {m} > 8"),
+    }
+}
+
+/// `matmul_rows` for Q4_K or Q6_K weights in their pairs layout (`layout`) and `m <= 8`.
 ///
 /// # Safety
-/// As `super::matmul_rows` (with `w` in the pairs layout, `super::q4k_pairs::packed_bytes` long for the
-/// matrix), plus the CPU features of `super::avx512::supported`.
+/// As `super::matmul_rows` (with `w` in `layout`, long enough for `rows`), plus the CPU features of
+/// `super::avx512::supported`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn matmul_rows_q4k_pairs(
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_rows_pairs(
+    layout: super::Layout,
     w: &[u8],
     k: usize,
     rows: Range<usize>,
@@ -1204,26 +1185,29 @@ pub unsafe fn matmul_rows_q4k_pairs(
     ldo: usize,
 ) {
     let nsb = k / QK_K;
-    assert!(w.len() >= rows.end.div_ceil(2) * super::q4k_pairs::pair_bytes(k), "Q4_K pairs: weights too short");
-    let prep_rb = nsb.div_ceil(4) * PG4;
-    let kind = (gguf::GgmlType::Q4_K.to_u32() << 1) | 0x100;
-    let prep = prepared(kind, &acts[..m * act_rb], k, m, prep_rb * m, |prep| {
-        for t in 0..m {
-            let a = acts.as_ptr().add(t * act_rb);
-            prep_q4k_pairs(a, a.add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
-        }
-    });
-    let wp = w.as_ptr();
-    match m {
-        1 => q4k_pairs_r::<1>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        2 => q4k_pairs_r::<2>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        3 => q4k_pairs_r::<3>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        4 => q4k_pairs_r::<4>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        5 => q4k_pairs_r::<5>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        6 => q4k_pairs_r::<6>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        7 => q4k_pairs_r::<7>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        8 => q4k_pairs_r::<8>(wp, nsb, rows, prep, prep_rb, out, ldo),
-        _ => panic!("Q4_K pairs rows: m = {m} > 8"),
+    let pb = layout.pair_bytes(k).expect("INVARIANT: a pairs layout");
+    assert!(w.len() >= rows.end.div_ceil(2) * pb, "pairs rows: weights too short");
+    let (wp, acts_m) = (w.as_ptr(), &acts[..m * act_rb]);
+    let a = |t: usize| acts.as_ptr().add(t * act_rb);
+    if layout == super::Layout::Q4KPairs {
+        let prep_rb = nsb.div_ceil(4) * PG4;
+        let kind = (gguf::GgmlType::Q4_K.to_u32() << 1) | 0x100;
+        let prep = prepared(kind, acts_m, k, m, prep_rb * m, |prep| {
+            for t in 0..m {
+                prep_q4k_pairs(a(t), a(t).add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
+            }
+        });
+        run_pairs::<Q4KPair>(wp, pb, nsb, rows, prep, prep_rb, m, out, ldo);
+    } else {
+        let prep_rb = nsb * PQ6;
+        // The same preparation as the GGUF layout's transposed kernel, so the two share cache entries.
+        let kind = gguf::GgmlType::Q6_K.to_u32() << 1;
+        let prep = prepared(kind, acts_m, k, m, prep_rb * m, |prep| {
+            for t in 0..m {
+                prep_q6k_t(a(t), a(t).add(nsb * Q8_K_BYTES), nsb, prep.add(t * prep_rb));
+            }
+        });
+        run_pairs::<Q6KPair>(wp, pb, nsb, rows, prep, prep_rb, m, out, ldo);
     }
 }
 

@@ -163,8 +163,16 @@ impl Layout {
     pub fn matrix_bytes(self, wty: GgmlType, rows: usize, k: usize) -> Option<usize> {
         match self {
             Layout::Gguf => wty.row_bytes(k).map(|rb| rb * rows),
-            Layout::Q4KPairs => Some(q4k_pairs::packed_bytes(rows, k)),
-            Layout::Q6KPairs => Some(q6k_pairs::packed_bytes(rows, k)),
+            _ => self.pair_bytes(k).map(|pb| rows.div_ceil(2) * pb),
+        }
+    }
+
+    /// Bytes of one pair of rows of `k` elements in a pairs layout (`None` for `Gguf`).
+    pub fn pair_bytes(self, k: usize) -> Option<usize> {
+        match self {
+            Layout::Gguf => None,
+            Layout::Q4KPairs => Some(q4k_pairs::pair_bytes(k)),
+            Layout::Q6KPairs => Some(q6k_pairs::pair_bytes(k)),
         }
     }
 }
@@ -205,7 +213,7 @@ pub unsafe fn matmul_rows_in(
             let want = if layout == Layout::Q4KPairs { GgmlType::Q4_K } else { GgmlType::Q6_K };
             assert_eq!(wty, want, "matmul_rows: the {layout:?} layout holds {want} weights");
             assert!(k.is_multiple_of(blocks::QK_K), "matmul_rows: {k} is not a whole number of {wty} blocks");
-            let pair_bytes = layout.matrix_bytes(wty, 2, k).expect("INVARIANT: a pairs layout");
+            let pair_bytes = layout.pair_bytes(k).expect("INVARIANT: a pairs layout");
             assert!(w.len() >= rows.end.div_ceil(2) * pair_bytes, "matmul_rows: weights too short");
             let act_rb = act_row_bytes(ActFormat::Q8_K, k);
             assert!(acts.len() >= m * act_rb, "matmul_rows: activations too short for {m} rows");
@@ -215,13 +223,7 @@ pub unsafe fn matmul_rows_in(
             #[cfg(target_arch = "x86_64")]
             if kernel_level() == KernelLevel::Avx512 {
                 // SAFETY: lengths checked above; `out` per the caller's contract; AVX-512 was detected.
-                unsafe {
-                    if layout == Layout::Q4KPairs {
-                        avx512::matmul_rows_q4k_pairs(w, k, rows, acts, act_rb, m, out, ldo)
-                    } else {
-                        avx512::matmul_rows_q6k_pairs(w, k, rows, acts, act_rb, m, out, ldo)
-                    }
-                };
+                unsafe { avx512::matmul_rows_pairs(layout, wty, w, k, rows, acts, act_rb, m, out, ldo) };
                 return;
             }
             panic!("matmul_rows: the {layout:?} layout needs the AVX-512 kernels");
