@@ -34,7 +34,7 @@ pub(super) fn locate(nsb: usize, row_in_pair: usize, sb: usize) -> (usize, usize
 }
 
 /// Groups per pair of rows.
-pub fn pair_groups(nsb: usize) -> usize {
+fn pair_groups(nsb: usize) -> usize {
     let (full, rem) = (nsb / 4, nsb % 4);
     2 * full + [0, 1, 1, 2][rem]
 }
@@ -42,11 +42,6 @@ pub fn pair_groups(nsb: usize) -> usize {
 /// Bytes per pair of rows of `k` elements.
 pub fn pair_bytes(k: usize) -> usize {
     pair_groups(k / QK_K) * GROUP_BYTES
-}
-
-/// Bytes of `rows` rows of `k` elements in the pairs layout.
-pub fn packed_bytes(rows: usize, k: usize) -> usize {
-    rows.div_ceil(2) * pair_bytes(k)
 }
 
 /// Packs pairs `pairs` of the GGUF Q4_K matrix `w` (`rows` rows of `k` elements) into `dst`, which holds exactly
@@ -114,7 +109,7 @@ mod tests {
             for rows in [1usize, 2, 3, 6] {
                 let rb = nsb * Q4_K_BYTES;
                 let w: Vec<u8> = (0..rows * rb).map(|i| (i * 7 + i / 251) as u8).collect();
-                let mut packed = vec![0u8; packed_bytes(rows, k)];
+                let mut packed = vec![0u8; rows.div_ceil(2) * pair_bytes(k)];
                 pack_pairs(&w, rows, k, 0..rows.div_ceil(2), &mut packed);
                 let mut row = vec![0u8; rb];
                 for r in 0..rows {

@@ -13,11 +13,6 @@ pub fn pair_bytes(k: usize) -> usize {
     2 * (k / QK_K) * Q6_K_BYTES
 }
 
-/// Bytes of `rows` rows of `k` elements in the pairs layout.
-pub fn packed_bytes(rows: usize, k: usize) -> usize {
-    rows.div_ceil(2) * pair_bytes(k)
-}
-
 /// Packs pairs `pairs` of the GGUF Q6_K matrix `w` (`rows` rows of `k` elements) into `dst`, which holds exactly
 /// those pairs.
 ///
@@ -64,7 +59,7 @@ mod tests {
             for rows in [1usize, 2, 3, 6] {
                 let rb = nsb * Q6_K_BYTES;
                 let w: Vec<u8> = (0..rows * rb).map(|i| (i * 7 + i / 251) as u8).collect();
-                let mut packed = vec![0u8; packed_bytes(rows, k)];
+                let mut packed = vec![0u8; rows.div_ceil(2) * pair_bytes(k)];
                 pack_pairs(&w, rows, k, 0..rows.div_ceil(2), &mut packed);
                 let mut row = vec![0u8; rb];
                 for r in 0..rows {
