@@ -927,6 +927,27 @@ impl CudaRunner {
         self.launch("quant_q8", (m as u32, k.div_ceil(256) as u32, 1), 256, Args(vec![x, norm, rows, xq, xd, i(k)]))
     }
 
+    /// The per-head q/k RMSNorm where the layer has one (Qwen3), then RoPE and the K/V write into layer `li`'s cache,
+    /// for `mu` rows at `[q, k, v]` with their `[positions, cache slots, block table]`.
+    fn qk_norm_rope_kv(
+        &self,
+        l: &GLayer,
+        li: usize,
+        [q, k, v]: [u64; 3],
+        [pos, slot, table]: [u64; 3],
+        mu: u32,
+    ) -> Result<()> {
+        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+            self.launch("qk_norm", (mu, 1, 1), 128, Args(vec![q, k, qn.ptr, kn.ptr]))?;
+        }
+        self.launch(
+            "rope_kv",
+            (mu, 1, 1),
+            self.rope_threads(),
+            Args(vec![q, k, v, self.inv_freq.ptr, pos, slot, table, self.kc[li].ptr, self.vc[li].ptr]),
+        )
+    }
+
     /// Threads of a `rope_kv` block: one per rotation pair of the q and k heads (at most 1024).
     fn rope_threads(&self) -> u32 {
         let c = &self.cfg;
@@ -1003,15 +1024,7 @@ impl CudaRunner {
                 self.linear(&l.wq, gs.xh.ptr, q, l.bq.as_ref(), m, false)?;
                 self.linear(&l.wk, gs.xh.ptr, k, l.bk.as_ref(), m, false)?;
                 self.linear(&l.wv, gs.xh.ptr, v, l.bv.as_ref(), m, false)?;
-                if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                    self.launch("qk_norm", (mu, 1, 1), 128, Args(vec![q, k, qn.ptr, kn.ptr]))?;
-                }
-                self.launch(
-                    "rope_kv",
-                    (mu, 1, 1),
-                    self.rope_threads(),
-                    Args(vec![q, k, v, self.inv_freq.ptr, pos, slot, s.table.ptr, self.kc[li].ptr, self.vc[li].ptr]),
-                )?;
+                self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, s.table.ptr], mu)?;
                 self.gemm_attention(li, gc, q, att, m)?;
                 self.to_f16(att, gs.xh.ptr, m * c.q_dim())?;
                 self.linear(&l.wo, gs.xh.ptr, x, None, m, true)?;
@@ -1062,15 +1075,7 @@ impl CudaRunner {
                         i(m),
                     ]),
                 )?;
-                if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                    self.launch("qk_norm", (mu, 1, 1), 128, Args(vec![q, k, qn.ptr, kn.ptr]))?;
-                }
-                self.launch(
-                    "rope_kv",
-                    (mu, 1, 1),
-                    self.rope_threads(),
-                    Args(vec![q, k, v, self.inv_freq.ptr, pos, slot, s.table.ptr, self.kc[li].ptr, self.vc[li].ptr]),
-                )?;
+                self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, s.table.ptr], mu)?;
             } else if !fused || !self.opts.fuse_rope {
                 if fused {
                     // RMSNorm fused into one launch of the three projections.
@@ -1102,15 +1107,7 @@ impl CudaRunner {
                     self.mmv_m(&l.wk, xn, k, l.bk.as_ref(), m, false, &mut memo)?;
                     self.mmv_m(&l.wv, xn, v, l.bv.as_ref(), m, false, &mut memo)?;
                 }
-                if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                    self.launch("qk_norm", (mu, 1, 1), 128, Args(vec![q, k, qn.ptr, kn.ptr]))?;
-                }
-                self.launch(
-                    "rope_kv",
-                    (mu, 1, 1),
-                    self.rope_threads(),
-                    Args(vec![q, k, v, self.inv_freq.ptr, pos, slot, s.table.ptr, self.kc[li].ptr, self.vc[li].ptr]),
-                )?;
+                self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, s.table.ptr], mu)?;
             } else {
                 // RMSNorm, biases, RoPE and the KV write fused into one launch of the three projections.
                 let mr = pick_mr(m);
