@@ -8,7 +8,7 @@ mod common;
 use api::ServerConfig;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use common::{Options, body_text, harness, sse_data};
+use common::{Options, body_text, harness, named_events};
 use serde_json::{Value, json};
 
 const MESSAGES: &str = "/v1/messages?beta=true";
@@ -23,18 +23,6 @@ fn assert_error(status: StatusCode, body: &Value, expected: StatusCode, kind: &s
     assert_eq!(body["type"], "error", "{body}");
     assert_eq!(body["error"]["type"], kind, "{body}");
     assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
-}
-
-/// (event name, data) pairs of an SSE body.
-fn named_events(body: &str) -> Vec<(String, Value)> {
-    body.split("\n\n")
-        .filter(|e| !e.trim().is_empty() && !e.starts_with(':'))
-        .map(|e| {
-            let name = e.lines().find_map(|l| l.strip_prefix("event: ")).expect("named event").to_owned();
-            let data = sse_data(e).join("\n");
-            (name, serde_json::from_str(&data).expect("JSON data"))
-        })
-        .collect()
 }
 
 #[tokio::test]

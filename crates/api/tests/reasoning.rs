@@ -11,7 +11,7 @@ mod common;
 use api::{ReasoningFormat, ServerConfig};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use common::{Harness, Options, assets, body_text, harness, sse_data};
+use common::{Harness, Options, assets, body_text, harness, named_events, sse_data};
 use serde_json::{Value, json};
 
 const CHAT: &str = "/v1/chat/completions";
@@ -65,17 +65,6 @@ async fn stream_body(h: &Harness, path: &str, body: &Value) -> String {
     let response = h.send(request).await;
     assert_eq!(response.status(), StatusCode::OK);
     body_text(response).await
-}
-
-/// (event name, data) pairs of a named-event SSE body.
-fn named_events(body: &str) -> Vec<(String, Value)> {
-    body.split("\n\n")
-        .filter(|e| !e.trim().is_empty() && !e.starts_with(':'))
-        .map(|e| {
-            let name = e.lines().find_map(|l| l.strip_prefix("event: ")).expect("named event").to_owned();
-            (name, serde_json::from_str(&sse_data(e).join("\n")).expect("JSON data"))
-        })
-        .collect()
 }
 
 /// Joined `reasoning_content` and `content` deltas of a Chat Completions stream, the tool-call deltas, and the

@@ -7,7 +7,7 @@ mod common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use common::{Options, body_text, harness, sse_data};
+use common::{Options, body_text, harness, named_events};
 use serde_json::{Value, json};
 
 const RESPONSES: &str = "/v1/responses";
@@ -17,20 +17,10 @@ fn exec_tool() -> Value {
            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}})
 }
 
-fn events(body: &str) -> Vec<(String, Value)> {
-    body.split("\n\n")
-        .filter(|e| !e.trim().is_empty() && !e.starts_with(':'))
-        .map(|e| {
-            let name = e.lines().find_map(|l| l.strip_prefix("event: ")).expect("named event").to_owned();
-            (name, serde_json::from_str(&sse_data(e).join("\n")).expect("JSON data"))
-        })
-        .collect()
-}
-
 async fn stream(h: &common::Harness, body: &Value) -> Vec<(String, Value)> {
     let response = h.send(Request::post(RESPONSES).body(Body::from(body.to_string())).unwrap()).await;
     assert_eq!(response.status(), StatusCode::OK);
-    let events = events(&body_text(response).await);
+    let events = named_events(&body_text(response).await);
     for (i, (name, data)) in events.iter().enumerate() {
         assert_eq!(data["type"], name.as_str());
         assert_eq!(data["sequence_number"], i, "sequence numbers count from 0 without gaps");

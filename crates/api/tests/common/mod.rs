@@ -252,3 +252,14 @@ pub fn sse_data(body: &str) -> Vec<String> {
         })
         .collect()
 }
+
+/// (event name, data) pairs of a named-event SSE body (Anthropic Messages, OpenAI Responses); comment lines skipped.
+pub fn named_events(body: &str) -> Vec<(String, serde_json::Value)> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty() && !e.starts_with(':'))
+        .map(|e| {
+            let name = e.lines().find_map(|l| l.strip_prefix("event: ")).expect("named event").to_owned();
+            (name, serde_json::from_str(&sse_data(e).join("\n")).expect("JSON data"))
+        })
+        .collect()
+}
