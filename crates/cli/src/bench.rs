@@ -281,20 +281,26 @@ fn spec_bench(a: &Args) -> Result<()> {
                 "proposed": proposed, "accepted": accepted,
                 "acceptance": accepted as f64 / proposed.max(1) as f64,
                 "identical_to_off": identical,
+                "draft_ms": 1e3 * (after.draft_s - before.draft_s),
+                "target_ms": 1e3 * (after.target_s - before.target_s),
+                "other_ms": 1e3 * (after.other_s - before.other_s),
                 "prompt_ids": ids_for_json,
             });
             if a.json {
                 println!("{row}");
             } else {
                 println!(
-                    "{:<6} {:<5} #{pi}: {:>4} tokens {:7.1} tok/s  {:4.2} tokens/pass  acceptance {:5.1}% ({accepted}/{proposed})  identical {}",
+                    "{:<6} {:<5} #{pi}: {:>4} tokens {:7.1} tok/s  {:4.2} tokens/pass  acceptance {:5.1}% ({accepted}/{proposed})  identical {}  time: draft {:.0} ms, target {:.0} ms, other {:.0} ms",
                     row["mode"].as_str().unwrap_or(""),
                     kind,
                     usage.completion_tokens,
                     usage.decode_tok_s(),
                     row["tokens_per_pass"].as_f64().unwrap_or(0.0),
                     100.0 * row["acceptance"].as_f64().unwrap_or(0.0),
-                    identical
+                    identical,
+                    row["draft_ms"].as_f64().unwrap_or(0.0),
+                    row["target_ms"].as_f64().unwrap_or(0.0),
+                    row["other_ms"].as_f64().unwrap_or(0.0),
                 );
             }
             results.push(row);

@@ -67,6 +67,11 @@ pub struct SpecStats {
     pub draft_accepted: u64,
     /// Depth chosen in the last step, averaged over its decoding sequences.
     pub last_depth: f64,
+    /// Wall time of steps, split into draft-model passes (drafting and prompt catch-up), target passes, and the
+    /// rest (scheduling, sampling and verification), in seconds.
+    pub draft_s: f64,
+    pub target_s: f64,
+    pub other_s: f64,
 }
 
 impl SpecStats {
@@ -225,6 +230,8 @@ struct Proposal {
     shadow: Vec<u32>,
     /// Length of the suffix match behind the n-gram proposal (or the shadow).
     ngram_match: usize,
+    /// The depth is this sequence's own and the step may not trim it (seeded sampling, see [`Engine::costs_for`]).
+    fixed: bool,
 }
 
 pub struct Engine<R: Runner> {
@@ -234,7 +241,9 @@ pub struct Engine<R: Runner> {
     config: EngineConfig,
     seqs: Vec<Sequence>,
     next_id: u64,
+    /// Pass costs as calibrated (or set), and as kept current by the passes since.
     costs: PassCosts,
+    live_costs: PassCosts,
     stats: SpecStats,
 }
 
@@ -249,6 +258,7 @@ impl<R: Runner> Engine<R> {
             seqs: Vec::new(),
             next_id: 0,
             costs: PassCosts::assumed(),
+            live_costs: PassCosts::assumed(),
             stats: SpecStats::default(),
         }
     }
@@ -312,49 +322,72 @@ impl<R: Runner> Engine<R> {
         self.stats
     }
 
+    /// The pass costs as calibrated (or set).
     pub fn pass_costs(&self) -> &PassCosts {
         &self.costs
     }
 
+    /// The pass costs as the passes run since calibration measured them.
+    pub fn live_pass_costs(&self) -> &PassCosts {
+        &self.live_costs
+    }
+
+    /// The costs that choose `s`'s depth. A sampled request with a seed must give the same tokens every time it is
+    /// run: which tokens rejection sampling keeps depends on the depth, so its depth comes from the calibrated costs
+    /// and its own acceptance alone (never from pass timings or the other sequences of a step). Everything else
+    /// follows the live costs.
+    fn costs_for(&self, s: &Sequence) -> &PassCosts {
+        let p = &s.sampler.params;
+        if p.seed.is_some() && !p.is_greedy() { &self.costs } else { &self.live_costs }
+    }
+
     pub fn set_pass_costs(&mut self, costs: PassCosts) {
+        self.live_costs = costs.clone();
         self.costs = costs;
     }
 
     /// Measures target passes of 1 to 33 (and max_draft_tokens + 1) rows and a one-row draft pass, for choosing draft
-    /// depths.
-    /// Takes a few forward passes; call once before serving.
+    /// depths: three rounds over every count, so a burst of other work on the machine hits different counts in
+    /// different rounds, and the fastest of each is kept ([`PassCosts::from_timings`]). Takes a few seconds; call
+    /// once before serving. Decoding then keeps the costs current.
     pub fn calibrate(&mut self) -> Result<()> {
         let probe = SeqId(u64::MAX);
         let max_rows = self.config.spec.max_draft_tokens + 1;
         let time = |runner: &mut R, rows: usize| -> Result<f64> {
             let tokens = vec![0u32; rows];
-            let mut best = f64::INFINITY;
-            for _ in 0..2 {
-                let batch = Batch {
-                    chunks: vec![SeqChunk { seq: probe, tokens: &tokens, start_pos: 0, logits: LogitsWanted::All }],
-                };
-                let t0 = Instant::now();
-                let r = runner.forward(&batch).map(|_| ());
-                best = best.min(t0.elapsed().as_secs_f64());
-                runner.release(probe);
-                r?;
-            }
-            Ok(best)
+            let batch = Batch {
+                chunks: vec![SeqChunk { seq: probe, tokens: &tokens, start_pos: 0, logits: LogitsWanted::All }],
+            };
+            let t0 = Instant::now();
+            let r = runner.forward(&batch).map(|_| ());
+            let secs = t0.elapsed().as_secs_f64();
+            runner.release(probe);
+            r?;
+            Ok(secs)
         };
         // Up to 33 rows whatever the depth: several sequences' drafts share a step. Every count up to 10: the CPU
         // kernels' cost steps at quads of rows and at their register limits, which interpolation would miss.
         let mut points: Vec<usize> = vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 17, 33, max_rows];
         points.sort_unstable();
         points.dedup();
-        let mut target = Vec::new();
-        for rows in points {
-            target.push((rows, time(&mut self.runner, rows)?));
+        let mut target: Vec<(usize, Vec<f64>)> = points.iter().map(|&r| (r, Vec::new())).collect();
+        let mut draft = Vec::new();
+        // A first pass of each size warms caches and allocations without being counted.
+        for round in 0..4 {
+            for (rows, times) in target.iter_mut() {
+                let t = time(&mut self.runner, *rows)?;
+                if round > 0 {
+                    times.push(t);
+                }
+            }
+            if let Some(d) = self.draft.as_mut() {
+                let t = time(d, 1)?;
+                if round > 0 {
+                    draft.push(t);
+                }
+            }
         }
-        let draft_s = match self.draft.as_mut() {
-            Some(d) => time(d, 1)?,
-            None => 0.0,
-        };
-        self.costs = PassCosts { target, draft_s };
+        self.set_pass_costs(PassCosts::from_timings(&target, &draft));
         Ok(())
     }
 
@@ -473,15 +506,17 @@ impl<R: Runner> Engine<R> {
         if max_k == 0 || s.constraint.as_ref().is_some_and(|c| !c.is_dormant()) {
             return Proposal::default();
         }
+        let costs = self.costs_for(s);
+        let fixed = !std::ptr::eq(costs, &self.live_costs);
         let pick = |method: Method, acc: f64, max: usize| {
-            if spec.adaptive { self.costs.best_depth(method, acc, max) } else { max }
+            if spec.adaptive { costs.best_depth(method, acc, max) } else { max }
         };
         let mut best: Option<(f64, Method, usize)> = None;
         let mut consider = |method: Method, acc: f64, k: usize| {
             if k == 0 {
                 return;
             }
-            let speed = self.costs.speed(method, acc, k);
+            let speed = costs.speed(method, acc, k);
             if best.is_none_or(|b| speed > b.0) {
                 best = Some((speed, method, k));
             }
@@ -501,7 +536,7 @@ impl<R: Runner> Engine<R> {
             consider(Method::Draft, s.draft.rate, pick(Method::Draft, s.draft.rate, max_k));
         }
         // Adaptive: the depth is settled for the whole step later; propose all that is allowed.
-        let cap = |k: usize, max: usize| if spec.adaptive { max } else { k };
+        let cap = |k: usize, max: usize| if spec.adaptive && !fixed { max } else { k };
         match best {
             Some((_, Method::Ngram, k)) => {
                 let k = cap(k, ngram.len());
@@ -514,13 +549,22 @@ impl<R: Runner> Engine<R> {
                     rate: ngram_rate,
                     shadow: Vec::new(),
                     ngram_match,
+                    fixed,
                 }
             }
             Some((_, Method::Draft, k)) => {
                 let k = cap(k, max_k);
                 let rate = s.draft.rate;
                 let tokens = vec![0; k];
-                Proposal { method: Some(Method::Draft), tokens, weights: Vec::new(), rate, shadow: ngram, ngram_match }
+                Proposal {
+                    method: Some(Method::Draft),
+                    tokens,
+                    weights: Vec::new(),
+                    rate,
+                    shadow: ngram,
+                    ngram_match,
+                    fixed,
+                }
             }
             None => Proposal::default(),
         }
@@ -535,11 +579,20 @@ impl<R: Runner> Engine<R> {
         if !self.config.spec.adaptive {
             return;
         }
-        let mut depth = vec![0usize; props.len()];
+        // Fixed depths stay as proposed and count as already chosen.
+        let mut depth: Vec<usize> = props.iter().map(|(_, p)| if p.fixed { p.tokens.len() } else { 0 }).collect();
         let mut expected = num_decoding.max(1) as f64;
         let mut rows = base_rows;
         let mut draft_depth = 0;
-        let time = |rows: usize, draft_depth: usize| self.costs.target(rows) + draft_depth as f64 * self.costs.draft_s;
+        for (_, p) in props.iter().filter(|(_, p)| p.fixed) {
+            expected += spec::expected_tokens(p.rate, p.tokens.len()) - 1.0;
+            rows += p.tokens.len();
+            if p.method == Some(Method::Draft) {
+                draft_depth = draft_depth.max(p.tokens.len());
+            }
+        }
+        let costs = &self.live_costs;
+        let time = |rows: usize, draft_depth: usize| costs.target(rows) + draft_depth as f64 * costs.draft_s;
         let mut speed = expected / time(rows, draft_depth);
         loop {
             let mut best: Option<(f64, usize, usize)> = None; // (speed, proposal, draft depth)
@@ -607,7 +660,11 @@ impl<R: Runner> Engine<R> {
                     })
                     .collect(),
             };
+            let pass_start = Instant::now();
             let logits = draft.forward(&batch)?.to_vec();
+            if live.len() == 1 {
+                self.live_costs.observe_draft(pass_start.elapsed().as_secs_f64());
+            }
             for (r, &w) in live.iter().enumerate() {
                 let (i, prop) = &mut props[want[w]];
                 let s = &mut self.seqs[*i];
@@ -668,6 +725,7 @@ impl<R: Runner> Engine<R> {
 
     /// Runs one batch and returns the events it produced, in order.
     pub fn step(&mut self) -> Result<Vec<(RequestId, Event)>> {
+        let step_start = Instant::now();
         // Schedule: decoding sequences first (the pending token plus any drafts), then prompt chunks, fewest tokens
         // left first (ties in arrival order). While anything decodes, prompts share a smaller budget so streams keep
         // flowing.
@@ -718,10 +776,12 @@ impl<R: Runner> Engine<R> {
         let base_rows = scheduled.iter().map(|&(_, n, _)| n).sum();
         let num_decoding = scheduled.iter().filter(|(i, _, _)| !self.seqs[*i].is_prefill()).count();
         self.choose_depths(&mut props, base_rows, num_decoding);
+        let draft_start = Instant::now();
         self.run_draft(&mut props)?;
         let prefills: Vec<(usize, usize)> =
             scheduled.iter().filter(|(i, _, _)| self.seqs[*i].is_prefill()).map(|&(i, n, _)| (i, n)).collect();
         self.draft_prefill(&prefills)?;
+        let draft_s = draft_start.elapsed().as_secs_f64();
 
         let feeds: Vec<Vec<u32>> = scheduled
             .iter()
@@ -751,7 +811,12 @@ impl<R: Runner> Engine<R> {
                 .collect(),
         };
         let num_rows = batch.num_logit_rows();
+        let target_start = Instant::now();
         let logits = self.runner.forward(&batch)?.to_vec();
+        let target_s = target_start.elapsed().as_secs_f64();
+        if prefills.is_empty() {
+            self.live_costs.observe_target(batch.chunks.iter().map(|c| c.tokens.len()).sum(), target_s);
+        }
         drop(batch);
         let vocab = self.runner.config().vocab_size;
         let max_context = self.runner.config().max_context;
@@ -861,6 +926,9 @@ impl<R: Runner> Engine<R> {
         if num_verified > 0 {
             self.stats.last_depth = depth_sum as f64 / num_verified as f64;
         }
+        self.stats.draft_s += draft_s;
+        self.stats.target_s += target_s;
+        self.stats.other_s += step_start.elapsed().as_secs_f64() - draft_s - target_s;
         finished.sort_unstable();
         for i in finished.into_iter().rev() {
             let s = self.seqs.remove(i);

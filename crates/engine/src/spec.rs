@@ -154,7 +154,10 @@ pub fn expected_tokens(a: f64, k: usize) -> f64 {
     (1.0 - a.powi(k as i32 + 1)) / (1.0 - a)
 }
 
-/// Time of forward passes by number of rows, for the cost model: measured by `Engine::calibrate`, or assumed.
+/// Time of forward passes by number of rows, for the cost model: measured by `Engine::calibrate` (or assumed), then
+/// kept current by the passes the engine really runs ([`PassCosts::observe_target`], [`PassCosts::observe_draft`]):
+/// a calibration taken while something else loaded the machine, or at a short context when requests run at a long
+/// one, would otherwise decide every depth from wrong costs for as long as the process lives.
 #[derive(Debug, Clone, Default)]
 pub struct PassCosts {
     /// (rows, seconds) of target passes, rows ascending.
@@ -163,11 +166,52 @@ pub struct PassCosts {
     pub draft_s: f64,
 }
 
+/// Weight of one observed pass in the running costs: a handful of passes move them, one outlier does not.
+const OBSERVE_WEIGHT: f64 = 0.1;
+
 impl PassCosts {
     /// Before measuring: a pass of r rows costs 1 + 0.1 (r - 1) single-row passes (weights read once), and a draft
     /// pass a third of a target one.
     pub fn assumed() -> Self {
         PassCosts { target: vec![(1, 1.0), (17, 2.6)], draft_s: 0.33 }
+    }
+
+    /// Costs from repeated timings (`target`: rows and every timing of that many rows; `draft`: every draft timing).
+    /// Interference only ever slows a pass, so each count keeps its fastest timing, and a count is never costlier
+    /// than a larger one (a pass over more rows does all the work of one over fewer).
+    pub fn from_timings(target: &[(usize, Vec<f64>)], draft: &[f64]) -> Self {
+        let fastest = |t: &[f64]| t.iter().copied().fold(f64::INFINITY, f64::min);
+        let mut points: Vec<(usize, f64)> = target.iter().map(|(r, t)| (*r, fastest(t))).collect();
+        points.sort_by_key(|p| p.0);
+        points.dedup_by_key(|p| p.0);
+        for i in (0..points.len().saturating_sub(1)).rev() {
+            points[i].1 = points[i].1.min(points[i + 1].1);
+        }
+        PassCosts { target: points, draft_s: if draft.is_empty() { 0.0 } else { fastest(draft) } }
+    }
+
+    /// Folds in a target pass of `rows` rows that took `secs`. One observation moves the cost by at most a
+    /// factor of 1.2 (`OBSERVE_WEIGHT` of a value clamped to half or twice the current one).
+    pub fn observe_target(&mut self, rows: usize, secs: f64) {
+        if rows == 0 || !secs.is_finite() || secs <= 0.0 {
+            return;
+        }
+        let i = match self.target.binary_search_by_key(&rows, |p| p.0) {
+            Ok(i) => i,
+            Err(i) => {
+                let now = self.target(rows);
+                self.target.insert(i, (rows, now));
+                i
+            }
+        };
+        self.target[i].1 = blend(self.target[i].1, secs);
+    }
+
+    /// Folds in the time of one draft pass.
+    pub fn observe_draft(&mut self, secs: f64) {
+        if secs.is_finite() && secs > 0.0 && self.draft_s > 0.0 {
+            self.draft_s = blend(self.draft_s, secs);
+        }
     }
 
     /// Target pass time for `rows` rows: piecewise linear through the measured points, extended past the ends.
@@ -203,6 +247,14 @@ impl PassCosts {
         }
         best.1
     }
+}
+
+/// `old` moved towards `obs` (clamped to half or twice `old`) by [`OBSERVE_WEIGHT`].
+fn blend(old: f64, obs: f64) -> f64 {
+    if !(old.is_finite() && old > 0.0) {
+        return obs;
+    }
+    (1.0 - OBSERVE_WEIGHT) * old + OBSERVE_WEIGHT * obs.clamp(0.5 * old, 2.0 * old)
 }
 
 /// Verifies draft `d` against the target's sampling weights `p`; `q` is the draft's weights when it was sampled
@@ -275,6 +327,48 @@ mod tests {
         assert_eq!(ngram_propose(&[], 2, 4, 3), Vec::<u32>::new());
         // Continuation runs up to the end of the sequence.
         assert_eq!(ngram_propose(&[5, 6, 5, 6], 2, 2, 8), vec![5, 6]);
+    }
+
+    #[test]
+    fn calibration_keeps_the_fastest_timing_and_never_falls_with_rows() {
+        // Round 2 of 4 rows hit a burst of other work; the 4-row point was slow in every round.
+        let timings = vec![
+            (1, vec![1.0, 1.3, 1.0]),
+            (2, vec![1.1, 1.2, 1.15]),
+            (4, vec![2.5, 2.0, 2.2]),
+            (5, vec![1.6, 1.7, 1.65]),
+        ];
+        let costs = PassCosts::from_timings(&timings, &[0.4, 0.3, 0.9]);
+        let points: Vec<(usize, f64)> = costs.target.clone();
+        assert_eq!(points, vec![(1, 1.0), (2, 1.1), (4, 1.6), (5, 1.6)]);
+        assert_eq!(costs.draft_s, 0.3);
+        // Before the fix a draft pass of 0.48 and a 4-row pass of 1.68 (one noisy run) made drafting never pay at
+        // the prior acceptance; with the costs cleaned it does.
+        assert!(costs.best_depth(Method::Draft, 0.8, 8) >= 1);
+    }
+
+    #[test]
+    fn observed_passes_move_costs_gradually() {
+        let mut costs = PassCosts { target: vec![(1, 1.0), (5, 2.0)], draft_s: 0.5 };
+        // One wild outlier moves a cost by at most 10% of twice its value.
+        costs.observe_target(1, 100.0);
+        assert!((costs.target(1) - 1.1).abs() < 1e-12);
+        // Repeated observations converge on the machine's real speed, here a slower one.
+        for _ in 0..100 {
+            costs.observe_target(1, 1.5);
+            costs.observe_draft(0.25);
+        }
+        assert!((costs.target(1) - 1.5).abs() < 1e-3, "{}", costs.target(1));
+        assert!((costs.draft_s - 0.25).abs() < 1e-3);
+        // A row count between calibrated points becomes a point of its own, starting from the interpolation.
+        costs.observe_target(3, 1.75);
+        assert_eq!(costs.target.iter().map(|p| p.0).collect::<Vec<_>>(), vec![1, 3, 5]);
+        // Nonsense timings are ignored.
+        let before = costs.target.clone();
+        costs.observe_target(2, f64::NAN);
+        costs.observe_target(0, 1.0);
+        costs.observe_target(2, -1.0);
+        assert_eq!(costs.target, before);
     }
 
     #[test]
