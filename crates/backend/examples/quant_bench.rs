@@ -9,7 +9,7 @@
 
 use backend::cpu::quant::{
     KernelLevel, Layout, act_format, act_row_bytes, available_levels, matmul_rows_at, matmul_rows_in, q4k_pairs,
-    q6k_pairs, quantize_act_row,
+    q6k_pairs, q50_quads, quantize_act_row,
 };
 use gguf::GgmlType;
 use rand::rngs::StdRng;
@@ -192,7 +192,7 @@ fn main() {
                     .unwrap_or_else(|_| vec![1, 2, 4, 8, 16, 64]);
                 for m in ms {
                     let mut out = vec![0f32; m * n];
-                    // SPLASH_BENCH_PAIRS=1: Q4_K / Q6_K repacked into their pairs layouts (AVX-512 only). Without
+                    // SPLASH_BENCH_PAIRS=1: Q4_K / Q6_K / Q5_0 repacked into their load-time layouts (AVX-512 only). Without
                     // SPLASH_BENCH_HOT=1 the calls rotate over the matrices (weights from DRAM).
                     let layout = backend::cpu::quant::preferred_layout(ty);
                     let pairs = layout != Layout::Gguf
@@ -204,12 +204,17 @@ fn main() {
                                 let len = layout.matrix_bytes(ty, n, kk).unwrap();
                                 let mut p = vec![0u8; len + 64];
                                 let o = p.as_ptr().align_offset(64);
-                                let pack = if layout == Layout::Q4KPairs {
-                                    q4k_pairs::pack_pairs
-                                } else {
-                                    q6k_pairs::pack_pairs
-                                };
-                                pack(w, n, kk, 0..n.div_ceil(2), &mut p[o..o + len]);
+                                let dst = &mut p[o..o + len];
+                                match layout {
+                                    Layout::Q4KPairs => q4k_pairs::pack_pairs(w, n, kk, 0..n.div_ceil(2), dst),
+                                    Layout::Q6KPairs => q6k_pairs::pack_pairs(w, n, kk, 0..n.div_ceil(2), dst),
+                                    _ => {
+                                        let rb = w.len() / n;
+                                        for (src, d) in w.chunks_exact(rb).zip(dst.chunks_exact_mut(rb)) {
+                                            q50_quads::pack_row(src, d);
+                                        }
+                                    }
+                                }
                                 (p, o..o + len)
                             })
                             .collect()

@@ -748,27 +748,44 @@ fn batch_invariance_all_types() {
 /// panels).
 #[test]
 fn pairs_layouts_match_gguf_bitwise() {
-    use backend::cpu::quant::{Layout, kernel_level, matmul_rows_in, preferred_layout, q4k_pairs, q6k_pairs};
+    use backend::cpu::quant::{
+        Layout, kernel_level, matmul_rows_in, preferred_layout, q4k_pairs, q6k_pairs, q50_quads,
+    };
     let mut failures = Vec::new();
-    for (ty, layout) in [(GgmlType::Q4_K, Layout::Q4KPairs), (GgmlType::Q6_K, Layout::Q6KPairs)] {
+    let k_quant_lengths: Vec<usize> = [1usize, 2, 3, 4, 5, 6, 7, 8, 11, 35].iter().map(|n| n * 256).collect();
+    // Q5_0 quads: whole groups of 128; 896 and 4864 are the 0.5B's rows.
+    let quads_lengths = vec![128, 256, 384, 896, 1536, 4864];
+    for (ty, layout, lengths) in [
+        (GgmlType::Q4_K, Layout::Q4KPairs, &k_quant_lengths),
+        (GgmlType::Q6_K, Layout::Q6KPairs, &k_quant_lengths),
+        (GgmlType::Q5_0, Layout::Q50Quads, &quads_lengths),
+    ] {
         if preferred_layout(ty) != layout {
-            eprintln!("skipped: the pairs layouts need the AVX-512 kernels (level {:?})", kernel_level());
+            eprintln!("skipped: the repacked layouts need the AVX-512 kernels (level {:?})", kernel_level());
             return;
         }
         let mut rng = StdRng::seed_from_u64(77);
-        for nsb in [1usize, 2, 3, 4, 5, 6, 7, 8, 11, 35] {
-            let k = nsb * 256;
+        for &k in lengths {
             let n = 37;
             let w: Vec<u8> = (0..n).flat_map(|_| random_row(ty, k, &mut rng)).collect();
             let mut packed = vec![0u8; layout.matrix_bytes(ty, n, k).unwrap()];
-            let pack = if layout == Layout::Q4KPairs { q4k_pairs::pack_pairs } else { q6k_pairs::pack_pairs };
-            pack(&w, n, k, 0..n.div_ceil(2), &mut packed);
+            match layout {
+                Layout::Q4KPairs => q4k_pairs::pack_pairs(&w, n, k, 0..n.div_ceil(2), &mut packed),
+                Layout::Q6KPairs => q6k_pairs::pack_pairs(&w, n, k, 0..n.div_ceil(2), &mut packed),
+                _ => {
+                    let rb = w.len() / n;
+                    for (src, dst) in w.chunks_exact(rb).zip(packed.chunks_exact_mut(rb)) {
+                        q50_quads::pack_row(src, dst);
+                    }
+                }
+            }
+            let act_format = backend::cpu::quant::act_format(ty).unwrap();
             let max_m = 17;
             let x = random_acts(k, max_m, &mut rng);
-            let arb = act_row_bytes(ActFormat::Q8_K, k);
+            let arb = act_row_bytes(act_format, k);
             let mut acts = vec![0u8; arb * max_m];
             for t in 0..max_m {
-                quantize_act_row_at(kernel_level(), ActFormat::Q8_K, &x[t * k..(t + 1) * k], &mut acts[t * arb..]);
+                quantize_act_row_at(kernel_level(), act_format, &x[t * k..(t + 1) * k], &mut acts[t * arb..]);
             }
             for m in [1usize, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17] {
                 let mut want = vec![0f32; m * n];
@@ -787,7 +804,7 @@ fn pairs_layouts_match_gguf_bitwise() {
                     if bad > 0 {
                         let i = (0..m * n).find(|&i| got[i].to_bits() != want[i].to_bits()).unwrap();
                         failures.push(format!(
-                            "{ty} nsb={nsb} m={m} split={split}: {bad}/{} differ, e.g. t={} r={}: pairs {} vs gguf {}",
+                            "{ty} k={k} m={m} split={split}: {bad}/{} differ, e.g. t={} r={}: pairs {} vs gguf {}",
                             m * n,
                             i / n,
                             i % n,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use gguf::GgmlType;
 
 use super::ThreadPool;
-use super::quant::{self, ActFormat, Layout, q4k_pairs, q6k_pairs};
+use super::quant::{self, ActFormat, Layout, q4k_pairs, q6k_pairs, q50_quads};
 
 /// Bytes kept alive by their owner (a memory-mapped file, or a buffer of prepared weights).
 #[derive(Clone)]
@@ -84,6 +84,11 @@ impl QMatrix {
                 unpack(self.bytes.as_slice(), self.cols, r, &mut restored);
                 &restored
             }
+            Layout::Q50Quads => {
+                restored.resize(rb, 0);
+                q50_quads::unpack_row(&self.bytes.as_slice()[r * rb..(r + 1) * rb], &mut restored);
+                &restored
+            }
         };
         gguf::quant::dequantize(self.ty, bytes, &mut out[..self.cols])
             .expect("INVARIANT: supported type, exact length");
@@ -96,13 +101,10 @@ impl QMatrix {
             return None;
         }
         let layout = quant::preferred_layout(self.ty);
-        let pack = match layout {
-            Layout::Gguf => return None,
-            Layout::Q4KPairs => q4k_pairs::pack_pairs,
-            Layout::Q6KPairs => q6k_pairs::pack_pairs,
-        };
+        if layout == Layout::Gguf {
+            return None;
+        }
         let (rows, k) = (self.rows, self.cols);
-        let pb = layout.pair_bytes(k)?;
         let len = layout.matrix_bytes(self.ty, rows, k)?;
         // Anonymous pages (page-aligned, so no vector load of the kernels splits a cache line), on huge pages where
         // the kernel allows: the kernels stream every byte once per token, and 4 KiB pages cost TLB misses and
@@ -112,13 +114,32 @@ impl QMatrix {
         let _ = buf.advise(memmap2::Advice::HugePage);
         let dst = OutPtr(buf.as_mut_ptr() as *mut f32);
         let src = self.bytes.as_slice();
-        pool.for_each_chunk(rows.div_ceil(2), 64, &|pairs| {
+        // Units packed independently: pairs of rows, or single rows.
+        let (num_units, unit_bytes) = match layout.pair_bytes(k) {
+            Some(pb) => (rows.div_ceil(2), pb),
+            None => (rows, self.row_bytes()),
+        };
+        pool.for_each_chunk(num_units, 64, &|units| {
             #[allow(clippy::redundant_locals)]
             let dst = dst;
-            // SAFETY: each chunk writes its own pairs' bytes, inside the mapping.
-            let out =
-                unsafe { std::slice::from_raw_parts_mut((dst.0 as *mut u8).add(pairs.start * pb), pairs.len() * pb) };
-            pack(src, rows, k, pairs, out);
+            // SAFETY: each chunk writes its own units' bytes, inside the mapping.
+            let out = unsafe {
+                std::slice::from_raw_parts_mut(
+                    (dst.0 as *mut u8).add(units.start * unit_bytes),
+                    units.len() * unit_bytes,
+                )
+            };
+            match layout {
+                Layout::Q4KPairs => q4k_pairs::pack_pairs(src, rows, k, units, out),
+                Layout::Q6KPairs => q6k_pairs::pack_pairs(src, rows, k, units, out),
+                Layout::Q50Quads => {
+                    let from = &src[units.start * unit_bytes..units.end * unit_bytes];
+                    for (s, d) in from.chunks_exact(unit_bytes).zip(out.chunks_exact_mut(unit_bytes)) {
+                        q50_quads::pack_row(s, d);
+                    }
+                }
+                Layout::Gguf => unreachable!("INVARIANT: returned above"),
+            }
         });
         let bytes = Bytes::new(Arc::new(buf.make_read_only().ok()?), 0..len).expect("INVARIANT: within the mapping");
         Some(QMatrix { layout, bytes, ..self.clone() })

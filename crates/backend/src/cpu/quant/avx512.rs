@@ -303,8 +303,9 @@ trait Panel {
     const KC: usize;
     /// Most activation rows per micro-kernel call.
     const RMAX: usize;
-    /// Packs one unit of 16 rows (`src[i]` points at row `i`'s block).
-    unsafe fn pack(src: &[*const u8; 16], dst: *mut u8);
+    /// Packs unit `u` (its index in the row) of 16 rows (`src[i]` points at row `i`'s unit: `u · WBYTES` past the
+    /// row's start).
+    unsafe fn pack(src: &[*const u8; 16], u: usize, dst: *mut u8);
     /// `acc[r][slot(u)] += unit u of panel · activation row r` over `n` packed units, in unit order, with the
     /// canonical per-unit step (`NOTES.md`, "Batch invariance"); `u0` is the first unit's index in the row,
     /// `slot(u) = (u0 + u) % SLOTS`; `a[r]` / `x[r]` point at the first unit's activation block / trailer.
@@ -409,7 +410,10 @@ unsafe fn drive<T: Panel>(
             // The panel's rows are one contiguous run of bytes. Reading it in order and packing from this copy
             // streams from DRAM at full speed; packing straight from 16 interleaved rows runs at a third of it.
             match src_layout {
-                Layout::Gguf => std::ptr::copy_nonoverlapping(w.as_ptr().add(p0 * rb), stage, nvalid * rb),
+                // Q5_0 quads rows keep their place and size; their panel type (`Q50Q`) reads the groups.
+                Layout::Gguf | Layout::Q50Quads => {
+                    std::ptr::copy_nonoverlapping(w.as_ptr().add(p0 * rb), stage, nvalid * rb)
+                }
                 Layout::Q4KPairs => {
                     for i in 0..nvalid {
                         q4k_pairs_unpack_row(w.as_ptr(), k, p0 + i, stage.add(i * rb));
@@ -452,7 +456,7 @@ unsafe fn drive<T: Panel>(
                     for p in s.iter_mut() {
                         *p = p.add((u0 + u) * T::WBYTES);
                     }
-                    T::pack(&s, pk.add(u * T::PBYTES));
+                    T::pack(&s, u0 + u, pk.add(u * T::PBYTES));
                 }
                 let ng = mc.div_ceil(T::RMAX);
                 let mut t = 0;
@@ -537,7 +541,7 @@ impl Panel for Q4K {
     const RMAX: usize = 4;
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-    unsafe fn pack(src: &[*const u8; 16], dst: *mut u8) {
+    unsafe fn pack(src: &[*const u8; 16], _u: usize, dst: *mut u8) {
         for h in 0..2 {
             let z = transpose16(src, 16 + 64 * h);
             for (t, v) in z.iter().enumerate() {
@@ -629,7 +633,7 @@ impl Panel for Q5K {
     const RMAX: usize = 4;
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-    unsafe fn pack(src: &[*const u8; 16], dst: *mut u8) {
+    unsafe fn pack(src: &[*const u8; 16], _u: usize, dst: *mut u8) {
         let qa = transpose4(src, 16);
         let qb = transpose4(src, 32);
         let qh = [qa[0], qa[1], qa[2], qa[3], qb[0], qb[1], qb[2], qb[3]];
@@ -723,7 +727,7 @@ impl Panel for Q6K {
     const RMAX: usize = 4;
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-    unsafe fn pack(src: &[*const u8; 16], dst: *mut u8) {
+    unsafe fn pack(src: &[*const u8; 16], _u: usize, dst: *mut u8) {
         let qh = transpose16(src, 128);
         let m0f = _mm512_set1_epi8(0x0f);
         let m30 = _mm512_set1_epi8(0x30);
@@ -853,7 +857,7 @@ unsafe fn pack_nibbles(src: &[*const u8; 16], off: usize) -> [__m512i; 8] {
 }
 
 macro_rules! legacy_panel {
-    ($name:ident, $wbytes:expr, $abytes:expr, $xbytes:expr, $zshift:expr, $has_min:expr, |$src:ident, $dst:ident| $pack:block) => {
+    ($name:ident, $wbytes:expr, $abytes:expr, $xbytes:expr, $zshift:expr, $has_min:expr, |$src:ident, $u:ident, $dst:ident| $pack:block) => {
         struct $name;
         impl Panel for $name {
             const UNIT: usize = QK;
@@ -865,7 +869,7 @@ macro_rules! legacy_panel {
             const RMAX: usize = 4;
 
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-            unsafe fn pack($src: &[*const u8; 16], $dst: *mut u8) $pack
+            unsafe fn pack($src: &[*const u8; 16], $u: usize, $dst: *mut u8) $pack
 
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
             unsafe fn kernel<const R: usize>(
@@ -882,7 +886,7 @@ macro_rules! legacy_panel {
     };
 }
 
-legacy_panel!(Q40, Q4_0_BYTES, Q8_0_BYTES, Q8_0_EXTRA, 3, false, |src, dst| {
+legacy_panel!(Q40, Q4_0_BYTES, Q8_0_BYTES, Q8_0_EXTRA, 3, false, |src, _u, dst| {
     let v = pack_nibbles(src, 2);
     for (i, x) in v.iter().enumerate() {
         st(dst.add(64 * i), *x);
@@ -890,7 +894,7 @@ legacy_panel!(Q40, Q4_0_BYTES, Q8_0_BYTES, Q8_0_EXTRA, 3, false, |src, dst| {
     stps(dst.add(512), gather_f16(src, 0));
 });
 
-legacy_panel!(Q41, Q4_1_BYTES, Q8_1_BYTES, Q8_1_EXTRA, 0, true, |src, dst| {
+legacy_panel!(Q41, Q4_1_BYTES, Q8_1_BYTES, Q8_1_EXTRA, 0, true, |src, _u, dst| {
     let v = pack_nibbles(src, 4);
     for (i, x) in v.iter().enumerate() {
         st(dst.add(64 * i), *x);
@@ -899,7 +903,7 @@ legacy_panel!(Q41, Q4_1_BYTES, Q8_1_BYTES, Q8_1_EXTRA, 0, true, |src, dst| {
     stps(dst.add(576), gather_f16(src, 2));
 });
 
-legacy_panel!(Q50, Q5_0_BYTES, Q8_0_BYTES, Q8_0_EXTRA, 4, false, |src, dst| {
+legacy_panel!(Q50, Q5_0_BYTES, Q8_0_BYTES, Q8_0_EXTRA, 4, false, |src, _u, dst| {
     let v = pack_nibbles(src, 6);
     let qh = gather_u32(src, 2);
     for (i, x) in v.iter().enumerate() {
@@ -908,7 +912,34 @@ legacy_panel!(Q50, Q5_0_BYTES, Q8_0_BYTES, Q8_0_EXTRA, 4, false, |src, dst| {
     stps(dst.add(512), gather_f16(src, 0));
 });
 
-legacy_panel!(Q51, Q5_1_BYTES, Q8_1_BYTES, Q8_1_EXTRA, 0, true, |src, dst| {
+// Q5_0 in the quads layout (`super::q50_quads`), packed into Q50's panel format: unit `u` is block `u % 4` of its
+// group, and `src[i]` points `22 · (u % 4)` bytes into the group.
+legacy_panel!(Q50Q, Q5_0_BYTES, Q8_0_BYTES, Q8_0_EXTRA, 4, false, |src, u, dst| {
+    match u % 4 {
+        0 => pack_q50_quads::<0>(src, dst),
+        1 => pack_q50_quads::<1>(src, dst),
+        2 => pack_q50_quads::<2>(src, dst),
+        _ => pack_q50_quads::<3>(src, dst),
+    }
+});
+
+/// [`Q50`]'s packing of block `J` of the 16 rows' quads groups (`src[i]` points `22 · J` bytes into row `i`'s group).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn pack_q50_quads<const J: usize>(src: &[*const u8; 16], dst: *mut u8) {
+    let mut g = [std::ptr::null::<u8>(); 16];
+    for (gi, si) in g.iter_mut().zip(src) {
+        *gi = si.sub(Q5_0_BYTES * J);
+    }
+    let v = pack_nibbles(&g, 16 * J);
+    let qh = gather_u32(&g, 64 + 4 * J);
+    for (i, x) in v.iter().enumerate() {
+        st(dst.add(64 * i), _mm512_or_si512(*x, bits_to_0x10(qh, 4 * i as u32)));
+    }
+    stps(dst.add(512), gather_f16(&g, 80 + 2 * J));
+}
+
+legacy_panel!(Q51, Q5_1_BYTES, Q8_1_BYTES, Q8_1_EXTRA, 0, true, |src, _u, dst| {
     let v = pack_nibbles(src, 8);
     let qh = gather_u32(src, 4);
     for (i, x) in v.iter().enumerate() {
@@ -918,7 +949,7 @@ legacy_panel!(Q51, Q5_1_BYTES, Q8_1_BYTES, Q8_1_EXTRA, 0, true, |src, dst| {
     stps(dst.add(576), gather_f16(src, 2));
 });
 
-legacy_panel!(Q80, Q8_0_BYTES, Q8_0_BYTES, Q8_0_EXTRA, 7, false, |src, dst| {
+legacy_panel!(Q80, Q8_0_BYTES, Q8_0_BYTES, Q8_0_EXTRA, 7, false, |src, _u, dst| {
     let lo = transpose4(src, 2);
     let hi = transpose4(src, 18);
     let flip = _mm512_set1_epi8(-128);
@@ -1074,6 +1105,33 @@ pub unsafe fn matmul_rows_pairs(
         drive::<Q6K>(layout, w, k, rows, acts, act_rb, m, out, ldo);
     }
 }
+
+/// `matmul_rows` for Q5_0 weights in the quads layout (`super::q50_quads`): the row kernel for a few activation
+/// rows, else the panels over each panel's restored GGUF rows.
+///
+/// # Safety
+/// As `super::matmul_rows`, plus the CPU features of [`supported`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_rows_q50_quads(
+    w: &[u8],
+    k: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    act_rb: usize,
+    m: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    if m <= Q50_QUADS_ROWS_MAX {
+        super::avx512_rows::matmul_rows_q50_quads(w, k, rows, acts, act_rb, m, out, ldo);
+    } else {
+        drive::<Q50Q>(Layout::Q50Quads, w, k, rows, acts, act_rb, m, out, ldo);
+    }
+}
+
+/// Most activation rows for the Q5_0 quads row kernel (past it, the panels).
+const Q50_QUADS_ROWS_MAX: usize = 2;
 
 /// Restores row `r` of a Q4_K pairs matrix to GGUF blocks at `dst` (`k / 256 · 144` bytes): per super-block, the
 /// 16 bytes of its slot in the four 128-bit lanes of the group's quant vectors hold chunk `c`'s dword `d` at

@@ -1573,6 +1573,114 @@ unsafe fn legacy_finish<const R: usize>(facc: &[__m512; R]) -> [f32; R] {
 /// Rows per block: a block of weight rows is re-read from L1/L2 by each group of activation rows.
 const ROW_BLOCK: usize = 32;
 
+// ---------------------------------------------------------------------------------------------------------------
+// Q5_0 in the quads layout (`super::q50_quads`).
+
+/// Prepared Q8_0 activations per quads group (four blocks): quants 0..16 of each block (block `j` at `16 j`), then
+/// quants 16..32, then each block's `-16·Σq` (i32) and its `d` (f32), each in all four lanes of 128-bit lane `j`.
+const PQ50: usize = 256;
+
+/// Prepares one Q8_0 row (`a`: blocks, `x`: their `(-Σq, d)` trailers) for [`row_q50_quads`]; `ng` groups.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn prep_q50_quads(a: *const u8, x: *const u8, ng: usize, dst: *mut u8) {
+    let shift = _mm_cvtsi32_si128(LQ50::ZSHIFT as i32);
+    for g in 0..ng {
+        let d = dst.add(g * PQ50);
+        for j in 0..4 {
+            let q = a.add((4 * g + j) * Q8_0_BYTES + 2);
+            std::ptr::copy_nonoverlapping(q, d.add(16 * j), 16);
+            std::ptr::copy_nonoverlapping(q.add(16), d.add(64 + 16 * j), 16);
+        }
+        // Trailer dwords (-Σq, d) of the four blocks, spread to the four lanes of each block's 128-bit lane.
+        let t = _mm512_castsi256_si512(_mm256_loadu_si256(x.add(32 * g) as *const __m256i));
+        let neg_sum = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6), t);
+        let da = _mm512_permutexvar_epi32(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), t);
+        _mm512_storeu_si512(d.add(128) as *mut _, _mm512_sll_epi32(neg_sum, shift));
+        _mm512_storeu_si512(d.add(192) as *mut _, da);
+    }
+}
+
+/// One Q5_0 quads row (`ng` groups) against R activation rows prepared by [`prep_q50_quads`].
+///
+/// The canonical order of the legacy types ([`row_legacy`]): per block its exact integer sum (plus `-16·Σq`) times
+/// `d·da`, added to running sum `block % 4`; a group's blocks are sums 0..4, kept in lanes 0, 4, 8 and 12.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn row_q50_quads<const R: usize>(w: *const u8, ng: usize, pa: &[*const u8; R]) -> [f32; R] {
+    use super::q50_quads::GROUP_BYTES;
+    let mut facc = [_mm512_setzero_ps(); R];
+    let (zi, m0f, c10) = (_mm512_setzero_si512(), _mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x10));
+    let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    let halves = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    for g in 0..ng {
+        let b = w.add(g * GROUP_BYTES);
+        let q = ld(b);
+        // Low 16 bits of each block's qh (weights 0..16) to the mask of `lo`, high 16 bits to that of `hi`.
+        let qh = _mm_shuffle_epi8(_mm_loadu_si128(b.add(64) as *const __m128i), halves);
+        let lo = _mm512_and_si512(q, m0f);
+        let lo = _mm512_mask_add_epi8(lo, _mm_cvtsi128_si64(qh) as u64, lo, c10);
+        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m0f);
+        let hi = _mm512_mask_add_epi8(hi, _mm_extract_epi64::<1>(qh) as u64, hi, c10);
+        let d4 = _mm_cvtph_ps(_mm_loadl_epi64(b.add(80) as *const __m128i));
+        let dw = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        for r in 0..R {
+            let a = pa[r].add(g * PQ50);
+            let v = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zi, lo, ld(a)), hi, ld(a.add(64)));
+            let s1 = _mm512_add_epi32(v, _mm512_shuffle_epi32::<0b10_11_00_01>(v));
+            let s2 = _mm512_add_epi32(s1, _mm512_shuffle_epi32::<0b01_00_11_10>(s1));
+            let s3 = _mm512_add_epi32(s2, ld(a.add(128)));
+            let daq = _mm512_loadu_ps(a.add(192) as *const f32);
+            facc[r] = _mm512_add_ps(facc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(s3), _mm512_mul_ps(dw, daq)));
+        }
+    }
+    let mut res = [0f32; R];
+    for r in 0..R {
+        let mut l = [0f32; 16];
+        _mm512_storeu_ps(l.as_mut_ptr(), facc[r]);
+        res[r] = combine_slots(&[l[0], l[4], l[8], l[12]]);
+    }
+    res
+}
+
+struct KQ50Q;
+impl RowKernel for KQ50Q {
+    const RMAX: usize = 8;
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn run<const R: usize>(w: *const u8, n: usize, pa: &[*const u8; R]) -> [f32; R] {
+        row_q50_quads::<R>(w, n, pa)
+    }
+}
+
+/// Row-streaming product for Q5_0 weights in the quads layout (`k` a multiple of 128).
+///
+/// # Safety
+/// As `super::matmul_rows`, plus the CPU features of `super::avx512::supported`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_rows_q50_quads(
+    w: &[u8],
+    k: usize,
+    rows: Range<usize>,
+    acts: &[u8],
+    act_rb: usize,
+    m: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let nb = k / QK;
+    let ng = nb / 4;
+    let prep_rb = ng * PQ50;
+    // Its own preparation kind: the legacy one of Q5_0 is `Q5_0 << 1`.
+    let kind = (gguf::GgmlType::Q5_0.to_u32() << 1) | (1 << 16);
+    let prep = prepared(kind, &acts[..m * act_rb], k, m, prep_rb * m, |prep| {
+        for t in 0..m {
+            let a = acts.as_ptr().add(t * act_rb);
+            prep_q50_quads(a, a.add(nb * Q8_0_BYTES), ng, prep.add(t * prep_rb));
+        }
+    });
+    run_rows::<KQ50Q, false>(w.as_ptr(), nb * Q5_0_BYTES, ng, rows, prep, prep_rb, m, out, ldo);
+}
+
 /// A row kernel: one weight row (or, with `PAIR`, two consecutive ones) against R prepared activation rows.
 trait RowKernel {
     /// Most activation rows per call (the register budget).

@@ -1,8 +1,8 @@
 //! Quantized matrix kernels for the CPU: activation quantization and weight x activation dot products over GGUF's
 //! native block layouts, with runtime SIMD dispatch (AVX-512 VNNI, AVX2/FMA, scalar; NEON on aarch64).
 //!
-//! In: weight rows as raw GGUF blocks (or, for Q4_K on AVX-512, repacked at load into the pairs layout of
-//! [`q4k_pairs`], [`matmul_rows_in`]), activations as f32 rows. Out: f32 dot products. Threading is the caller's job:
+//! In: weight rows as raw GGUF blocks (or, on AVX-512, repacked at load: Q4_K and Q6_K into the pairs layouts of
+//! [`q4k_pairs`] and [`q6k_pairs`], Q5_0 into the quads of [`q50_quads`]; [`matmul_rows_in`]), activations as f32 rows. Out: f32 dot products. Threading is the caller's job:
 //! every function here works on the row range it is given.
 //!
 //! The integer math is ggml's `vec_dot_*` (the same per-block integer sums and scale products), so results agree
@@ -23,6 +23,7 @@
 
 mod blocks;
 pub mod q4k_pairs;
+pub mod q50_quads;
 pub mod q6k_pairs;
 mod scalar;
 
@@ -156,6 +157,8 @@ pub enum Layout {
     Q4KPairs,
     /// Q6_K blocks of two rows interleaved at load for the AVX-512 kernels ([`q6k_pairs`]).
     Q6KPairs,
+    /// Q5_0 blocks regrouped four at a time within each row, at load for the AVX-512 kernels ([`q50_quads`]).
+    Q50Quads,
 }
 
 impl Layout {
@@ -163,14 +166,15 @@ impl Layout {
     pub fn matrix_bytes(self, wty: GgmlType, rows: usize, k: usize) -> Option<usize> {
         match self {
             Layout::Gguf => wty.row_bytes(k).map(|rb| rb * rows),
-            _ => self.pair_bytes(k).map(|pb| rows.div_ceil(2) * pb),
+            Layout::Q50Quads => q50_quads::fits(k).then(|| wty.row_bytes(k).map(|rb| rb * rows)).flatten(),
+            Layout::Q4KPairs | Layout::Q6KPairs => self.pair_bytes(k).map(|pb| rows.div_ceil(2) * pb),
         }
     }
 
-    /// Bytes of one pair of rows of `k` elements in a pairs layout (`None` for `Gguf`).
+    /// Bytes of one pair of rows of `k` elements in a pairs layout (`None` for the layouts of single rows).
     pub fn pair_bytes(self, k: usize) -> Option<usize> {
         match self {
-            Layout::Gguf => None,
+            Layout::Gguf | Layout::Q50Quads => None,
             Layout::Q4KPairs => Some(q4k_pairs::pair_bytes(k)),
             Layout::Q6KPairs => Some(q6k_pairs::pair_bytes(k)),
         }
@@ -185,12 +189,13 @@ pub fn preferred_layout(wty: GgmlType) -> Layout {
     match wty {
         GgmlType::Q4_K if repack && kernel_level() == KernelLevel::Avx512 => Layout::Q4KPairs,
         GgmlType::Q6_K if repack && kernel_level() == KernelLevel::Avx512 => Layout::Q6KPairs,
+        GgmlType::Q5_0 if repack && kernel_level() == KernelLevel::Avx512 => Layout::Q50Quads,
         _ => Layout::Gguf,
     }
 }
 
-/// [`matmul_rows`] for weights in `layout` (the pairs layouts, packed by [`q4k_pairs::pack_pairs`] or
-/// [`q6k_pairs::pack_pairs`], need the AVX-512 level).
+/// [`matmul_rows`] for weights in `layout` (the repacked layouts, packed by [`q4k_pairs::pack_pairs`],
+/// [`q6k_pairs::pack_pairs`] or [`q50_quads::pack_row`], need the AVX-512 level).
 ///
 /// # Safety
 /// As [`matmul_rows`].
@@ -209,6 +214,24 @@ pub unsafe fn matmul_rows_in(
     match layout {
         // SAFETY: forwarded contract.
         Layout::Gguf => unsafe { matmul_rows(wty, w, k, rows, acts, m, out, ldo) },
+        Layout::Q50Quads => {
+            assert_eq!(wty, GgmlType::Q5_0, "matmul_rows: the Q50Quads layout holds Q5_0 weights");
+            assert!(q50_quads::fits(k), "matmul_rows: rows of {k} do not fit the Q50Quads layout");
+            let rb = wty.row_bytes(k).expect("INVARIANT: Q5_0 rows of whole blocks");
+            assert!(w.len() >= rows.end * rb, "matmul_rows: weights too short");
+            let act_rb = act_row_bytes(ActFormat::Q8_0, k);
+            assert!(acts.len() >= m * act_rb, "matmul_rows: activations too short for {m} rows");
+            if rows.is_empty() || m == 0 {
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if kernel_level() == KernelLevel::Avx512 {
+                // SAFETY: lengths checked above; `out` per the caller's contract; AVX-512 was detected.
+                unsafe { avx512::matmul_rows_q50_quads(w, k, rows, acts, act_rb, m, out, ldo) };
+                return;
+            }
+            panic!("matmul_rows: the {layout:?} layout needs the AVX-512 kernels");
+        }
         Layout::Q4KPairs | Layout::Q6KPairs => {
             let want = if layout == Layout::Q4KPairs { GgmlType::Q4_K } else { GgmlType::Q6_K };
             assert_eq!(wty, want, "matmul_rows: the {layout:?} layout holds {want} weights");
