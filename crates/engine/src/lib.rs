@@ -111,6 +111,10 @@ struct Sequence {
     text: String,
     ngram: NgramAcceptance,
     draft: Acceptance,
+    /// Target passes since the draft model last proposed for this sequence, and how many to wait before probing it
+    /// again ([`DraftProbe`]).
+    draft_idle: usize,
+    draft_probe_gap: usize,
     t_admitted: Instant,
     t_first_token: Option<Instant>,
 }
@@ -230,9 +234,22 @@ struct Proposal {
     shadow: Vec<u32>,
     /// Length of the suffix match behind the n-gram proposal (or the shadow).
     ngram_match: usize,
-    /// The depth is this sequence's own and the step may not trim it (seeded sampling, see [`Engine::costs_for`]).
+    /// The depth is this sequence's own and the step may not trim it (seeded sampling, see [`Engine::costs_for`],
+    /// and probes).
     fixed: bool,
+    /// A probe of the draft model that its measured acceptance alone would not have chosen.
+    probe: bool,
 }
+
+/// Probing the draft model. Acceptance is only measured while a proposer proposes, so one early rejection (or a
+/// stretch of prose in a code reply) could push the draft's estimate below the point where drafting pays and keep
+/// it there for the rest of the request. A sequence that has not used the draft for `draft_probe_gap` target
+/// passes proposes `DRAFT_PROBE_DEPTH` draft tokens anyway; a fully accepted probe resets the gap to the minimum,
+/// any other doubles it (up to the maximum), so a draft that really does not fit costs at most one probe in
+/// `DRAFT_PROBE_GAP_MAX` passes.
+const DRAFT_PROBE_DEPTH: usize = 2;
+const DRAFT_PROBE_GAP_MIN: usize = 8;
+const DRAFT_PROBE_GAP_MAX: usize = 256;
 
 pub struct Engine<R: Runner> {
     runner: R,
@@ -448,6 +465,8 @@ impl<R: Runner> Engine<R> {
             text: String::new(),
             ngram: NgramAcceptance::new(),
             draft: Acceptance::new(0.6),
+            draft_idle: 0,
+            draft_probe_gap: DRAFT_PROBE_GAP_MIN,
             t_admitted: Instant::now(),
             t_first_token: None,
         });
@@ -537,6 +556,14 @@ impl<R: Runner> Engine<R> {
         }
         // Adaptive: the depth is settled for the whole step later; propose all that is allowed.
         let cap = |k: usize, max: usize| if spec.adaptive && !fixed { max } else { k };
+        let probe = spec.adaptive
+            && s.uses_draft
+            && lag <= self.config.max_batch_tokens
+            && s.draft_idle >= s.draft_probe_gap
+            && best.is_none_or(|b| b.1 != Method::Draft);
+        if probe {
+            best = Some((0.0, Method::Draft, DRAFT_PROBE_DEPTH.min(max_k)));
+        }
         match best {
             Some((_, Method::Ngram, k)) => {
                 let k = cap(k, ngram.len());
@@ -550,10 +577,11 @@ impl<R: Runner> Engine<R> {
                     shadow: Vec::new(),
                     ngram_match,
                     fixed,
+                    probe: false,
                 }
             }
             Some((_, Method::Draft, k)) => {
-                let k = cap(k, max_k);
+                let k = if probe { k } else { cap(k, max_k) };
                 let rate = s.draft.rate;
                 let tokens = vec![0; k];
                 Proposal {
@@ -563,7 +591,8 @@ impl<R: Runner> Engine<R> {
                     rate,
                     shadow: ngram,
                     ngram_match,
-                    fixed,
+                    fixed: fixed || probe,
+                    probe,
                 }
             }
             None => Proposal::default(),
@@ -662,7 +691,7 @@ impl<R: Runner> Engine<R> {
             };
             let pass_start = Instant::now();
             let logits = draft.forward(&batch)?.to_vec();
-            if live.len() == 1 {
+            if live.len() == 1 && self.config.spec.measure_costs {
                 self.live_costs.observe_draft(pass_start.elapsed().as_secs_f64());
             }
             for (r, &w) in live.iter().enumerate() {
@@ -814,7 +843,7 @@ impl<R: Runner> Engine<R> {
         let target_start = Instant::now();
         let logits = self.runner.forward(&batch)?.to_vec();
         let target_s = target_start.elapsed().as_secs_f64();
-        if prefills.is_empty() {
+        if prefills.is_empty() && self.config.spec.measure_costs {
             self.live_costs.observe_target(batch.chunks.iter().map(|c| c.tokens.len()).sum(), target_s);
         }
         drop(batch);
@@ -898,6 +927,9 @@ impl<R: Runner> Engine<R> {
                 depth_sum += k;
                 num_verified += 1;
             }
+            if was_decoding {
+                s.draft_idle = if prop.method == Some(Method::Draft) { 0 } else { s.draft_idle + 1 };
+            }
             if let Some(method) = prop.method {
                 match method {
                     Method::Ngram => {
@@ -907,6 +939,13 @@ impl<R: Runner> Engine<R> {
                     }
                     Method::Draft => {
                         s.draft.update(k, accepted);
+                        if prop.probe {
+                            s.draft_probe_gap = if accepted == k {
+                                DRAFT_PROBE_GAP_MIN
+                            } else {
+                                (2 * s.draft_probe_gap).min(DRAFT_PROBE_GAP_MAX)
+                            };
+                        }
                         self.stats.draft_proposed += k as u64;
                         self.stats.draft_accepted += accepted as u64;
                     }

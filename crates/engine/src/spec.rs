@@ -34,6 +34,9 @@ pub struct SpecConfig {
     /// while the head over all 151,936 ids is ~37% of the 0.5B draft's weight reads. A token the draft cannot
     /// propose is still produced by the target's own pass; rejection sampling stays exact (its `q` is 0 there).
     pub draft_vocab: usize,
+    /// Keep the pass costs current from the passes that run (see [`PassCosts`]); off, the calibrated (or set) costs
+    /// decide alone, which tests need to be deterministic.
+    pub measure_costs: bool,
 }
 
 impl Default for SpecConfig {
@@ -47,6 +50,7 @@ impl Default for SpecConfig {
             adaptive: true,
             draft_window: 1024,
             draft_vocab: 32768,
+            measure_costs: true,
         }
     }
 }

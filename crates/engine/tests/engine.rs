@@ -864,3 +864,54 @@ fn dormant_constraint_allows_speculation_and_sees_every_token() {
     let stats = e.spec_stats();
     assert!(stats.ngram_accepted > 0, "speculation ran while the constraint was dormant: {stats:?}");
 }
+
+/// Runs `prompt` greedily with a fake draft model whose script is `draft`, under fixed pass costs (a draft pass
+/// 0.3 of a target pass, k + 1 rows 1 + 0.1 k) that make drafting pay above ~40% acceptance.
+fn run_with_draft(
+    prompt: &[u32],
+    max_tokens: usize,
+    draft: impl Fn(&[u32]) -> Vec<f32> + Send + 'static,
+) -> (Vec<u32>, engine::SpecStats) {
+    let spec = engine::SpecConfig { ngram: false, measure_costs: false, ..engine::SpecConfig::default() };
+    let mut e = Engine::new(
+        FakeRunner::new(1024, letters_script),
+        build_tokenizer(),
+        EngineConfig { spec, max_batch_tokens: 64, max_prefill_tokens_while_decoding: 64 },
+    );
+    e.set_draft(FakeRunner::new(1024, draft)).expect("same vocabulary");
+    e.set_pass_costs(engine::spec::PassCosts { target: vec![(1, 1.0), (17, 2.6)], draft_s: 0.3 });
+    let id = e.add_request(greedy(prompt.to_vec(), max_tokens)).expect("valid");
+    let out = run_to_end(&mut e);
+    (out[&id].tokens.clone(), e.spec_stats())
+}
+
+#[test]
+fn the_draft_model_comes_back_after_early_rejections() {
+    let prompt = bytes("probe");
+    // The draft is wrong for the first 12 positions of the reply, then always right.
+    let n = prompt.len();
+    let (tokens, stats) =
+        run_with_draft(
+            &prompt,
+            120,
+            move |h: &[u32]| {
+                if h.len() < n + 12 { one_hot(b'!' as u32) } else { letters_script(h) }
+            },
+        );
+    assert_eq!(tokens, expected_letters(&prompt, 120), "greedy output is the target's");
+    // Without probes the estimate falls below the break-even point within a few rejections and stays there: the
+    // draft then proposes nothing more (without probes: 4 proposed, 0 accepted).
+    assert!(stats.draft_accepted >= 60, "the draft is back once it fits: {stats:?}");
+}
+
+#[test]
+fn probes_of_a_useless_draft_back_off() {
+    let prompt = bytes("useless");
+    let (tokens, stats) = run_with_draft(&prompt, 300, |_: &[u32]| one_hot(b'!' as u32));
+    assert_eq!(tokens, expected_letters(&prompt, 300));
+    assert_eq!(stats.draft_accepted, 0);
+    // The first proposals at the prior, then probes of 2 after gaps of 8, 16, 32, 64, 128 passes: far fewer than
+    // one per pass.
+    assert!(stats.draft_proposed <= 40, "{stats:?}");
+    assert!(stats.draft_proposed >= 10, "probes keep running: {stats:?}");
+}
