@@ -868,6 +868,7 @@ macro_rules! legacy_panel {
             const KC: usize = 16;
             const RMAX: usize = 4;
 
+            #[inline]
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
             unsafe fn pack($src: &[*const u8; 16], $u: usize, $dst: *mut u8) $pack
 
@@ -915,29 +916,19 @@ legacy_panel!(Q50, Q5_0_BYTES, Q8_0_BYTES, Q8_0_EXTRA, 4, false, |src, _u, dst| 
 // Q5_0 in the quads layout (`super::q50_quads`), packed into Q50's panel format: unit `u` is block `u % 4` of its
 // group, and `src[i]` points `22 · (u % 4)` bytes into the group.
 legacy_panel!(Q50Q, Q5_0_BYTES, Q8_0_BYTES, Q8_0_EXTRA, 4, false, |src, u, dst| {
-    match u % 4 {
-        0 => pack_q50_quads::<0>(src, dst),
-        1 => pack_q50_quads::<1>(src, dst),
-        2 => pack_q50_quads::<2>(src, dst),
-        _ => pack_q50_quads::<3>(src, dst),
-    }
-});
-
-/// [`Q50`]'s packing of block `J` of the 16 rows' quads groups (`src[i]` points `22 · J` bytes into row `i`'s group).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn pack_q50_quads<const J: usize>(src: &[*const u8; 16], dst: *mut u8) {
+    // Q50's packing, with each block's fields at its place in the group.
+    let j = u % 4;
     let mut g = [std::ptr::null::<u8>(); 16];
     for (gi, si) in g.iter_mut().zip(src) {
-        *gi = si.sub(Q5_0_BYTES * J);
+        *gi = si.sub(Q5_0_BYTES * j);
     }
-    let v = pack_nibbles(&g, 16 * J);
-    let qh = gather_u32(&g, 64 + 4 * J);
+    let v = pack_nibbles(&g, 16 * j);
+    let qh = gather_u32(&g, 64 + 4 * j);
     for (i, x) in v.iter().enumerate() {
         st(dst.add(64 * i), _mm512_or_si512(*x, bits_to_0x10(qh, 4 * i as u32)));
     }
-    stps(dst.add(512), gather_f16(&g, 80 + 2 * J));
-}
+    stps(dst.add(512), gather_f16(&g, 80 + 2 * j));
+});
 
 legacy_panel!(Q51, Q5_1_BYTES, Q8_1_BYTES, Q8_1_EXTRA, 0, true, |src, _u, dst| {
     let v = pack_nibbles(src, 8);
@@ -1078,14 +1069,17 @@ unsafe fn float_rows<W: FloatW>(
     }
 }
 
-/// `matmul_rows` for Q4_K or Q6_K weights (`wty`) in their pairs layout (`super::q4k_pairs`, `super::q6k_pairs`):
-/// the row kernels read it directly; the panels restore each panel's GGUF rows first.
+/// `matmul_rows` for weights in a layout repacked at load: the row kernels for a few activation rows, else the
+/// panels. Q4_K and Q6_K pairs (`super::q4k_pairs`, `super::q6k_pairs`): the row kernels read them directly, the
+/// panels restore each panel's GGUF rows first. Q5_0 quads (`super::q50_quads`): rows up to m = 3 (2.06 against
+/// 2.34 ns per block-row on the panels, one thread, cache-resident; m = 4 ties), then the panels, which pack straight
+/// from the groups.
 ///
 /// # Safety
 /// As `super::matmul_rows`, plus the CPU features of [`supported`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn matmul_rows_pairs(
+pub unsafe fn matmul_rows_repacked(
     layout: Layout,
     wty: GgmlType,
     w: &[u8],
@@ -1097,41 +1091,16 @@ pub unsafe fn matmul_rows_pairs(
     out: *mut f32,
     ldo: usize,
 ) {
-    if m <= rows_max_m(wty).min(8) {
-        super::avx512_rows::matmul_rows_pairs(layout, w, k, rows, acts, act_rb, m, out, ldo);
-    } else if layout == Layout::Q4KPairs {
-        drive::<Q4K>(layout, w, k, rows, acts, act_rb, m, out, ldo);
-    } else {
-        drive::<Q6K>(layout, w, k, rows, acts, act_rb, m, out, ldo);
+    match layout {
+        Layout::Q50Quads if m <= 2 => super::avx512_rows::matmul_rows_q50_quads(w, k, rows, acts, act_rb, m, out, ldo),
+        Layout::Q50Quads => drive::<Q50Q>(layout, w, k, rows, acts, act_rb, m, out, ldo),
+        _ if m <= rows_max_m(wty).min(8) => {
+            super::avx512_rows::matmul_rows_pairs(layout, w, k, rows, acts, act_rb, m, out, ldo)
+        }
+        Layout::Q4KPairs => drive::<Q4K>(layout, w, k, rows, acts, act_rb, m, out, ldo),
+        _ => drive::<Q6K>(layout, w, k, rows, acts, act_rb, m, out, ldo),
     }
 }
-
-/// `matmul_rows` for Q5_0 weights in the quads layout (`super::q50_quads`): the row kernel for a few activation
-/// rows, else the panels over each panel's restored GGUF rows.
-///
-/// # Safety
-/// As `super::matmul_rows`, plus the CPU features of [`supported`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn matmul_rows_q50_quads(
-    w: &[u8],
-    k: usize,
-    rows: Range<usize>,
-    acts: &[u8],
-    act_rb: usize,
-    m: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    if m <= Q50_QUADS_ROWS_MAX {
-        super::avx512_rows::matmul_rows_q50_quads(w, k, rows, acts, act_rb, m, out, ldo);
-    } else {
-        drive::<Q50Q>(Layout::Q50Quads, w, k, rows, acts, act_rb, m, out, ldo);
-    }
-}
-
-/// Most activation rows for the Q5_0 quads row kernel (past it, the panels).
-const Q50_QUADS_ROWS_MAX: usize = 2;
 
 /// Restores row `r` of a Q4_K pairs matrix to GGUF blocks at `dst` (`k / 256 · 144` bytes): per super-block, the
 /// 16 bytes of its slot in the four 128-bit lanes of the group's quant vectors hold chunk `c`'s dword `d` at

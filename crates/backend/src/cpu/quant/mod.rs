@@ -171,6 +171,16 @@ impl Layout {
         }
     }
 
+    /// The weight type a repacked layout holds (`None` for `Gguf`, which holds any).
+    pub fn holds(self) -> Option<GgmlType> {
+        match self {
+            Layout::Gguf => None,
+            Layout::Q4KPairs => Some(GgmlType::Q4_K),
+            Layout::Q6KPairs => Some(GgmlType::Q6_K),
+            Layout::Q50Quads => Some(GgmlType::Q5_0),
+        }
+    }
+
     /// Bytes of one pair of rows of `k` elements in a pairs layout (`None` for the layouts of single rows).
     pub fn pair_bytes(self, k: usize) -> Option<usize> {
         match self {
@@ -214,31 +224,15 @@ pub unsafe fn matmul_rows_in(
     match layout {
         // SAFETY: forwarded contract.
         Layout::Gguf => unsafe { matmul_rows(wty, w, k, rows, acts, m, out, ldo) },
-        Layout::Q50Quads => {
-            assert_eq!(wty, GgmlType::Q5_0, "matmul_rows: the Q50Quads layout holds Q5_0 weights");
-            assert!(q50_quads::fits(k), "matmul_rows: rows of {k} do not fit the Q50Quads layout");
-            let rb = wty.row_bytes(k).expect("INVARIANT: Q5_0 rows of whole blocks");
-            assert!(w.len() >= rows.end * rb, "matmul_rows: weights too short");
-            let act_rb = act_row_bytes(ActFormat::Q8_0, k);
-            assert!(acts.len() >= m * act_rb, "matmul_rows: activations too short for {m} rows");
-            if rows.is_empty() || m == 0 {
-                return;
-            }
-            #[cfg(target_arch = "x86_64")]
-            if kernel_level() == KernelLevel::Avx512 {
-                // SAFETY: lengths checked above; `out` per the caller's contract; AVX-512 was detected.
-                unsafe { avx512::matmul_rows_q50_quads(w, k, rows, acts, act_rb, m, out, ldo) };
-                return;
-            }
-            panic!("matmul_rows: the {layout:?} layout needs the AVX-512 kernels");
-        }
-        Layout::Q4KPairs | Layout::Q6KPairs => {
-            let want = if layout == Layout::Q4KPairs { GgmlType::Q4_K } else { GgmlType::Q6_K };
+        _ => {
+            let want = layout.holds().expect("INVARIANT: every layout but Gguf holds one type");
             assert_eq!(wty, want, "matmul_rows: the {layout:?} layout holds {want} weights");
-            assert!(k.is_multiple_of(blocks::QK_K), "matmul_rows: {k} is not a whole number of {wty} blocks");
-            let pair_bytes = layout.pair_bytes(k).expect("INVARIANT: a pairs layout");
-            assert!(w.len() >= rows.end.div_ceil(2) * pair_bytes, "matmul_rows: weights too short");
-            let act_rb = act_row_bytes(ActFormat::Q8_K, k);
+            assert!(k.is_multiple_of(wty.block_len()), "matmul_rows: {k} is not a whole number of {wty} blocks");
+            let len = layout.matrix_bytes(wty, rows.end, k);
+            assert!(len.is_some(), "matmul_rows: rows of {k} do not fit the {layout:?} layout");
+            assert!(len.is_some_and(|len| w.len() >= len), "matmul_rows: weights too short");
+            let fmt = act_format(wty).expect("INVARIANT: repacked types are quantized");
+            let act_rb = act_row_bytes(fmt, k);
             assert!(acts.len() >= m * act_rb, "matmul_rows: activations too short for {m} rows");
             if rows.is_empty() || m == 0 {
                 return;
@@ -246,7 +240,7 @@ pub unsafe fn matmul_rows_in(
             #[cfg(target_arch = "x86_64")]
             if kernel_level() == KernelLevel::Avx512 {
                 // SAFETY: lengths checked above; `out` per the caller's contract; AVX-512 was detected.
-                unsafe { avx512::matmul_rows_pairs(layout, wty, w, k, rows, acts, act_rb, m, out, ldo) };
+                unsafe { avx512::matmul_rows_repacked(layout, wty, w, k, rows, acts, act_rb, m, out, ldo) };
                 return;
             }
             panic!("matmul_rows: the {layout:?} layout needs the AVX-512 kernels");
