@@ -244,9 +244,9 @@ struct Proposal {
 /// Probing the draft model. Acceptance is only measured while a proposer proposes, so one early rejection (or a
 /// stretch of prose in a code reply) could push the draft's estimate below the point where drafting pays and keep
 /// it there for the rest of the request. A sequence that has not used the draft for `draft_probe_gap` target
-/// passes proposes `DRAFT_PROBE_DEPTH` draft tokens anyway; a fully accepted probe resets the gap to the minimum,
-/// any other doubles it (up to the maximum), so a draft that really does not fit costs at most one probe in
-/// `DRAFT_PROBE_GAP_MAX` passes.
+/// passes, and would propose nothing this step, proposes `DRAFT_PROBE_DEPTH` draft tokens anyway (a step with an
+/// n-gram proposal keeps it); a fully accepted probe resets the gap to the minimum, any other doubles it (up to the
+/// maximum), so a draft that really does not fit costs at most one probe in `DRAFT_PROBE_GAP_MAX` passes.
 const DRAFT_PROBE_DEPTH: usize = 2;
 const DRAFT_PROBE_GAP_MIN: usize = 8;
 const DRAFT_PROBE_GAP_MAX: usize = 256;
@@ -560,7 +560,7 @@ impl<R: Runner> Engine<R> {
             && s.uses_draft
             && lag <= self.config.max_batch_tokens
             && s.draft_idle >= s.draft_probe_gap
-            && best.is_none_or(|b| b.1 != Method::Draft);
+            && best.is_none();
         if probe {
             best = Some((0.0, Method::Draft, DRAFT_PROBE_DEPTH.min(max_k)));
         }
@@ -691,7 +691,9 @@ impl<R: Runner> Engine<R> {
             };
             let pass_start = Instant::now();
             let logits = draft.forward(&batch)?.to_vec();
-            if live.len() == 1 && self.config.spec.measure_costs {
+            // Only one-row passes measure the draft's price per token: a catch-up pass over many unseen tokens
+            // costs more, and counting it as one draft token would make drafting look dearer each time it resumes.
+            if batch.num_tokens() == 1 && self.config.spec.measure_costs {
                 self.live_costs.observe_draft(pass_start.elapsed().as_secs_f64());
             }
             for (r, &w) in live.iter().enumerate() {
@@ -844,7 +846,7 @@ impl<R: Runner> Engine<R> {
         let logits = self.runner.forward(&batch)?.to_vec();
         let target_s = target_start.elapsed().as_secs_f64();
         if prefills.is_empty() && self.config.spec.measure_costs {
-            self.live_costs.observe_target(batch.chunks.iter().map(|c| c.tokens.len()).sum(), target_s);
+            self.live_costs.observe_target(batch.num_tokens(), target_s);
         }
         drop(batch);
         let vocab = self.runner.config().vocab_size;
