@@ -112,7 +112,7 @@ struct Sequence {
     ngram: NgramAcceptance,
     draft: Acceptance,
     /// Target passes since the draft model last proposed for this sequence, and how many to wait before probing it
-    /// again ([`DraftProbe`]).
+    /// again (see [`DRAFT_PROBE_GAP_MIN`]).
     draft_idle: usize,
     draft_probe_gap: usize,
     t_admitted: Instant,
