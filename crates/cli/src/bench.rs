@@ -83,10 +83,10 @@ pub fn main(a: Args) -> Result<()> {
         let mut last = 0u32;
         for (i, chunk) in prompt.chunks(a.batch.max(1)).enumerate() {
             let start_pos = i * a.batch.max(1);
-            let logits = runner.forward(&Batch {
+            let ids = runner.forward_argmax(&Batch {
                 chunks: vec![SeqChunk { seq, tokens: chunk, start_pos, logits: LogitsWanted::Last }],
             })?;
-            last = engine::sampler::argmax(logits);
+            last = ids.first().copied().unwrap_or(0);
         }
         if a.prompt_tokens > 0 {
             pp.push(a.prompt_tokens as f64 / t0.elapsed().as_secs_f64());
@@ -94,7 +94,8 @@ pub fn main(a: Args) -> Result<()> {
         let t1 = Instant::now();
         for i in 0..a.gen_tokens {
             let tokens = [last];
-            let logits = runner.forward(&Batch {
+            // Greedy: the argmax is taken where the logits are (on the GPU, one id comes back per step).
+            let ids = runner.forward_argmax(&Batch {
                 chunks: vec![SeqChunk {
                     seq,
                     tokens: &tokens,
@@ -102,7 +103,7 @@ pub fn main(a: Args) -> Result<()> {
                     logits: LogitsWanted::Last,
                 }],
             })?;
-            last = engine::sampler::argmax(logits);
+            last = ids.first().copied().unwrap_or(0);
         }
         if a.gen_tokens > 0 {
             tg.push(a.gen_tokens as f64 / t1.elapsed().as_secs_f64());
@@ -116,9 +117,8 @@ pub fn main(a: Args) -> Result<()> {
         let plen = 32.min(prompt.len().max(1));
         let p: Vec<u32> = (0..plen).map(|i| prompt.get(i).copied().unwrap_or(1)).collect();
         let chunks = ids.iter().map(|&seq| SeqChunk { seq, tokens: &p, start_pos: 0, logits: LogitsWanted::Last });
-        let l = runner.forward(&Batch { chunks: chunks.collect() })?;
-        let vocab = vocab as usize;
-        let mut next: Vec<[u32; 1]> = l.chunks_exact(vocab).map(|r| [engine::sampler::argmax(r)]).collect();
+        let mut next: Vec<[u32; 1]> =
+            runner.forward_argmax(&Batch { chunks: chunks.collect() })?.into_iter().map(|t| [t]).collect();
         let t = Instant::now();
         for step in 0..a.gen_tokens {
             let chunks = ids.iter().zip(&next).map(|(&seq, tok)| SeqChunk {
@@ -127,8 +127,7 @@ pub fn main(a: Args) -> Result<()> {
                 start_pos: plen + step,
                 logits: LogitsWanted::Last,
             });
-            let l = runner.forward(&Batch { chunks: chunks.collect() })?;
-            next = l.chunks_exact(vocab).map(|r| [engine::sampler::argmax(r)]).collect();
+            next = runner.forward_argmax(&Batch { chunks: chunks.collect() })?.into_iter().map(|t| [t]).collect();
         }
         let tok_s = (n * a.gen_tokens) as f64 / t.elapsed().as_secs_f64();
         for &id in &ids {

@@ -240,7 +240,65 @@ pub fn main(a: Args) -> Result<()> {
         if same_tokens { "identical" } else { "DIFFER" }
     );
 
+    // The same greedy decoding with the argmax taken on the device (`forward_argmax`), batched and one sequence
+    // alone: the tokens must be the host argmax of the copied logits above.
+    let dev_ids: Vec<SeqId> = (0..a.sequences).map(|s| SeqId(300 + s as u64)).collect();
+    let b = Batch {
+        chunks: prompts
+            .iter()
+            .zip(&dev_ids)
+            .map(|(p, &id)| SeqChunk { seq: id, tokens: p, start_pos: 0, logits: LogitsWanted::Last })
+            .collect(),
+    };
+    let mut nexts = gpu.forward_argmax(&b)?;
+    let mut dev_outs: Vec<Vec<u32>> = nexts.iter().map(|&t| vec![t]).collect();
+    for step in 0..a.steps {
+        let toks: Vec<[u32; 1]> = nexts.iter().map(|&t| [t]).collect();
+        let b = Batch {
+            chunks: (0..a.sequences)
+                .map(|s| SeqChunk {
+                    seq: dev_ids[s],
+                    tokens: &toks[s],
+                    start_pos: prompts[s].len() + step,
+                    logits: LogitsWanted::Last,
+                })
+                .collect(),
+        };
+        nexts = gpu.forward_argmax(&b)?;
+        for (s, &t) in nexts.iter().enumerate() {
+            dev_outs[s].push(t);
+        }
+    }
+    for &id in dev_ids.iter().chain(&ids) {
+        gpu.release(id);
+    }
+    let mut dev_alone = true;
+    if let Some(p) = prompts.first() {
+        let id = SeqId(400);
+        let mut next = gpu.forward_argmax(&one(id, p, 0, LogitsWanted::Last))?.first().copied().unwrap_or(u32::MAX);
+        let mut out = vec![next];
+        for step in 0..a.steps {
+            next = gpu
+                .forward_argmax(&one(id, &[next], p.len() + step, LogitsWanted::Last))?
+                .first()
+                .copied()
+                .unwrap_or(u32::MAX);
+            out.push(next);
+        }
+        gpu.release(id);
+        dev_alone = alone.first().is_some_and(|(o, _)| *o == out);
+    }
+    let dev_same = dev_outs == outs && dev_alone;
+    println!(
+        "greedy pick on the device vs host argmax of the logits (batched {} seqs and alone): {}",
+        a.sequences,
+        if dev_same { "identical" } else { "DIFFER" }
+    );
+
     let mut failed = Vec::new();
+    if !dev_same {
+        failed.push("the device's greedy pick differs from the host argmax".into());
+    }
     if max_p >= 1e-2 || max_d >= 1e-2 {
         failed.push(format!("relative error {:.3e} >= 1e-2", max_p.max(max_d)));
     }

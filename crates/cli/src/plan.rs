@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use plan::{Device, DeviceMemory, ModelInput, ModelShapes, Plan, PlanInput};
 
 #[derive(clap::Args)]
@@ -126,14 +126,24 @@ pub fn device_memory(simulated: Option<u64>) -> Result<DeviceMemory> {
     }
 }
 
+/// Free and total memory of CUDA device 0 (cuMemGetInfo), as the CUDA runner would find it before loading.
+pub fn cuda_memory() -> Result<DeviceMemory> {
+    let gpu =
+        backend::cuda::Gpu::new(0).map_err(|e| anyhow::anyhow!("--device cuda: {e} (plan for a GPU with --memory)"))?;
+    let (free, total) = gpu.mem_info().map_err(|e| anyhow::anyhow!("reading free CUDA memory: {e}"))?;
+    Ok(DeviceMemory {
+        total_bytes: total as u64,
+        available_bytes: free as u64,
+        cgroup_limit_bytes: None,
+        source: format!("cuMemGetInfo on {} (free device memory)", gpu.name),
+    })
+}
+
 pub fn main(a: Args) -> Result<()> {
     let device = match a.device {
         DeviceArg::Cpu => Device::Cpu,
         DeviceArg::Cuda => Device::Cuda,
     };
-    if device == Device::Cuda && a.memory.is_none() {
-        bail!("--device cuda needs --memory (reading free CUDA memory is not built yet)");
-    }
     let manifest = pack::pack(&a.model);
     let (target, mut from_manifest) = input_for(&a.model, manifest.map(|m| &m.target))?;
     let draft_name = if a.no_draft { None } else { a.draft.as_deref().or(default_draft(&a.model)) };
@@ -150,7 +160,11 @@ pub fn main(a: Args) -> Result<()> {
             Some(input)
         }
     };
-    let mut input = PlanInput::new(target, device_memory(a.memory)?, device);
+    let memory = match (device, a.memory) {
+        (Device::Cuda, None) => cuda_memory()?,
+        (_, m) => device_memory(m)?,
+    };
+    let mut input = PlanInput::new(target, memory, device);
     input.draft = draft;
     input.max_memory_bytes = a.max_memory;
     input.max_context = a.max_context;

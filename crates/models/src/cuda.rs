@@ -12,8 +12,10 @@
 //! Decode-sized chunks of layers whose matrices all have such kernels (`CudaOptions::q8`) multiply on 8-bit
 //! activations: each activation row is quantized per 32 values (fused with the RMSNorm, or written by the attention
 //! and gate/up kernels themselves) and the weights are consumed with dp4a, several threads per weight row, never
-//! converted to f32 (Q4_K, Q6_K, Q8_0, Q5_0). Q6_K, Q8_0 and Q5_0 matrices are stored on the device with padded
-//! blocks (aligned fields, see `device_layout`). Other types keep the f32-activation kernels.
+//! converted to f32 (Q4_K, Q6_K, Q8_0, Q5_0). Q4_K and Q6_K rows are regrouped field by field on upload (neighbouring
+//! threads load neighbouring 16 bytes), Q8_0 and Q5_0 blocks padded (aligned fields), see `device_layout`. Other types
+//! keep the f32-activation kernels. Greedy callers ([`Runner::forward_argmax`]) get each row's argmax picked on the
+//! device at the end of the graph and copy back one id per row instead of the logits.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -32,6 +34,10 @@ pub const PAGE_SIZE: usize = 64;
 /// Batches of at most this many rows are captured as CUDA graphs.
 pub const MAX_GRAPH_ROWS: usize = 64;
 const ATT_WARPS: usize = 4;
+/// Threads of a `rope_kv` block; the rotation pairs of a row are spread over as many blocks as they fill.
+const ROPE_THREADS: u32 = 256;
+/// Fewest positions per attention split when the splits follow the context (`CudaOptions::att_dyn`).
+const ATT_MIN_SPLIT: usize = 32 * ATT_WARPS;
 /// Chunks of at least this many tokens run on tensor cores (weights dequantized to f16, cuBLAS GEMMs, GEMM
 /// attention); shorter ones (decode, speculative verification) on the matrix-vector kernels. Chosen per chunk, so a
 /// sequence's results never depend on what else is in its batch. Above [`MAX_GRAPH_ROWS`]: graphs hold no cuBLAS call.
@@ -83,6 +89,12 @@ pub struct CudaOptions {
     pub gu_fuse: bool,
     /// The attention kernel writes the output projection's 8-bit input itself.
     pub att_q8: bool,
+    /// Q4_K and Q6_K rows stored on the device field by field (all first halves of the 32-byte quant runs, then all
+    /// second halves, then the headers) so that neighbouring threads' 16-byte loads are neighbours in memory.
+    pub repack: bool,
+    /// Attention at short context: as many splits over the positions as the context needs (at least
+    /// `ATT_MIN_SPLIT` positions each) rather than always the launch's full count.
+    pub att_dyn: bool,
 }
 
 impl Default for CudaOptions {
@@ -115,6 +127,8 @@ impl Default for CudaOptions {
             graph_pdl: std::env::var("SPLASH_CUDA_GRAPH_PDL").is_ok_and(|v| v == "1"),
             gu_fuse: std::env::var("SPLASH_CUDA_GU_FUSE").map(|v| v != "0").unwrap_or(true),
             att_q8: std::env::var("SPLASH_CUDA_ATT_Q8").map(|v| v != "0").unwrap_or(true),
+            repack: std::env::var("SPLASH_CUDA_REPACK").map(|v| v != "0").unwrap_or(true),
+            att_dyn: std::env::var("SPLASH_CUDA_ATT_DYN").map(|v| v != "0").unwrap_or(true),
         }
     }
 }
@@ -193,6 +207,8 @@ struct Scratch {
     /// Per (row, head): splits finished (the last one merges); zero between launches.
     counters: DevBuf,
     logits: DevBuf,
+    /// Greedy token of each logit row (`Runner::forward_argmax`).
+    ids: DevBuf,
     tokens: DevBuf,
     pos: DevBuf,
     slot: DevBuf,
@@ -255,7 +271,8 @@ pub struct CudaRunner {
     free_pages: Vec<u32>,
     seqs: HashMap<SeqId, SeqState>,
     scratch: Option<Scratch>,
-    graphs: HashMap<(usize, usize), Graph>,
+    /// Per (rows, logit rows, greedy pick on the device).
+    graphs: HashMap<(usize, usize, bool), Graph>,
     /// Logits of the last forward pass (page-locked: copied straight from the device).
     logits: Option<backend::cuda::PinnedF32>,
     opts: CudaOptions,
@@ -268,6 +285,8 @@ pub struct CudaRunner {
     gemm_scratch: Option<GemmScratch>,
     /// A CUDA graph is being captured (no programmatic dependent launch inside graphs).
     capturing: std::cell::Cell<bool>,
+    /// The pass ends with the argmax of every logit row (`Runner::forward_argmax`).
+    greedy: std::cell::Cell<bool>,
     pub stats: CudaLoadStats,
 }
 
@@ -334,9 +353,11 @@ fn mmvq_name(ty: GgmlType, k: usize, p: usize, mr: usize, mode: u32) -> String {
 fn guq_name(ty: GgmlType, k: usize, p: usize, mr: usize) -> String {
     format!("guq_{}_{k}_{p}_{mr}", type_id(ty))
 }
-/// The gate/up kernel also writes its output as 8-bit activations (blocks of 32 rows, 32 * p threads).
+/// The gate/up kernel also writes its output as 8-bit activations (blocks of 32 rows, 32 * p threads). Not above 8
+/// threads per row: with 1024-thread blocks (p = 32, the 32B's gate/up) ptxas keeps 32 registers per thread and
+/// spills the loaded weights (580 bytes of spill stores, `--ptxas-options=-v`).
 fn guq_fused(p: usize) -> bool {
-    p <= 16
+    p <= 8
 }
 fn qkvq_name(tq: GgmlType, tk: GgmlType, tv: GgmlType, p: usize, mr: usize) -> String {
     format!("qkvq_{}_{}_{}_{p}_{mr}", type_id(tq), type_id(tk), type_id(tv))
@@ -349,14 +370,28 @@ pub struct Q8Kernels {
     pub mats: Vec<(GgmlType, usize, usize)>,
     pub gu: Vec<(GgmlType, usize, usize)>,
     pub qkv: Vec<(GgmlType, GgmlType, GgmlType, usize)>,
-    /// Gate/up kernels with p <= 16 also write the down projection's 8-bit input.
+    /// Gate/up kernels with p <= 8 also write the down projection's 8-bit input.
     pub gu_fuse: bool,
+    /// Q4_K / Q6_K matrices in the repacked device layout (see [`device_layout`]).
+    pub repack: bool,
+    /// The attention kernel uses only as many of its splits as the context needs.
+    pub att_dyn: bool,
 }
 
-/// The device layout of a matrix's bytes: Q6_K blocks padded from 210 to 224 bytes (every block 16-byte aligned);
-/// Q8_0 and Q5_0 blocks with two zero bytes after the f16 scale (36 and 24 bytes: the rest 4-byte aligned); other
-/// types as stored.
-fn device_layout(ty: GgmlType, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+/// The device layout of a matrix's bytes (rows of `cols` values): Q6_K blocks padded from 210 to 224 bytes (every
+/// block 16-byte aligned); Q8_0 and Q5_0 blocks with two zero bytes after the f16 scale (36 and 24 bytes: the rest
+/// 4-byte aligned); other types as stored. With `repack`, Q4_K and Q6_K rows are regrouped field by field instead
+/// (same row sizes, [`repack_row`]).
+fn device_layout(ty: GgmlType, cols: usize, bytes: &[u8], repack: bool) -> std::borrow::Cow<'_, [u8]> {
+    if repack && matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) && cols.is_multiple_of(256) {
+        let (from, to) = if ty == GgmlType::Q4_K { (144, 144) } else { (210, 224) };
+        let nsb = cols / 256;
+        let mut out = vec![0u8; bytes.len() / from * to];
+        for (src, dst) in bytes.chunks_exact(nsb * from).zip(out.chunks_exact_mut(nsb * to)) {
+            repack_row(ty, nsb, src, dst);
+        }
+        return std::borrow::Cow::Owned(out);
+    }
     let (from, to, at) = match ty {
         GgmlType::Q6_K => (210, 224, 210),
         GgmlType::Q8_0 => (34, 36, 2),
@@ -370,6 +405,41 @@ fn device_layout(ty: GgmlType, bytes: &[u8]) -> std::borrow::Cow<'_, [u8]> {
         out.extend_from_slice(&b[at..]);
     }
     std::borrow::Cow::Owned(out)
+}
+
+/// One row of `nsb` Q4_K or Q6_K superblocks (`src`, as stored) into the repacked layout (`dst`, zeroed). Pair p of
+/// the row is its 64 weights that one thread of the 8-bit kernels takes (superblock p / 4); its 32 quant bytes are
+/// split into two 16-byte halves stored in two regions, so threads p and p + 1 load neighbouring 16 bytes.
+/// Q4_K: [first halves: nsb * 64][second halves: nsb * 64][headers d, dmin, scales: nsb * 16].
+/// Q6_K: [ql first halves: nsb * 64][ql second halves: nsb * 64][qh first halves: nsb * 32][qh second halves:
+/// nsb * 32][scales: nsb * 16][d: nsb * 2][zero padding: nsb * 14] (qh run r = 2 sb + hf is shared by two pairs).
+fn repack_row(ty: GgmlType, nsb: usize, src: &[u8], dst: &mut [u8]) {
+    let mut put = |at: usize, from: &[u8]| dst[at..at + from.len()].copy_from_slice(from);
+    if ty == GgmlType::Q4_K {
+        for (sb, b) in src.chunks_exact(144).enumerate() {
+            for j in 0..4 {
+                let p = 4 * sb + j;
+                put(16 * p, &b[16 + 32 * j..32 + 32 * j]);
+                put(nsb * 64 + 16 * p, &b[32 + 32 * j..48 + 32 * j]);
+            }
+            put(nsb * 128 + 16 * sb, &b[..16]);
+        }
+    } else {
+        for (sb, b) in src.chunks_exact(210).enumerate() {
+            for p4 in 0..4 {
+                let p = 4 * sb + p4;
+                put(16 * p, &b[32 * p4..32 * p4 + 16]);
+                put(nsb * 64 + 16 * p, &b[32 * p4 + 16..32 * p4 + 32]);
+            }
+            for hf in 0..2 {
+                let r = 2 * sb + hf;
+                put(nsb * 128 + 16 * r, &b[128 + 32 * hf..144 + 32 * hf]);
+                put(nsb * 160 + 16 * r, &b[144 + 32 * hf..160 + 32 * hf]);
+            }
+            put(nsb * 192 + 16 * sb, &b[192..208]);
+            put(nsb * 208 + 2 * sb, &b[208..210]);
+        }
+    }
 }
 
 /// Warps that share one weight row of length `k` in the matrix-vector kernels (long rows: more loads in flight).
@@ -435,6 +505,8 @@ pub fn kernel_source(
         s.push_str(&format!("#define {k} {v}\n"));
     }
     s.push_str(&format!("#define RMS_EPS {:e}f\n", cfg.rms_eps));
+    s.push_str(&format!("#define REPACK {}\n#define ATT_DYN {}\n", u8::from(q8.repack), u8::from(q8.att_dyn)));
+    s.push_str(&format!("#define ATT_MIN_SPLIT {ATT_MIN_SPLIT}\n"));
     s.push_str(backend::cuda::KERNELS);
     s.push('\n');
     for &(ty, k) in mats {
@@ -608,7 +680,8 @@ impl CudaRunner {
         // Layers (and the output matrix) on the 8-bit-activation kernels, and the instantiations they need.
         let q8_on = opts.q8 && !opts.exact_activations;
         let it = opts.q8_iters;
-        let mut q8k = Q8Kernels { gu_fuse: opts.gu_fuse, ..Q8Kernels::default() };
+        let mut q8k =
+            Q8Kernels { gu_fuse: opts.gu_fuse, repack: opts.repack, att_dyn: opts.att_dyn, ..Q8Kernels::default() };
         let mut q8_layers = Vec::with_capacity(weights.layers.len());
         let add3 = |v: &mut Vec<(GgmlType, usize, usize)>, e: (GgmlType, usize, usize)| {
             if !v.contains(&e) {
@@ -651,7 +724,7 @@ impl CudaRunner {
         let mut funcs = HashMap::new();
         let mut names: Vec<String> = vec!["rms_norm".into(), "silu_mul".into(), "qk_norm".into(), "rope_kv".into()];
         names.extend(["attention", "attn_combine", "act_q8_0", "act_q8_k"].map(String::from));
-        names.extend(["to_f16", "add_bias", "kv_gather", "softmax_causal"].map(String::from));
+        names.extend(["to_f16", "add_bias", "kv_gather", "softmax_causal", "argmax_rows"].map(String::from));
         for &(ty, k) in &mats {
             names.push(dequant_name(ty, k));
             for mr in MRS {
@@ -694,7 +767,7 @@ impl CudaRunner {
         let mut weight_bytes = 0usize;
         let mut up_mat = |m: &backend::cpu::QMatrix| -> Result<GMat> {
             weight_bytes += m.bytes.as_slice().len();
-            let buf = gpu.upload(&device_layout(m.ty, m.bytes.as_slice()))?;
+            let buf = gpu.upload(&device_layout(m.ty, m.cols, m.bytes.as_slice(), opts.repack))?;
             Ok(GMat { ty: m.ty, rows: m.rows, cols: m.cols, buf })
         };
         let embd = up_mat(&weights.token_embd)?;
@@ -790,6 +863,7 @@ impl CudaRunner {
             segs: Vec::new(),
             gemm_scratch: None,
             capturing: std::cell::Cell::new(false),
+            greedy: std::cell::Cell::new(false),
             stats,
         })
     }
@@ -858,6 +932,7 @@ impl CudaRunner {
                 .alloc((1..=m).map(|k| k * att_splits(k)).max().unwrap_or(1) * c.num_heads * (c.head_dim + 2) * f)?,
             counters: g.upload(&vec![0u32; m * c.num_heads])?,
             logits: g.alloc(r * c.vocab_size * f)?,
+            ids: g.alloc(r * 4)?,
             tokens: g.alloc(m * 4)?,
             pos: g.alloc(m * 4)?,
             slot: g.alloc(m * 4)?,
@@ -940,18 +1015,13 @@ impl CudaRunner {
         if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
             self.launch("qk_norm", (mu, 1, 1), 128, Args(vec![q, k, qn.ptr, kn.ptr]))?;
         }
+        let pairs = (self.cfg.num_heads + self.cfg.num_kv_heads) * self.cfg.head_dim / 2;
         self.launch(
             "rope_kv",
-            (mu, 1, 1),
-            self.rope_threads(),
+            (mu, pairs.div_ceil(ROPE_THREADS as usize) as u32, 1),
+            ROPE_THREADS,
             Args(vec![q, k, v, self.inv_freq.ptr, pos, slot, table, self.kc[li].ptr, self.vc[li].ptr]),
         )
-    }
-
-    /// Threads of a `rope_kv` block: one per rotation pair of the q and k heads (at most 1024).
-    fn rope_threads(&self) -> u32 {
-        let c = &self.cfg;
-        ((c.num_heads + c.num_kv_heads) * c.head_dim / 2).next_multiple_of(32).clamp(128, 1024) as u32
     }
 
     /// Y[m, N] (+)= W X[m, K] (+ bias) on 8-bit activations (`quant` output).
@@ -992,6 +1062,11 @@ impl CudaRunner {
             } else {
                 self.mmv(out, s.xn.ptr, s.logits.ptr, None, r, false)?;
             }
+        }
+        if r > 0 && self.greedy.get() {
+            let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
+            let vocab = self.cfg.vocab_size;
+            self.launch("argmax_rows", (r as u32, 1, 1), 1024, Args(vec![s.logits.ptr, i(vocab), s.ids.ptr]))?;
         }
         Ok(())
     }
@@ -1224,6 +1299,112 @@ impl CudaRunner {
         Ok(())
     }
 
+    /// Runs the batch up to its logits (and their argmax with `greedy` set), enqueued on the stream without waiting;
+    /// the sequences' lengths are advanced. Returns the number of logit rows.
+    fn run(&mut self, batch: &Batch<'_>) -> Result<usize> {
+        self.validate(batch)?;
+        self.gpu.bind()?;
+        let m = batch.num_tokens();
+        let r = batch.num_logit_rows();
+        let nchunks = batch.chunks.len();
+        if m == 0 {
+            return Ok(0);
+        }
+        self.ensure_scratch(m, nchunks, r)?;
+        // Segments: each long chunk alone on tensor cores, runs of short chunks together.
+        let gemm_ok = self.blas.is_some() && self.opts.gemm;
+        self.segs.clear();
+        let mut r0 = 0;
+        let mut max_kv = 0;
+        for (ci, c) in batch.chunks.iter().enumerate() {
+            let n = c.tokens.len();
+            if gemm_ok && n >= GEMM_MIN_ROWS {
+                self.segs.push(Seg { r0, n, gemm: Some(GemmChunk { ci, start_pos: c.start_pos }) });
+                max_kv = max_kv.max(c.start_pos + n);
+            } else if let Some(last) = self.segs.last_mut().filter(|s| s.gemm.is_none()) {
+                last.n += n;
+            } else if n > 0 {
+                self.segs.push(Seg { r0, n, gemm: None });
+            }
+            r0 += n;
+        }
+        if gemm_ok && (max_kv > 0 || r >= GEMM_MIN_ROWS) {
+            self.ensure_gemm_scratch(m, r, max_kv)?;
+        }
+        // Pages for the new tokens.
+        for c in &batch.chunks {
+            let st = self.seqs.entry(c.seq).or_insert_with(|| SeqState { len: 0, pages: Vec::new() });
+            let need = (c.start_pos + c.tokens.len()).div_ceil(PAGE_SIZE);
+            while st.pages.len() < need {
+                st.pages.push(self.free_pages.pop().expect("INVARIANT: validate counted the free pages"));
+            }
+        }
+        // Per-row metadata.
+        let mut tokens = Vec::with_capacity(m);
+        let mut pos = Vec::with_capacity(m);
+        let mut slot = Vec::with_capacity(m);
+        let mut table = vec![0u32; nchunks * self.max_pages];
+        let mut out_rows = Vec::with_capacity(r);
+        let mut t0 = 0usize;
+        for (ci, c) in batch.chunks.iter().enumerate() {
+            tokens.extend_from_slice(c.tokens);
+            pos.extend((0..c.tokens.len()).map(|j| (c.start_pos + j) as u32));
+            slot.extend(std::iter::repeat_n(ci as u32, c.tokens.len()));
+            let pages = &self.seqs[&c.seq].pages;
+            table[ci * self.max_pages..ci * self.max_pages + pages.len()].copy_from_slice(pages);
+            let n = c.tokens.len();
+            match c.logits {
+                LogitsWanted::None => {}
+                LogitsWanted::Last => out_rows.extend((n > 0).then(|| (t0 + n - 1) as u32)),
+                LogitsWanted::All => out_rows.extend((t0..t0 + n).map(|t| t as u32)),
+            }
+            t0 += n;
+        }
+        {
+            let s = self.scratch.as_ref().expect("INVARIANT: ensured above");
+            self.gpu.htod(&s.tokens, &tokens)?;
+            self.gpu.htod(&s.pos, &pos)?;
+            self.gpu.htod(&s.slot, &slot)?;
+            self.gpu.htod(&s.table, &table)?;
+            if r > 0 {
+                self.gpu.htod(&s.out_rows, &out_rows)?;
+            }
+        }
+        if self.opts.graphs && m <= MAX_GRAPH_ROWS {
+            if !self.graphs.contains_key(&(m, r, self.greedy.get())) {
+                use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+                self.gpu
+                    .stream
+                    .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                    .map_err(|e| Error::Backend(format!("graph capture: {e:?}")))?;
+                self.capturing.set(true);
+                let res = self.enqueue(m, r);
+                self.capturing.set(false);
+                let g = self.gpu.stream.end_capture(CUgraphInstantiate_flags(0));
+                res?;
+                match g {
+                    Ok(Some(g)) => {
+                        self.graphs.insert((m, r, self.greedy.get()), Graph(g));
+                    }
+                    Ok(None) => return Err(Error::Backend("graph capture produced no graph".into())),
+                    Err(e) => return Err(Error::Backend(format!("graph capture: {e:?}"))),
+                }
+            }
+            self.graphs[&(m, r, self.greedy.get())]
+                .0
+                .launch()
+                .map_err(|e| Error::Backend(format!("graph launch: {e:?}")))?;
+        } else {
+            self.enqueue(m, r)?;
+        }
+        for c in &batch.chunks {
+            if let Some(st) = self.seqs.get_mut(&c.seq) {
+                st.len += c.tokens.len();
+            }
+        }
+        Ok(r)
+    }
+
     /// out[0..n) = f16(x[0..n)).
     fn to_f16(&self, x: u64, out: u64, n: usize) -> Result<()> {
         self.launch("to_f16", (n.div_ceil(4 * 256) as u32, 1, 1), 256, Args(vec![x, out, i(n)]))
@@ -1366,117 +1547,39 @@ impl Runner for CudaRunner {
     }
 
     fn forward(&mut self, batch: &Batch<'_>) -> Result<&[f32]> {
-        self.validate(batch)?;
-        self.gpu.bind()?;
-        let m = batch.num_tokens();
-        let r = batch.num_logit_rows();
-        let nchunks = batch.chunks.len();
-        if m == 0 {
-            return Ok(&[]);
-        }
-        self.ensure_scratch(m, nchunks, r)?;
-        // Segments: each long chunk alone on tensor cores, runs of short chunks together.
-        let gemm_ok = self.blas.is_some() && self.opts.gemm;
-        self.segs.clear();
-        let mut r0 = 0;
-        let mut max_kv = 0;
-        for (ci, c) in batch.chunks.iter().enumerate() {
-            let n = c.tokens.len();
-            if gemm_ok && n >= GEMM_MIN_ROWS {
-                self.segs.push(Seg { r0, n, gemm: Some(GemmChunk { ci, start_pos: c.start_pos }) });
-                max_kv = max_kv.max(c.start_pos + n);
-            } else if let Some(last) = self.segs.last_mut().filter(|s| s.gemm.is_none()) {
-                last.n += n;
-            } else if n > 0 {
-                self.segs.push(Seg { r0, n, gemm: None });
-            }
-            r0 += n;
-        }
-        if gemm_ok && (max_kv > 0 || r >= GEMM_MIN_ROWS) {
-            self.ensure_gemm_scratch(m, r, max_kv)?;
-        }
-        // Pages for the new tokens.
-        for c in &batch.chunks {
-            let st = self.seqs.entry(c.seq).or_insert_with(|| SeqState { len: 0, pages: Vec::new() });
-            let need = (c.start_pos + c.tokens.len()).div_ceil(PAGE_SIZE);
-            while st.pages.len() < need {
-                st.pages.push(self.free_pages.pop().expect("INVARIANT: validate counted the free pages"));
-            }
-        }
-        // Per-row metadata.
-        let mut tokens = Vec::with_capacity(m);
-        let mut pos = Vec::with_capacity(m);
-        let mut slot = Vec::with_capacity(m);
-        let mut table = vec![0u32; nchunks * self.max_pages];
-        let mut out_rows = Vec::with_capacity(r);
-        let mut t0 = 0usize;
-        for (ci, c) in batch.chunks.iter().enumerate() {
-            tokens.extend_from_slice(c.tokens);
-            pos.extend((0..c.tokens.len()).map(|j| (c.start_pos + j) as u32));
-            slot.extend(std::iter::repeat_n(ci as u32, c.tokens.len()));
-            let pages = &self.seqs[&c.seq].pages;
-            table[ci * self.max_pages..ci * self.max_pages + pages.len()].copy_from_slice(pages);
-            let n = c.tokens.len();
-            match c.logits {
-                LogitsWanted::None => {}
-                LogitsWanted::Last => out_rows.extend((n > 0).then(|| (t0 + n - 1) as u32)),
-                LogitsWanted::All => out_rows.extend((t0..t0 + n).map(|t| t as u32)),
-            }
-            t0 += n;
-        }
-        {
-            let s = self.scratch.as_ref().expect("INVARIANT: ensured above");
-            self.gpu.htod(&s.tokens, &tokens)?;
-            self.gpu.htod(&s.pos, &pos)?;
-            self.gpu.htod(&s.slot, &slot)?;
-            self.gpu.htod(&s.table, &table)?;
-            if r > 0 {
-                self.gpu.htod(&s.out_rows, &out_rows)?;
-            }
-        }
-        if self.opts.graphs && m <= MAX_GRAPH_ROWS {
-            if !self.graphs.contains_key(&(m, r)) {
-                use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-                self.gpu
-                    .stream
-                    .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                    .map_err(|e| Error::Backend(format!("graph capture: {e:?}")))?;
-                self.capturing.set(true);
-                let res = self.enqueue(m, r);
-                self.capturing.set(false);
-                let g = self.gpu.stream.end_capture(CUgraphInstantiate_flags(0));
-                res?;
-                match g {
-                    Ok(Some(g)) => {
-                        self.graphs.insert((m, r), Graph(g));
-                    }
-                    Ok(None) => return Err(Error::Backend("graph capture produced no graph".into())),
-                    Err(e) => return Err(Error::Backend(format!("graph capture: {e:?}"))),
-                }
-            }
-            self.graphs[&(m, r)].0.launch().map_err(|e| Error::Backend(format!("graph launch: {e:?}")))?;
-        } else {
-            self.enqueue(m, r)?;
-        }
+        self.greedy.set(false);
+        let r = self.run(batch)?;
         let vocab = self.cfg.vocab_size;
         if self.logits.as_ref().is_none_or(|l| l.len() < r * vocab) {
             self.logits = None;
             let cap = self.scratch.as_ref().map_or(r, |s| s.cap_r).max(r);
             self.logits = Some(self.gpu.alloc_pinned_f32(cap * vocab)?);
         }
-        let s = self.scratch.as_ref().expect("INVARIANT: ensured above");
+        let s = self.scratch.as_ref().expect("INVARIANT: run ensured it");
         let logits = self.logits.as_mut().expect("INVARIANT: allocated above");
         if r > 0 {
             self.gpu.dtoh_pinned(logits, s.logits.ptr, r * vocab)?;
         } else {
             self.gpu.sync()?;
         }
-        for c in &batch.chunks {
-            if let Some(st) = self.seqs.get_mut(&c.seq) {
-                st.len += c.tokens.len();
-            }
-        }
         Ok(&self.logits.as_ref().expect("INVARIANT: allocated above").as_slice()[..r * vocab])
+    }
+
+    /// The greedy token of each logit row, picked on the device (`argmax_rows` at the end of the graph): one u32
+    /// per row comes back instead of the row's logits.
+    fn forward_argmax(&mut self, batch: &Batch<'_>) -> Result<Vec<u32>> {
+        self.greedy.set(true);
+        let res = self.run(batch);
+        self.greedy.set(false);
+        let r = res?;
+        let mut ids = vec![0u32; r];
+        if r > 0 {
+            let s = self.scratch.as_ref().expect("INVARIANT: run ensured it");
+            self.gpu.dtoh(&mut ids, s.ids.ptr)?;
+        } else {
+            self.gpu.sync()?;
+        }
+        Ok(ids)
     }
 
     fn seq_len(&self, seq: SeqId) -> usize {
@@ -1511,18 +1614,75 @@ mod tests {
     #[test]
     fn device_layout_pads_blocks() {
         let q8: Vec<u8> = (0..68).map(|i| i as u8).collect();
-        let out = device_layout(GgmlType::Q8_0, &q8);
+        let out = device_layout(GgmlType::Q8_0, 64, &q8, true);
         assert_eq!(out.len(), 72);
         assert_eq!(&out[..4], &[0, 1, 0, 0]);
         assert_eq!(&out[4..36], &q8[2..34]);
         assert_eq!(&out[36..40], &[34, 35, 0, 0]);
         let q5: Vec<u8> = (0..22).map(|i| i as u8).collect();
-        let out = device_layout(GgmlType::Q5_0, &q5);
+        let out = device_layout(GgmlType::Q5_0, 32, &q5, true);
         assert_eq!((&out[..4], &out[4..]), (&[0u8, 1, 0, 0][..], &q5[2..]));
         let q6: Vec<u8> = (0..210).map(|i| i as u8).collect();
-        let out = device_layout(GgmlType::Q6_K, &q6);
+        let out = device_layout(GgmlType::Q6_K, 256, &q6, false);
         assert_eq!((out.len(), &out[..210], &out[210..]), (224, &q6[..], &[0u8; 14][..]));
-        assert!(matches!(device_layout(GgmlType::Q4_K, &q6), std::borrow::Cow::Borrowed(_)));
+        assert!(matches!(device_layout(GgmlType::Q4_K, 256, &q6[..144], false), std::borrow::Cow::Borrowed(_)));
+    }
+
+    /// The repacked Q4_K / Q6_K rows hold every byte of the row once, at the place the kernels read it from (the
+    /// field offsets of ggml's block_q4_K / block_q6_K, written out here independently of `repack_row`).
+    #[test]
+    fn repacked_rows_are_permutations_with_fields_in_place() {
+        let nsb = 3;
+        for (ty, from, to) in [(GgmlType::Q4_K, 144usize, 144usize), (GgmlType::Q6_K, 210, 224)] {
+            // Two rows; every byte distinct as a u16 tag (row, superblock, offset) kept in a side table.
+            let rows = 2;
+            let src: Vec<u8> = (0..rows * nsb * from).map(|i| (i * 7 % 251) as u8).collect();
+            let out = device_layout(ty, nsb * 256, &src, true);
+            assert_eq!(out.len(), rows * nsb * to);
+            for r in 0..rows {
+                let (s, o) = (&src[r * nsb * from..(r + 1) * nsb * from], &out[r * nsb * to..(r + 1) * nsb * to]);
+                for sb in 0..nsb {
+                    let b = &s[sb * from..(sb + 1) * from];
+                    if ty == GgmlType::Q4_K {
+                        // d, dmin, scales[12] at 0..16, qs[128] at 16..144; pair j of the superblock: qs[32j..32j+32).
+                        assert_eq!(&o[nsb * 128 + 16 * sb..nsb * 128 + 16 * sb + 16], &b[0..16]);
+                        for j in 0..4 {
+                            let p = 4 * sb + j;
+                            assert_eq!(&o[16 * p..16 * p + 16], &b[16 + 32 * j..16 + 32 * j + 16]);
+                            assert_eq!(&o[nsb * 64 + 16 * p..nsb * 64 + 16 * p + 16], &b[32 + 32 * j..48 + 32 * j]);
+                        }
+                    } else {
+                        // ql[128] at 0, qh[64] at 128, scales[16] at 192, d at 208.
+                        for hf in 0..2 {
+                            for pp in 0..2 {
+                                let p = 4 * sb + 2 * hf + pp;
+                                let ql = 64 * hf + 32 * pp;
+                                assert_eq!(&o[16 * p..16 * p + 16], &b[ql..ql + 16]);
+                                assert_eq!(&o[nsb * 64 + 16 * p..nsb * 64 + 16 * p + 16], &b[ql + 16..ql + 32]);
+                            }
+                            let q = 2 * sb + hf;
+                            assert_eq!(
+                                &o[nsb * 128 + 16 * q..nsb * 128 + 16 * q + 16],
+                                &b[128 + 32 * hf..144 + 32 * hf]
+                            );
+                            assert_eq!(
+                                &o[nsb * 160 + 16 * q..nsb * 160 + 16 * q + 16],
+                                &b[144 + 32 * hf..160 + 32 * hf]
+                            );
+                        }
+                        assert_eq!(&o[nsb * 192 + 16 * sb..nsb * 192 + 16 * sb + 16], &b[192..208]);
+                        assert_eq!(&o[nsb * 208 + 2 * sb..nsb * 208 + 2 * sb + 2], &b[208..210]);
+                    }
+                }
+                if ty == GgmlType::Q6_K {
+                    assert!(o[nsb * 210..].iter().all(|&v| v == 0), "padding is zero");
+                }
+                let (mut a, mut c) = (s.to_vec(), o[..nsb * from].to_vec());
+                a.sort_unstable();
+                c.sort_unstable();
+                assert_eq!(a, c, "{ty:?}: the same bytes");
+            }
+        }
     }
 
     /// The generated source compiles for Hopper with every supported type (runs where NVRTC can be loaded).
@@ -1566,8 +1726,13 @@ mod tests {
             gu: vec![(Q4_K, 1536, 8), (Q6_K, 5120, 32), (Q5_0, 1536, 8)],
             qkv: vec![(Q4_K, Q4_K, Q6_K, 16), (Q5_0, Q5_0, Q8_0, 32)],
             gu_fuse: true,
+            repack: true,
+            att_dyn: true,
         };
         let src = kernel_source(&cfg, &mats, &[(Q4_K, 1536), (Q5_0, 1536)], &[(Q4_K, Q4_K, Q6_K)], (Q6_K, 1536), &q8);
+        if let Ok(p) = std::env::var("SPLASH_DUMP_KERNEL_SOURCE") {
+            std::fs::write(p, &src).expect("writing the kernel source");
+        }
         let t0 = std::time::Instant::now();
         let bin = backend::cuda::nvrtc_cubin(&src, "sm_90a").unwrap_or_else(|e| panic!("{e}"));
         eprintln!(

@@ -81,12 +81,31 @@ impl Batch<'_> {
     }
 }
 
+/// Index of the largest value (the first on ties; NaN never wins; 0 for an empty slice).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 pub trait Runner: Send {
     fn config(&self) -> &ModelConfig;
 
     /// Runs the batch. Returns `[batch.num_logit_rows(), logits_width()]` logits, rows in chunk order. On error no
     /// sequence has changed.
     fn forward(&mut self, batch: &Batch<'_>) -> Result<&[f32]>;
+
+    /// Runs the batch like [`Runner::forward`] and returns, per logit row, the index of its largest logit (the
+    /// first on ties, as [`argmax`]): greedy decoding. Runners on a GPU pick it there and copy back one id per row
+    /// instead of the logits.
+    fn forward_argmax(&mut self, batch: &Batch<'_>) -> Result<Vec<u32>> {
+        let width = self.logits_width().max(1);
+        Ok(self.forward(batch)?.chunks_exact(width).map(argmax).collect())
+    }
 
     /// Logits per row that [`Runner::forward`] returns: the vocabulary, or the prefix of it set by
     /// [`Runner::limit_logits`].
@@ -125,5 +144,17 @@ pub trait Runner: Send {
     /// KV cache occupancy and prefix-cache counters.
     fn kv_usage(&self) -> crate::KvUsage {
         crate::KvUsage::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The first of equal maxima wins, NaN never wins, an empty row gives 0 (what `argmax_rows` on the GPU does).
+    #[test]
+    fn argmax_takes_the_first_maximum() {
+        assert_eq!(super::argmax(&[1.0, 3.0, -2.0, 3.0]), 1);
+        assert_eq!(super::argmax(&[f32::NEG_INFINITY, f32::NAN, 0.5, f32::NAN]), 2);
+        assert_eq!(super::argmax(&[]), 0);
+        assert_eq!(super::argmax(&[-1.0, -1.0]), 0);
     }
 }

@@ -116,9 +116,9 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, float& d, float
 }
 
 // Dequantizes unit `u` of a row starting at `row`; returns the offset of its first half.
-template <int T> __device__ __forceinline__ int unit(const u8* row, int u, float* w);
+template <int T> __device__ __forceinline__ int unit(const u8* row, int u, float* w, int nsb);
 
-template <> __device__ __forceinline__ int unit<T_F32>(const u8* row, int u, float* w) {
+template <> __device__ __forceinline__ int unit<T_F32>(const u8* row, int u, float* w, int nsb) {
     const float4* p = (const float4*)(row + u * 128);
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -127,7 +127,7 @@ template <> __device__ __forceinline__ int unit<T_F32>(const u8* row, int u, flo
     }
     return u * 32;
 }
-template <> __device__ __forceinline__ int unit<T_F16>(const u8* row, int u, float* w) {
+template <> __device__ __forceinline__ int unit<T_F16>(const u8* row, int u, float* w, int nsb) {
     const uint4* p = (const uint4*)(row + u * 64);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -141,7 +141,7 @@ template <> __device__ __forceinline__ int unit<T_F16>(const u8* row, int u, flo
     }
     return u * 32;
 }
-template <> __device__ __forceinline__ int unit<T_Q4_0>(const u8* row, int u, float* w) {
+template <> __device__ __forceinline__ int unit<T_Q4_0>(const u8* row, int u, float* w, int nsb) {
     const u8* b = row + u * 18;
     float d = h2f(ld16(b));
 #pragma unroll
@@ -154,7 +154,7 @@ template <> __device__ __forceinline__ int unit<T_Q4_0>(const u8* row, int u, fl
     }
     return u * 32;
 }
-template <> __device__ __forceinline__ int unit<T_Q4_1>(const u8* row, int u, float* w) {
+template <> __device__ __forceinline__ int unit<T_Q4_1>(const u8* row, int u, float* w, int nsb) {
     const u8* b = row + u * 20;
     float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
     const u32* qs = (const u32*)(b + 4);
@@ -170,7 +170,7 @@ template <> __device__ __forceinline__ int unit<T_Q4_1>(const u8* row, int u, fl
     }
     return u * 32;
 }
-template <> __device__ __forceinline__ int unit<T_Q5_0>(const u8* row, int u, float* w) {
+template <> __device__ __forceinline__ int unit<T_Q5_0>(const u8* row, int u, float* w, int nsb) {
     const u8* b = row + u * 24;
     float d = h2f(ld16(b));
     u32 qh = *(const u32*)(b + 4);
@@ -189,7 +189,7 @@ template <> __device__ __forceinline__ int unit<T_Q5_0>(const u8* row, int u, fl
     }
     return u * 32;
 }
-template <> __device__ __forceinline__ int unit<T_Q5_1>(const u8* row, int u, float* w) {
+template <> __device__ __forceinline__ int unit<T_Q5_1>(const u8* row, int u, float* w, int nsb) {
     const u8* b = row + u * 24;
     float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
     u32 qh = *(const u32*)(b + 4);
@@ -201,7 +201,7 @@ template <> __device__ __forceinline__ int unit<T_Q5_1>(const u8* row, int u, fl
     }
     return u * 32;
 }
-template <> __device__ __forceinline__ int unit<T_Q8_0>(const u8* row, int u, float* w) {
+template <> __device__ __forceinline__ int unit<T_Q8_0>(const u8* row, int u, float* w, int nsb) {
     const u8* b = row + u * 36;
     float d = h2f(ld16(b));
 #pragma unroll
@@ -212,15 +212,21 @@ template <> __device__ __forceinline__ int unit<T_Q8_0>(const u8* row, int u, fl
     }
     return u * 32;
 }
-template <> __device__ __forceinline__ int unit<T_Q4_K>(const u8* row, int u, float* w) {
-    const u8* b = row + (u >> 3) * 144;
+template <> __device__ __forceinline__ int unit<T_Q4_K>(const u8* row, int u, float* w, int nsb) {
     int sub = u & 7, j = sub >> 1, h = sub & 1;
+#if REPACK
+    const u8* b = row + nsb * 128 + (u >> 3) * 16;
+    const u8* qp = row + (h ? nsb * 64 : 0) + 16 * ((u >> 3) * 4 + j);
+#else
+    const u8* b = row + (u >> 3) * 144;
+    const u8* qp = b + 16 + 32 * j + 16 * h;
+#endif
     float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
     float s0, m0, s1, m1;
     scale_min_k4(2 * j, b + 4, s0, m0);
     scale_min_k4(2 * j + 1, b + 4, s1, m1);
     float d0 = d * s0, mm0 = dmin * m0, d1 = d * s1, mm1 = dmin * m1;
-    uint4 q = *(const uint4*)(b + 16 + 32 * j + 16 * h);
+    uint4 q = *(const uint4*)qp;
     u32 a[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -233,13 +239,21 @@ template <> __device__ __forceinline__ int unit<T_Q4_K>(const u8* row, int u, fl
     }
     return (u >> 3) * 256 + 64 * j + 16 * h;
 }
-template <> __device__ __forceinline__ int unit<T_Q6_K>(const u8* row, int u, float* w) {
-    const u8* b = row + (u >> 3) * Fmt<T_Q6_K>::BYTES;
+template <> __device__ __forceinline__ int unit<T_Q6_K>(const u8* row, int u, float* w, int nsb) {
     int sub = u & 7, hf = sub >> 2, pp = (sub >> 1) & 1, lg = sub & 1;
+#if REPACK
+    const int sb = u >> 3;
+    const u8* ql = row + (lg ? nsb * 64 : 0) + 16 * (sb * 4 + hf * 2 + pp);
+    const u8* qh = row + nsb * (lg ? 160 : 128) + 16 * (sb * 2 + hf);
+    const i8* sc = (const i8*)(row + nsb * 192 + 16 * sb);
+    float d = h2f(ld16(row + nsb * 208 + 2 * sb));
+#else
+    const u8* b = row + (u >> 3) * Fmt<T_Q6_K>::BYTES;
     const u8* ql = b + 64 * hf + 32 * pp + 16 * lg;
     const u8* qh = b + 128 + 32 * hf + 16 * lg;
     const i8* sc = (const i8*)(b + 192);
     float d = h2f(ld16(b + 208));
+#endif
     float dlo = d * (float)sc[8 * hf + lg + 2 * pp], dhi = d * (float)sc[8 * hf + lg + 4 + 2 * pp];
     int shl = 2 * pp, shh = 4 + 2 * pp;
 #pragma unroll
@@ -284,7 +298,7 @@ __device__ __forceinline__ void mmv_body(const u8* __restrict__ W, const float* 
 #pragma unroll 2
         for (int u = part * 32 + lane; u < NU; u += 32 * WPR) {
             float w[32];
-            int off = unit<T>(row, u, w);
+            int off = unit<T>(row, u, w, K / 256);
 #pragma unroll
             for (int r = 0; r < MR; r++) {
                 if (r < m) {
@@ -346,7 +360,7 @@ __device__ __forceinline__ void row_dot(const u8* __restrict__ row, const float*
 #pragma unroll 2
     for (int u = lane; u < NU; u += 32) {
         float w[32];
-        int off = unit<T>(row, u, w);
+        int off = unit<T>(row, u, w, K / 256);
         if (NORM) {
             const float4* g0 = (const float4*)(g + off);
             const float4* g1 = (const float4*)(g + off + Fmt<T>::DOFF);
@@ -546,8 +560,8 @@ __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8*
     for (int r = 0; r < MR; r++) ag[r] = au[r] = ss[r] = 0.f;
     for (int u = lane; u < NU; u += 32) {
         float wg[32], wu[32];
-        int off = unit<T>(rg, u, wg);
-        unit<T>(ru, u, wu);
+        int off = unit<T>(rg, u, wg, K / 256);
+        unit<T>(ru, u, wu, K / 256);
         if (NORM) {
             const float4* g0 = (const float4*)(gn + off);
             const float4* g1 = (const float4*)(gn + off + Fmt<T>::DOFF);
@@ -605,7 +619,7 @@ __device__ __forceinline__ void embed_body(const u8* __restrict__ W, const u32* 
     const u8* row = W + (size_t)tokens[t] * row_bytes;
     for (int u = threadIdx.x; u < K / 32; u += blockDim.x) {
         float w[32];
-        int off = unit<T>(row, u, w);
+        int off = unit<T>(row, u, w, K / 256);
         float* o = out + (size_t)t * K;
 #pragma unroll
         for (int i = 0; i < 16; i++) {
@@ -676,8 +690,10 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restric
     const u32 page = table[(size_t)slot[t] * MAX_PAGES + p / PAGE_SIZE];
     const size_t cbase = ((size_t)page * PAGE_SIZE + p % PAGE_SIZE) * KV_DIM;
     const int half = ROPE_DIM / 2;
-    // Each thread handles one rotation pair of one head (q heads then k heads), or copies a dimension.
-    for (int idx = threadIdx.x; idx < (NUM_HEADS + NUM_KV_HEADS) * (HEAD_DIM / 2); idx += blockDim.x) {
+    // Each thread handles one rotation pair of one head (q heads then k heads), or copies a dimension; the pairs
+    // are spread over gridDim.y blocks (one pass each for the shapes the host launches).
+    const int g0 = blockIdx.y * blockDim.x + threadIdx.x, gs = gridDim.y * blockDim.x;
+    for (int idx = g0; idx < (NUM_HEADS + NUM_KV_HEADS) * (HEAD_DIM / 2); idx += gs) {
         const int h = idx / (HEAD_DIM / 2), i = idx % (HEAD_DIM / 2);
         const bool isq = h < NUM_HEADS;
         const float* src = isq ? q + (size_t)t * Q_DIM + h * HEAD_DIM : k + (size_t)t * KV_DIM + (h - NUM_HEADS) * HEAD_DIM;
@@ -707,7 +723,7 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restric
             dst[ib] = f2h(b);
         }
     }
-    for (int i = threadIdx.x; i < KV_DIM; i += blockDim.x) vc[cbase + i] = f2h(v[(size_t)t * KV_DIM + i]);
+    for (int i = g0; i < KV_DIM; i += gs) vc[cbase + i] = f2h(v[(size_t)t * KV_DIM + i]);
 }
 
 // Activations rounded exactly as the CPU backend (and ggml) quantize them before a quantized dot product, then
@@ -771,10 +787,18 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
         const u32* __restrict__ slot, const u32* __restrict__ table, float* __restrict__ part, float* out,
         int* counters, i8* __restrict__ qo, float2* __restrict__ qd) {
     pdl_trigger();
-    const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, S = gridDim.z;
+    const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, SG = gridDim.z;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int kvh = h / (NUM_HEADS / NUM_KV_HEADS);
     const int n = (int)pos[t] + 1;
+#if ATT_DYN
+    // Only the splits the context needs (at least ATT_MIN_SPLIT positions each) take part, in the merge too; the
+    // rest leave at once. Partials keep the launch's stride.
+    const int S = out ? min(SG, (n + ATT_MIN_SPLIT - 1) / ATT_MIN_SPLIT) : SG;
+    if (z >= S) return;
+#else
+    const int S = SG;
+#endif
     const int chunk = ((n + S - 1) / S + 32 * ATT_WARPS - 1) / (32 * ATT_WARPS) * (32 * ATT_WARPS);
     const int start = z * chunk, end = min(n, start + chunk);
     const u32* tab = table + (size_t)slot[t] * MAX_PAGES;
@@ -858,7 +882,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
     __syncthreads();
     float M = -1e30f;
     for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
-    float* o = part + ((size_t)(t * NUM_HEADS + h) * S + z) * (HEAD_DIM + 2);
+    float* o = part + ((size_t)(t * NUM_HEADS + h) * SG + z) * (HEAD_DIM + 2);
     // (partials written below; the last split of (t, h) to finish merges them all)
     for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
         float a = 0.f;
@@ -881,7 +905,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const volatile float* pp = part + (size_t)(t * NUM_HEADS + h) * S * (HEAD_DIM + 2);
+    const volatile float* pp = part + (size_t)(t * NUM_HEADS + h) * SG * (HEAD_DIM + 2);
     float MM = -1e30f;
     for (int zz = 0; zz < S; zz++) MM = fmaxf(MM, pp[zz * (HEAD_DIM + 2)]);
     // Blocks of 32 threads hold 32-blocks of the output (HEAD_DIM is a multiple of 32): with qo, also quantized to 8
@@ -928,7 +952,7 @@ __device__ __forceinline__ void dequant_body(const u8* __restrict__ W, u16* __re
     const int u = (int)(idx % NU);
     const size_t row_bytes = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
     float w[32];
-    const int off = unit<T>(W + n * row_bytes, u, w);
+    const int off = unit<T>(W + n * row_bytes, u, w, K / 256);
     u32 a[16];
 #pragma unroll
     for (int i = 0; i < 16; i++) a[i] = (u32)f2h(w[2 * i]) | ((u32)f2h(w[2 * i + 1]) << 16);
@@ -1009,7 +1033,19 @@ extern "C" __global__ void quant_q8(const float* __restrict__ x, const float* __
     const int i = blockIdx.x;
     const float* xr = x + (size_t)(rows ? rows[i] : i) * K;
     float scale = 1.f;
-    if (g) {
+    if (g && K == HIDDEN) {
+        // K == HIDDEN with a norm (256 threads): every load of the row is issued before the first use (a loop with a
+        // run-time bound waited for each load in turn: 10 us for the 32B's rows, ncu). Same sums in the same order.
+        const int NL = (HIDDEN + 255) / 256;
+        float xv[NL];
+#pragma unroll
+        for (int j = 0; j < NL; j++) xv[j] = threadIdx.x + 256 * j < HIDDEN ? xr[threadIdx.x + 256 * j] : 0.f;
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < NL; j++) s += xv[j] * xv[j];
+        s = block_sum(s, sh);
+        scale = rsqrtf(s / (float)K + RMS_EPS);
+    } else if (g) {
         float s = 0.f;
         for (int k = threadIdx.x; k < K; k += blockDim.x) s += xr[k] * xr[k];
         s = block_sum(s, sh);
@@ -1033,7 +1069,7 @@ template <> struct Pair<T_Q8_0> { typedef PQ8 W; };
 template <> struct Pair<T_Q5_0> { typedef PQ5 W; };
 
 // Pair p of a (repacked) Q8_0 / Q5_0 row: blocks 2p and 2p + 1.
-__device__ __forceinline__ void pload(const u8* row, int p, PQ8& w) {
+__device__ __forceinline__ void pload(const u8* row, int p, PQ8& w, int nsb) {
     const u8* b = row + p * 72;
     w.d0 = ld16(b);
     w.d1 = ld16(b + 36);
@@ -1043,7 +1079,7 @@ __device__ __forceinline__ void pload(const u8* row, int p, PQ8& w) {
         w.q1[i] = *(const u32*)(b + 40 + 4 * i);
     }
 }
-__device__ __forceinline__ void pload(const u8* row, int p, PQ5& w) {
+__device__ __forceinline__ void pload(const u8* row, int p, PQ5& w, int nsb) {
     const u8* b = row + p * 48;
     w.d0 = ld16(b);
     w.d1 = ld16(b + 24);
@@ -1061,16 +1097,30 @@ __device__ __forceinline__ int sub16x4(u32 v) { return (int)(((v | 0x80808080u) 
 
 // Pair p of a Q4_K row: superblock p / 4, sub-blocks 2j and 2j + 1 (j = p % 4): header (d, dmin, scales) and the
 // 32 bytes of nibbles.
-__device__ __forceinline__ void pload(const u8* row, int p, PQ4K& w) {
+__device__ __forceinline__ void pload(const u8* row, int p, PQ4K& w, int nsb) {
+#if REPACK
+    w.h = *(const uint4*)(row + nsb * 128 + 16 * (p >> 2));
+    w.a = *(const uint4*)(row + 16 * p);
+    w.b = *(const uint4*)(row + nsb * 64 + 16 * p);
+#else
     const u8* b = row + (p >> 2) * 144;
     const int j = p & 3;
     w.h = *(const uint4*)b;
     w.a = *(const uint4*)(b + 16 + 32 * j);
     w.b = *(const uint4*)(b + 32 + 32 * j);
+#endif
 }
 // Pair p of a (repacked) Q6_K row: superblock p / 4, half hf = (p / 2) % 2, quarter pp = p % 2: positions
 // 128 hf + 32 pp + [0, 32) (low nibbles) and + 64 (high nibbles).
-__device__ __forceinline__ void pload(const u8* row, int p, PQ6K& w) {
+__device__ __forceinline__ void pload(const u8* row, int p, PQ6K& w, int nsb) {
+#if REPACK
+    w.l0 = *(const uint4*)(row + 16 * p);
+    w.l1 = *(const uint4*)(row + nsb * 64 + 16 * p);
+    w.h0 = *(const uint4*)(row + nsb * 128 + 16 * (p >> 1));
+    w.h1 = *(const uint4*)(row + nsb * 160 + 16 * (p >> 1));
+    w.s = *(const uint4*)(row + nsb * 192 + 16 * (p >> 2));
+    w.d = *(const u16*)(row + nsb * 208 + 2 * (p >> 2));
+#else
     const u8* b = row + (p >> 2) * 224;
     const int hf = (p >> 1) & 1, pp = p & 1;
     w.l0 = *(const uint4*)(b + 64 * hf + 32 * pp);
@@ -1079,6 +1129,7 @@ __device__ __forceinline__ void pload(const u8* row, int p, PQ6K& w) {
     w.h1 = *(const uint4*)(b + 128 + 32 * hf + 16);
     w.s = *(const uint4*)(b + 192);
     w.d = *(const u16*)(b + 208);
+#endif
 }
 
 // Sums of pair p against MR activation rows (row r at xq + r * K, xd + r * K / 32), added to acc[r] for r < m.
@@ -1217,7 +1268,7 @@ template <int T, int K, int P> struct RowQ {
     __device__ __forceinline__ void load(const u8* row, int part) {
 #pragma unroll
         for (int i = 0; i < IT; i++)
-            if (part + P * i < NP) pload(row, part + P * i, w[i]);
+            if (part + P * i < NP) pload(row, part + P * i, w[i], K / 256);
     }
     // acc[r] = this thread's share of row r, reduced over the min(P, 32) lanes of its group.
     template <int MR>
@@ -1362,5 +1413,41 @@ __device__ __forceinline__ void qkvq_body(const u8* Wq, const u8* Wk, const u8* 
         qkvq_row<TK, MR, P>(Wk, n - Q_DIM, part, Xq, Xd, m, k + r0 * KV_DIM, KV_DIM, bk);
     } else if (n < Q_DIM + 2 * KV_DIM) {
         qkvq_row<TV, MR, P>(Wv, n - Q_DIM - KV_DIM, part, Xq, Xd, m, v + r0 * KV_DIM, KV_DIM, bv);
+    }
+}
+
+// ids[i] = index of the largest of logits[i * n .. (i + 1) * n) (the first on ties; NaN never wins; 0 when none is
+// larger than -inf), as the host's argmax over the copied logits gives. Grid (rows), 1024 threads.
+extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __restrict__ logits, int n,
+                                                               u32* __restrict__ ids) { PDL_ENTER
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float* x = logits + (size_t)blockIdx.x * n;
+    float bv = __int_as_float(0xff800000);
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = x[i];
+        if (v > bv) { bv = v; bi = i; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int j = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (v > bv || (v == bv && j < bi)) { bv = v; bi = j; }
+    }
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    if (lane == 0) { sv[wid] = bv; si[wid] = bi; }
+    __syncthreads();
+    if (wid == 0) {
+        const int nw = blockDim.x >> 5;
+        bv = lane < nw ? sv[lane] : __int_as_float(0xff800000);
+        bi = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int j = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (v > bv || (v == bv && j < bi)) { bv = v; bi = j; }
+        }
+        if (lane == 0) ids[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
     }
 }
