@@ -842,8 +842,19 @@ impl<R: Runner> Engine<R> {
                 .collect(),
         };
         let num_rows = batch.num_logit_rows();
+        // When every row this step reads is a plain greedy pick (no penalties, log-probabilities or constraint), the
+        // runner picks the argmax itself: a GPU then copies back one id per row instead of the logits.
+        let argmax_only = scheduled.iter().all(|&(i, _, _)| {
+            let s = &self.seqs[i];
+            let p = &s.sampler.params;
+            p.is_greedy() && !p.has_penalties() && p.logprobs.is_none() && s.constraint.is_none()
+        });
         let target_start = Instant::now();
-        let logits = self.runner.forward(&batch)?.to_vec();
+        let (logits, picks) = if argmax_only {
+            (Vec::new(), Some(self.runner.forward_argmax(&batch)?))
+        } else {
+            (self.runner.forward(&batch)?.to_vec(), None)
+        };
         let target_s = target_start.elapsed().as_secs_f64();
         if prefills.is_empty() && self.config.spec.measure_costs {
             self.live_costs.observe_target(batch.num_tokens(), target_s);
@@ -851,7 +862,7 @@ impl<R: Runner> Engine<R> {
         drop(batch);
         let vocab = self.runner.config().vocab_size;
         let max_context = self.runner.config().max_context;
-        debug_assert_eq!(logits.len(), num_rows * vocab);
+        debug_assert_eq!(picks.as_ref().map_or(logits.len() / vocab, Vec::len), num_rows);
 
         let mut events = Vec::new();
         let mut finished = Vec::new();
@@ -866,14 +877,17 @@ impl<R: Runner> Engine<R> {
                 continue;
             }
             let k = prop.tokens.len();
-            let rows = &logits[row * vocab..(row + k + 1) * vocab];
+            let row0 = row;
             row += k + 1;
             let mut accepted = 0;
             let mut emitted = 0;
             for j in 0..=k {
-                let l = &rows[j * vocab..(j + 1) * vocab];
+                let l: &[f32] = if picks.is_some() { &[] } else { &logits[(row0 + j) * vocab..(row0 + j + 1) * vocab] };
                 // The target's choice at this position; for drafts, whether it is the draft.
-                let (token, is_draft) = if j < k {
+                let (token, is_draft) = if let Some(picks) = &picks {
+                    let t = picks[row0 + j];
+                    (t, j < k && t == prop.tokens[j])
+                } else if j < k {
                     let d = prop.tokens[j];
                     let (t, ok) = if s.sampler.params.is_greedy() {
                         let t = s.sampler.sample(&mut l.to_vec(), &s.tokens);

@@ -98,6 +98,8 @@ struct FakeRunner {
     batches: Vec<Vec<RecordedChunk>>,
     /// Every `release` call, in order.
     released: Vec<SeqId>,
+    /// Batches run through `forward_argmax` (the others through `forward`).
+    argmax_batches: usize,
     out: Vec<f32>,
 }
 
@@ -130,6 +132,7 @@ impl FakeRunner {
             live: BTreeMap::new(),
             batches: Vec::new(),
             released: Vec::new(),
+            argmax_batches: 0,
             out: Vec::new(),
         }
     }
@@ -186,6 +189,11 @@ impl Runner for FakeRunner {
             }
         }
         Ok(&self.out)
+    }
+
+    fn forward_argmax(&mut self, batch: &Batch<'_>) -> models::Result<Vec<u32>> {
+        self.argmax_batches += 1;
+        Ok(self.forward(batch)?.chunks_exact(VOCAB).map(models::argmax).collect())
     }
 
     fn seq_len(&self, seq: SeqId) -> usize {
@@ -914,4 +922,21 @@ fn probes_of_a_useless_draft_back_off() {
     // one per pass.
     assert!(stats.draft_proposed <= 40, "{stats:?}");
     assert!(stats.draft_proposed >= 10, "probes keep running: {stats:?}");
+}
+
+#[test]
+fn greedy_steps_let_the_runner_pick_the_argmax() {
+    let prompt = bytes("pick");
+    let mut e = engine_with(FakeRunner::new(1024, letters_script), 64);
+    let (tokens, _, _) = e.generate(greedy(prompt.clone(), 20), |_| {}).expect("generate");
+    assert_eq!(tokens, expected_letters(&prompt, 20));
+    let r = e.runner();
+    assert_eq!(r.argmax_batches, r.batches.len(), "every greedy step (prefill included) picks on the runner");
+    // Log-probabilities need the logits: the same request with them runs through `forward` and gives the same tokens.
+    let mut e = engine_with(FakeRunner::new(1024, letters_script), 64);
+    let mut req = greedy(prompt.clone(), 20);
+    req.sampling.logprobs = Some(2);
+    let (with_logprobs, _, _) = e.generate(req, |_| {}).expect("generate");
+    assert_eq!(with_logprobs, tokens);
+    assert_eq!(e.runner().argmax_batches, 0);
 }
