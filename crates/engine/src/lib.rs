@@ -689,8 +689,18 @@ impl<R: Runner> Engine<R> {
                     })
                     .collect(),
             };
+            // Plain greedy drafting (and a draft head no wider than the target's vocabulary): the runner picks.
+            let argmax_only = vocab <= self.runner.config().vocab_size
+                && live.iter().all(|&w| {
+                    let p = &self.seqs[props[want[w]].0].sampler.params;
+                    p.is_greedy() && !p.has_penalties()
+                });
             let pass_start = Instant::now();
-            let logits = draft.forward(&batch)?.to_vec();
+            let (logits, picks) = if argmax_only {
+                (Vec::new(), Some(draft.forward_argmax(&batch)?))
+            } else {
+                (draft.forward(&batch)?.to_vec(), None)
+            };
             // Only one-row passes measure the draft's price per token: a catch-up pass over many unseen tokens
             // costs more, and counting it as one draft token would make drafting look dearer each time it resumes.
             if batch.num_tokens() == 1 && self.config.spec.measure_costs {
@@ -699,14 +709,17 @@ impl<R: Runner> Engine<R> {
             for (r, &w) in live.iter().enumerate() {
                 let (i, prop) = &mut props[want[w]];
                 let s = &mut self.seqs[*i];
-                let mut row = logits[r * vocab..(r + 1) * vocab].to_vec();
-                // Only tokens the target can emit.
-                row.truncate(self.runner.config().vocab_size.min(vocab));
-                let (token, weights) = if s.sampler.params.is_greedy() {
-                    (s.sampler.sample(&mut row, &hist[w]), None)
+                let (token, weights) = if let Some(picks) = &picks {
+                    (picks[r], None)
                 } else {
-                    let q = s.sampler.weights(&mut row, &hist[w]);
-                    (s.sampler.draw(&q), Some(q))
+                    // Only tokens the target can emit.
+                    let mut row = logits[r * vocab..r * vocab + self.runner.config().vocab_size.min(vocab)].to_vec();
+                    if s.sampler.params.is_greedy() {
+                        (s.sampler.sample(&mut row, &hist[w]), None)
+                    } else {
+                        let q = s.sampler.weights(&mut row, &hist[w]);
+                        (s.sampler.draw(&q), Some(q))
+                    }
                 };
                 prop.tokens[step] = token;
                 prop.weights.push(weights);
