@@ -241,6 +241,13 @@ struct Proposal {
     probe: bool,
 }
 
+/// Whether greedy steps ask the runner for the argmax (`SPLASH_RUNNER_ARGMAX=0`: always copy the logits, to
+/// compare).
+fn runner_argmax() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SPLASH_RUNNER_ARGMAX").map_or(true, |v| v != "0"))
+}
+
 /// Probing the draft model. Acceptance is only measured while a proposer proposes, so one early rejection (or a
 /// stretch of prose in a code reply) could push the draft's estimate below the point where drafting pays and keep
 /// it there for the rest of the request. A sequence that has not used the draft for `draft_probe_gap` target
@@ -690,7 +697,8 @@ impl<R: Runner> Engine<R> {
                     .collect(),
             };
             // Plain greedy drafting (and a draft head no wider than the target's vocabulary): the runner picks.
-            let argmax_only = vocab <= self.runner.config().vocab_size
+            let argmax_only = runner_argmax()
+                && vocab <= self.runner.config().vocab_size
                 && live.iter().all(|&w| {
                     let p = &self.seqs[props[want[w]].0].sampler.params;
                     p.is_greedy() && !p.has_penalties()
@@ -857,11 +865,12 @@ impl<R: Runner> Engine<R> {
         let num_rows = batch.num_logit_rows();
         // When every row this step reads is a plain greedy pick (no penalties, log-probabilities or constraint), the
         // runner picks the argmax itself: a GPU then copies back one id per row instead of the logits.
-        let argmax_only = scheduled.iter().all(|&(i, _, _)| {
-            let s = &self.seqs[i];
-            let p = &s.sampler.params;
-            p.is_greedy() && !p.has_penalties() && p.logprobs.is_none() && s.constraint.is_none()
-        });
+        let argmax_only = runner_argmax()
+            && scheduled.iter().all(|&(i, _, _)| {
+                let s = &self.seqs[i];
+                let p = &s.sampler.params;
+                p.is_greedy() && !p.has_penalties() && p.logprobs.is_none() && s.constraint.is_none()
+            });
         let target_start = Instant::now();
         let (logits, picks) = if argmax_only {
             (Vec::new(), Some(self.runner.forward_argmax(&batch)?))
