@@ -12,6 +12,12 @@
 //! minus 13,000 tokens, and with its default cap (32,000) that is below zero on a 32K server, so it compacted the
 //! conversation after the first tool call (a long extra request). A cap of an eighth of the context (4,096 on 32K)
 //! moves that point to 15.6K tokens, past its ~11.5K-token first prompt. A cap the user set is kept.
+//!
+//! Also below 100K, auto-memory off (`CLAUDE_CODE_DISABLE_AUTO_MEMORY=1`, in the environment only, so a user's own
+//! settings `env` or variable still decides): its system-prompt section (~2.1K characters, plus the `MEMORY.md` index
+//! it loads every session) tells the model to save facts as markdown files and shows the file's template, and the
+//! Qwen2.5-Coder 0.5B answered requests to act (create a file) by printing that template as its reply instead of
+//! calling a tool, in every captured run; on a small context the section is also budget the task needs.
 
 use serde_json::{Map, Value};
 
@@ -52,6 +58,16 @@ pub fn env_vars(target: &Target, user: &UserEnv) -> Vec<(&'static str, String)> 
     vars
 }
 
+/// Variables set in the environment only (not in `--settings`), so the `env` of the user's own settings file, which
+/// Claude Code applies over the process environment, can still turn them back.
+pub fn soft_env_vars(target: &Target, user: &UserEnv) -> Vec<(&'static str, String)> {
+    let mut vars = Vec::new();
+    if target.context_tokens < MIN_AUTO_COMPACT_WINDOW && !user.vars.contains_key("CLAUDE_CODE_DISABLE_AUTO_MEMORY") {
+        vars.push(("CLAUDE_CODE_DISABLE_AUTO_MEMORY", "1".to_owned()));
+    }
+    vars
+}
+
 /// The smallest `CLAUDE_CODE_AUTO_COMPACT_WINDOW` Claude Code 2.1 accepts.
 pub const MIN_AUTO_COMPACT_WINDOW: usize = 100_000;
 
@@ -62,6 +78,9 @@ pub fn build(target: &Target, user: &UserEnv, user_args: &[String]) -> Launch {
     for (k, v) in &vars {
         launch.set(k, v.clone());
         env.insert((*k).to_owned(), Value::String(v.clone()));
+    }
+    for (k, v) in soft_env_vars(target, user) {
+        launch.set(k, v);
     }
     let settings = serde_json::json!({ "env": env });
     let path = user.splash_home.join("agents").join("claude").join(format!("settings-{}.json", target.port));
@@ -139,6 +158,24 @@ mod tests {
         assert_eq!(l.env_value("CLAUDE_CODE_AUTO_COMPACT_WINDOW"), Some("131072"));
         assert_eq!(l.env_value("CLAUDE_CODE_MAX_CONTEXT_TOKENS"), Some("131072"));
         assert_eq!(l.env_value("CLAUDE_CODE_MAX_OUTPUT_TOKENS"), None);
+    }
+
+    #[test]
+    fn auto_memory_off_below_100k_in_the_environment_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let u = user(dir.path());
+        let l = build(&target(None), &u, &[]);
+        assert_eq!(l.env_value("CLAUDE_CODE_DISABLE_AUTO_MEMORY"), Some("1"));
+        // Not in --settings: the user's own settings `env` (applied over the process environment) can turn it back.
+        let s: Value = serde_json::from_str(&l.files[0].contents).expect("json");
+        assert!(s["env"].get("CLAUDE_CODE_DISABLE_AUTO_MEMORY").is_none());
+        // A value the user exported is theirs (the launcher leaves the variable alone, so the child inherits it).
+        let mut own = user(dir.path());
+        own.vars.insert("CLAUDE_CODE_DISABLE_AUTO_MEMORY".into(), "0".into());
+        assert_eq!(build(&target(None), &own, &[]).env_value("CLAUDE_CODE_DISABLE_AUTO_MEMORY"), None);
+        let mut big = target(None);
+        big.context_tokens = 131072;
+        assert_eq!(build(&big, &u, &[]).env_value("CLAUDE_CODE_DISABLE_AUTO_MEMORY"), None);
     }
 
     #[test]
