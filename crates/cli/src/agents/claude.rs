@@ -18,6 +18,12 @@
 //! it loads every session) tells the model to save facts as markdown files and shows the file's template, and the
 //! Qwen2.5-Coder 0.5B answered requests to act (create a file) by printing that template as its reply instead of
 //! calling a tool, in every captured run; on a small context the section is also budget the task needs.
+//!
+//! And below 100K, the sub-agent and scheduling tools off (`--disallowedTools Agent,Workflow,ListAgents,
+//! ReportFindings,ScheduleWakeup`, unless the user passed `--tools` or `--disallowedTools` themselves): their schemas
+//! and the agent-type list are ~23K characters, about 5K tokens of every request on a 32K server, for sub-agents that
+//! would queue on the same local server with prompts of their own; with them on, the 0.5B (auto-memory off) answered
+//! "create a file" with an `Agent` call whose fields were copied from the tool's description.
 
 use serde_json::{Map, Value};
 
@@ -68,6 +74,10 @@ pub fn soft_env_vars(target: &Target, user: &UserEnv) -> Vec<(&'static str, Stri
     vars
 }
 
+/// Claude Code's sub-agent and scheduling tools (2.1.332), left out below a 100K context.
+pub const SMALL_CONTEXT_DISALLOWED_TOOLS: [&str; 5] =
+    ["Agent", "Workflow", "ListAgents", "ReportFindings", "ScheduleWakeup"];
+
 /// The smallest `CLAUDE_CODE_AUTO_COMPACT_WINDOW` Claude Code 2.1 accepts.
 pub const MIN_AUTO_COMPACT_WINDOW: usize = 100_000;
 
@@ -90,6 +100,11 @@ pub fn build(target: &Target, user: &UserEnv, user_args: &[String]) -> Launch {
     }
     if !has_flag(user_args, &["--permission-mode", "--dangerously-skip-permissions"]) {
         launch.args.extend(["--permission-mode".into(), "manual".into()]);
+    }
+    if target.context_tokens < MIN_AUTO_COMPACT_WINDOW
+        && !has_flag(user_args, &["--tools", "--disallowedTools", "--disallowed-tools"])
+    {
+        launch.args.extend(["--disallowedTools".into(), SMALL_CONTEXT_DISALLOWED_TOOLS.join(",")]);
     }
     launch.args.extend(["--settings".into(), path.to_string_lossy().into_owned()]);
     launch.args.extend(user_args.iter().cloned());
@@ -115,6 +130,8 @@ mod tests {
                 "qwen2.5-coder-0.5b",
                 "--permission-mode",
                 "manual",
+                "--disallowedTools",
+                "Agent,Workflow,ListAgents,ReportFindings,ScheduleWakeup",
                 "--settings",
                 settings_path.to_str().expect("utf8")
             ])
@@ -179,13 +196,33 @@ mod tests {
     }
 
     #[test]
+    fn sub_agent_tools_off_below_100k_unless_the_user_chose_tools() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let u = user(dir.path());
+        let disallowed = |l: &Launch| {
+            let i = l.args.iter().position(|a| a == "--disallowedTools")?;
+            l.args.get(i + 1).cloned()
+        };
+        let l = build(&target(None), &u, &args(&["-p", "hi", "--allowedTools", "Bash"]));
+        assert_eq!(disallowed(&l).as_deref(), Some("Agent,Workflow,ListAgents,ReportFindings,ScheduleWakeup"));
+        for own in [&["--tools", "default"][..], &["--disallowedTools", "WebFetch"], &["--disallowed-tools=Bash"]] {
+            let l = build(&target(None), &u, &args(own));
+            assert_eq!(l.args.iter().filter(|a| a.contains("isallowed") || *a == "--tools").count(), 1, "{own:?}");
+            assert!(l.args.ends_with(&args(own)), "user's choice passed through: {:?}", l.args);
+        }
+        let mut big = target(None);
+        big.context_tokens = 131072;
+        assert_eq!(disallowed(&build(&big, &u, &[])), None);
+    }
+
+    #[test]
     fn user_choices_after_dashes_win() {
         let dir = tempfile::tempdir().expect("tempdir");
         let user_args = args(&["--model=other", "--permission-mode", "plan", "-p", "hello"]);
         let l = build(&target(None), &user(dir.path()), &user_args);
         assert!(!l.args.iter().any(|a| a == "manual"), "user picked a permission mode: {:?}", l.args);
         assert!(!l.args.iter().any(|a| a == "qwen2.5-coder-0.5b"), "user picked a model: {:?}", l.args);
-        assert_eq!(&l.args[2..], user_args.as_slice(), "user args passed through after ours, in order");
+        assert!(l.args.ends_with(&user_args), "user args passed through after ours, in order: {:?}", l.args);
         assert_eq!(l.env_value("ANTHROPIC_AUTH_TOKEN"), Some("splash-local"), "placeholder token when open");
         let l = build(&target(None), &user(dir.path()), &args(&["--dangerously-skip-permissions"]));
         assert!(!l.args.iter().any(|a| a == "--permission-mode"));
