@@ -5,6 +5,8 @@
 //! `reasoning_content`; redacted thinking is dropped), tools, `tool_choice` and `thinking`. Every problem is a 400
 //! naming the field. Replies put a thinking model's reasoning in a `thinking` block ahead of the others.
 
+use std::collections::HashSet;
+
 use chat::{Conversation, Message, Role, ToolCall};
 use engine::SamplingParams;
 use serde_json::{Map, Value, json};
@@ -27,11 +29,12 @@ pub fn to_turn(req: wire::MessagesRequest, defaults: &SamplingParams) -> Result<
     {
         messages.push(Message::system(system));
     }
+    let referenced = referenced_tools(&req.messages);
     for (i, m) in req.messages.into_iter().enumerate() {
         convert_message(i, m, &mut messages)?;
     }
     hoist_opening_system_turns(&mut messages);
-    let tools = convert_tools(req.tools.unwrap_or_default())?;
+    let tools = convert_tools(req.tools.unwrap_or_default(), &referenced)?;
     let (tool_choice, parallel_tool_calls) = convert_tool_choice(req.tool_choice.as_ref())?;
     let mut sampling = defaults.clone();
     if let Some(t) = req.temperature {
@@ -137,7 +140,29 @@ fn block_type(block: &Value) -> &str {
     block.get("type").and_then(Value::as_str).unwrap_or("")
 }
 
-/// Text of a `tool_result`'s content: a string or text blocks.
+/// Names of the tools that `tool_reference` blocks inside tool results point at (Claude Code's ToolSearch answers
+/// with them): on Anthropic's API such a block loads the referenced tool's definition, deferred or not.
+fn referenced_tools(messages: &[wire::Message]) -> HashSet<String> {
+    let mut names = HashSet::new();
+    for m in messages {
+        for b in m.content.as_array().into_iter().flatten() {
+            if block_type(b) != "tool_result" {
+                continue;
+            }
+            for r in b.get("content").and_then(Value::as_array).into_iter().flatten() {
+                if block_type(r) == "tool_reference"
+                    && let Some(name) = r.get("tool_name").and_then(Value::as_str)
+                {
+                    names.insert(name.to_owned());
+                }
+            }
+        }
+    }
+    names
+}
+
+/// Text of a `tool_result`'s content: a string, or text and `tool_reference` blocks (a reference reads as the line
+/// "Tool loaded: NAME"; the tool's definition joins the prompt's tools, see [`referenced_tools`]).
 fn tool_result_text(content: Option<&Value>, param: &str) -> Result<String, ApiError> {
     match content {
         None | Some(Value::Null) => Ok(String::new()),
@@ -146,7 +171,16 @@ fn tool_result_text(content: Option<&Value>, param: &str) -> Result<String, ApiE
             let mut texts = Vec::new();
             for (k, b) in blocks.iter().enumerate() {
                 match (block_type(b), b.get("text").and_then(Value::as_str)) {
-                    ("text", Some(t)) => texts.push(t),
+                    ("text", Some(t)) => texts.push(t.to_owned()),
+                    ("tool_reference", _) => {
+                        let name = b.get("tool_name").and_then(Value::as_str).ok_or_else(|| {
+                            ApiError::invalid_param(
+                                format!("{param}[{k}].tool_name"),
+                                "A tool_reference block needs a 'tool_name' string.",
+                            )
+                        })?;
+                        texts.push(format!("Tool loaded: {name}"));
+                    }
                     (kind, _) => {
                         return Err(ApiError::invalid_param(
                             format!("{param}[{k}]"),
@@ -258,11 +292,13 @@ fn convert_message(i: usize, m: wire::Message, out: &mut Vec<Message>) -> Result
     Ok(())
 }
 
-fn convert_tools(tools: Vec<wire::Tool>) -> Result<Vec<chat::Tool>, ApiError> {
+/// Client tools for the prompt; a deferred one (`defer_loading`) only once a `tool_reference` loaded it.
+fn convert_tools(tools: Vec<wire::Tool>, referenced: &HashSet<String>) -> Result<Vec<chat::Tool>, ApiError> {
     let mut out = Vec::new();
     for (i, t) in tools.into_iter().enumerate() {
         // Server tools (web search, code execution, ...) carry a versioned type and are not ours to run.
-        if t.kind.as_deref().is_some_and(|k| k != "custom") || t.defer_loading == Some(true) {
+        let loaded = t.name.as_ref().is_some_and(|n| referenced.contains(n));
+        if t.kind.as_deref().is_some_and(|k| k != "custom") || (t.defer_loading == Some(true) && !loaded) {
             continue;
         }
         let name = t
@@ -420,6 +456,35 @@ mod tests {
         );
         assert_eq!(a[2].role, Role::User);
         assert_eq!(a.len(), 3);
+    }
+
+    /// Claude Code's ToolSearch answers with `tool_reference` blocks (captured from 2.1.332, 07:15 run): the request
+    /// carrying them converts, each reads as a line naming the tool, and a deferred tool it names joins the tools.
+    #[test]
+    fn tool_search_results_with_tool_references_convert() {
+        let body = |reference: Value| {
+            json!({
+                "model": "m", "max_tokens": 100,
+                "messages": [
+                    {"role": "user", "content": "find the edit tool"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ToolSearch",
+                                                        "input": {"query": "select:Edit"}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                  "content": [reference, {"type": "text", "text": "done"}]}]}
+                ],
+                "tools": [{"name": "ToolSearch", "input_schema": {"type": "object"}},
+                          {"name": "Edit", "defer_loading": true, "input_schema": {"type": "object"}},
+                          {"name": "NotebookEdit", "defer_loading": true, "input_schema": {"type": "object"}}]
+            })
+        };
+        let t = turn(body(json!({"type": "tool_reference", "tool_name": "Edit"}))).expect("converts");
+        let result = t.conversation.messages.last().expect("tool result");
+        assert_eq!(result.role, Role::Tool);
+        assert_eq!(result.content, Some(chat::Content::Text("Tool loaded: Edit\ndone".into())));
+        let names: Vec<&str> = t.conversation.tools.iter().map(|x| x.name.as_str()).collect();
+        assert_eq!(names, ["ToolSearch", "Edit"], "the referenced deferred tool is loaded, the other stays out");
+        let err = turn(body(json!({"type": "tool_reference"}))).expect_err("no tool_name");
+        assert!(format!("{err:?}").contains("tool_name"), "{err:?}");
     }
 
     #[test]

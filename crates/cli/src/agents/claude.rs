@@ -12,6 +12,18 @@
 //! minus 13,000 tokens, and with its default cap (32,000) that is below zero on a 32K server, so it compacted the
 //! conversation after the first tool call (a long extra request). A cap of an eighth of the context (4,096 on 32K)
 //! moves that point to 15.6K tokens, past its ~11.5K-token first prompt. A cap the user set is kept.
+//!
+//! Also below 100K, auto-memory off (`CLAUDE_CODE_DISABLE_AUTO_MEMORY=1`, in the environment only, so a user's own
+//! settings `env` or variable still decides): its system-prompt section (~2.1K characters, plus the `MEMORY.md` index
+//! it loads every session) tells the model to save facts as markdown files and shows the file's template, and the
+//! Qwen2.5-Coder 0.5B answered requests to act (create a file) by printing that template as its reply instead of
+//! calling a tool, in every captured run; on a small context the section is also budget the task needs.
+//!
+//! And below 100K, the sub-agent and scheduling tools off (`--disallowedTools Agent,Workflow,ListAgents,
+//! ReportFindings,ScheduleWakeup`, unless the user passed `--tools` or `--disallowedTools` themselves): their schemas
+//! and the agent-type list are ~23K characters, about 5K tokens of every request on a 32K server, for sub-agents that
+//! would queue on the same local server with prompts of their own; with them on, the 0.5B (auto-memory off) answered
+//! "create a file" with an `Agent` call whose fields were copied from the tool's description.
 
 use serde_json::{Map, Value};
 
@@ -52,6 +64,20 @@ pub fn env_vars(target: &Target, user: &UserEnv) -> Vec<(&'static str, String)> 
     vars
 }
 
+/// Variables set in the environment only (not in `--settings`), so the `env` of the user's own settings file, which
+/// Claude Code applies over the process environment, can still turn them back.
+pub fn soft_env_vars(target: &Target, user: &UserEnv) -> Vec<(&'static str, String)> {
+    let mut vars = Vec::new();
+    if target.context_tokens < MIN_AUTO_COMPACT_WINDOW && !user.vars.contains_key("CLAUDE_CODE_DISABLE_AUTO_MEMORY") {
+        vars.push(("CLAUDE_CODE_DISABLE_AUTO_MEMORY", "1".to_owned()));
+    }
+    vars
+}
+
+/// Claude Code's sub-agent and scheduling tools (2.1.332), left out below a 100K context.
+pub const SMALL_CONTEXT_DISALLOWED_TOOLS: [&str; 5] =
+    ["Agent", "Workflow", "ListAgents", "ReportFindings", "ScheduleWakeup"];
+
 /// The smallest `CLAUDE_CODE_AUTO_COMPACT_WINDOW` Claude Code 2.1 accepts.
 pub const MIN_AUTO_COMPACT_WINDOW: usize = 100_000;
 
@@ -63,6 +89,9 @@ pub fn build(target: &Target, user: &UserEnv, user_args: &[String]) -> Launch {
         launch.set(k, v.clone());
         env.insert((*k).to_owned(), Value::String(v.clone()));
     }
+    for (k, v) in soft_env_vars(target, user) {
+        launch.set(k, v);
+    }
     let settings = serde_json::json!({ "env": env });
     let path = user.splash_home.join("agents").join("claude").join(format!("settings-{}.json", target.port));
     launch.files.push(FileWrite { path: path.clone(), contents: format!("{settings:#}\n") });
@@ -71,6 +100,11 @@ pub fn build(target: &Target, user: &UserEnv, user_args: &[String]) -> Launch {
     }
     if !has_flag(user_args, &["--permission-mode", "--dangerously-skip-permissions"]) {
         launch.args.extend(["--permission-mode".into(), "manual".into()]);
+    }
+    if target.context_tokens < MIN_AUTO_COMPACT_WINDOW
+        && !has_flag(user_args, &["--tools", "--disallowedTools", "--disallowed-tools"])
+    {
+        launch.args.extend(["--disallowedTools".into(), SMALL_CONTEXT_DISALLOWED_TOOLS.join(",")]);
     }
     launch.args.extend(["--settings".into(), path.to_string_lossy().into_owned()]);
     launch.args.extend(user_args.iter().cloned());
@@ -96,6 +130,8 @@ mod tests {
                 "qwen2.5-coder-0.5b",
                 "--permission-mode",
                 "manual",
+                "--disallowedTools",
+                "Agent,Workflow,ListAgents,ReportFindings,ScheduleWakeup",
                 "--settings",
                 settings_path.to_str().expect("utf8")
             ])
@@ -142,13 +178,51 @@ mod tests {
     }
 
     #[test]
+    fn auto_memory_off_below_100k_in_the_environment_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let u = user(dir.path());
+        let l = build(&target(None), &u, &[]);
+        assert_eq!(l.env_value("CLAUDE_CODE_DISABLE_AUTO_MEMORY"), Some("1"));
+        // Not in --settings: the user's own settings `env` (applied over the process environment) can turn it back.
+        let s: Value = serde_json::from_str(&l.files[0].contents).expect("json");
+        assert!(s["env"].get("CLAUDE_CODE_DISABLE_AUTO_MEMORY").is_none());
+        // A value the user exported is theirs (the launcher leaves the variable alone, so the child inherits it).
+        let mut own = user(dir.path());
+        own.vars.insert("CLAUDE_CODE_DISABLE_AUTO_MEMORY".into(), "0".into());
+        assert_eq!(build(&target(None), &own, &[]).env_value("CLAUDE_CODE_DISABLE_AUTO_MEMORY"), None);
+        let mut big = target(None);
+        big.context_tokens = 131072;
+        assert_eq!(build(&big, &u, &[]).env_value("CLAUDE_CODE_DISABLE_AUTO_MEMORY"), None);
+    }
+
+    #[test]
+    fn sub_agent_tools_off_below_100k_unless_the_user_chose_tools() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let u = user(dir.path());
+        let disallowed = |l: &Launch| {
+            let i = l.args.iter().position(|a| a == "--disallowedTools")?;
+            l.args.get(i + 1).cloned()
+        };
+        let l = build(&target(None), &u, &args(&["-p", "hi", "--allowedTools", "Bash"]));
+        assert_eq!(disallowed(&l).as_deref(), Some("Agent,Workflow,ListAgents,ReportFindings,ScheduleWakeup"));
+        for own in [&["--tools", "default"][..], &["--disallowedTools", "WebFetch"], &["--disallowed-tools=Bash"]] {
+            let l = build(&target(None), &u, &args(own));
+            assert_eq!(l.args.iter().filter(|a| a.contains("isallowed") || *a == "--tools").count(), 1, "{own:?}");
+            assert!(l.args.ends_with(&args(own)), "user's choice passed through: {:?}", l.args);
+        }
+        let mut big = target(None);
+        big.context_tokens = 131072;
+        assert_eq!(disallowed(&build(&big, &u, &[])), None);
+    }
+
+    #[test]
     fn user_choices_after_dashes_win() {
         let dir = tempfile::tempdir().expect("tempdir");
         let user_args = args(&["--model=other", "--permission-mode", "plan", "-p", "hello"]);
         let l = build(&target(None), &user(dir.path()), &user_args);
         assert!(!l.args.iter().any(|a| a == "manual"), "user picked a permission mode: {:?}", l.args);
         assert!(!l.args.iter().any(|a| a == "qwen2.5-coder-0.5b"), "user picked a model: {:?}", l.args);
-        assert_eq!(&l.args[2..], user_args.as_slice(), "user args passed through after ours, in order");
+        assert!(l.args.ends_with(&user_args), "user args passed through after ours, in order: {:?}", l.args);
         assert_eq!(l.env_value("ANTHROPIC_AUTH_TOKEN"), Some("splash-local"), "placeholder token when open");
         let l = build(&target(None), &user(dir.path()), &args(&["--dangerously-skip-permissions"]));
         assert!(!l.args.iter().any(|a| a == "--permission-mode"));

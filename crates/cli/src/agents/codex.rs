@@ -6,6 +6,12 @@
 //! auto-compact limit at 90 % of it, analytics off, and no unbounded reconnect loop. The user's own `-c` overrides are
 //! moved to the root after ours (so theirs win); all other arguments pass through in order (`splash codex -- exec
 //! "…"`, `splash codex -- resume --last`).
+//!
+//! Two tool groups are off (`features.multi_agent`, `features.goals`; a user's `-c features.…=true` turns them back):
+//! the `multi_agent_v1` namespace (spawn/wait/close agents) is ~11K characters of schema, a tenth of a 32K context on
+//! every request, for sub-agents that would queue on the same local server; and the goal tools (`create_goal`, ...)
+//! fail in `codex exec` ("Goal tools require a persistent thread"). With them on, the Qwen2.5-Coder 1.5B and 0.5B
+//! answered "create a file" with `create_goal`/`wait_agent` calls and never reached the shell tool.
 
 use super::server::Target;
 use super::{Launch, token};
@@ -43,6 +49,8 @@ pub fn overrides(target: &Target) -> Vec<String> {
         "analytics.enabled=false".into(),
         // Without this Codex retries a dead server forever ("Reconnecting... waiting for network").
         "features.unbounded_connection_retries=false".into(),
+        "features.multi_agent=false".into(),
+        "features.goals=false".into(),
     ]
 }
 
@@ -115,6 +123,10 @@ mod tests {
                 "analytics.enabled=false",
                 "-c",
                 "features.unbounded_connection_retries=false",
+                "-c",
+                "features.multi_agent=false",
+                "-c",
+                "features.goals=false",
             ])
         );
     }
@@ -148,6 +160,15 @@ mod tests {
         let theirs = l.args.iter().position(|a| a == "model_context_window=8000").expect("theirs");
         assert!(ours < theirs);
         assert_eq!(l.env_value("SPLASH_API_KEY"), Some("splash-local"));
+    }
+
+    #[test]
+    fn a_user_can_turn_the_tool_groups_we_turn_off_back_on() {
+        let l = build(&target(None), &args(&["-c", "features.goals=true", "exec", "hi"]));
+        let ours = l.args.iter().position(|a| a == "features.goals=false").expect("ours");
+        let theirs = l.args.iter().position(|a| a == "features.goals=true").expect("theirs");
+        assert!(ours < theirs, "the later -c wins inside Codex: {:?}", l.args);
+        assert!(l.args.iter().any(|a| a == "features.multi_agent=false"));
     }
 
     #[test]
