@@ -538,7 +538,8 @@ fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool>(
                 #[cfg(not(target_arch = "x86_64"))]
                 unreachable!("bf16 kernels exist on x86_64 only");
             } else {
-                // The maximum is exact in any order; lane-wise so it vectorises (`>` rather than `f32::max`: no NaN here).
+                // The maximum is exact in any order; lane-wise so it vectorises (`>` rather than `f32::max`: no NaN
+                // here).
                 let mut lane_max = [f32::NEG_INFINITY; 16];
                 for (c, chunk) in srow.chunks_exact(16).enumerate() {
                     for (l, (m, &x)) in lane_max.iter_mut().zip(chunk).enumerate() {
