@@ -1,10 +1,11 @@
 //! Prefix-cache blocks on disk, so a coding agent's fixed system prompt and tools are warm again after a restart.
 //!
-//! One directory per model identity (a hash of the file's size, header and sampled contents, the KV layout version and
-//! the engine version): anything else's blocks are never seen. One file per full block, named by the block's chained
-//! hash, holding a header (magic, version, length, checksum of the data) and the block's f16 keys and values. A file
-//! that fails any check is deleted and treated as missing. Files are written to a temporary name and renamed, so a
-//! crash leaves no torn block. The directory is kept under a byte budget by deleting the oldest files.
+//! One directory per model identity (a hash of the file's size, header and sampled contents, the KV layout version,
+//! the engine version and the CPU attention kernel): anything else's blocks are never seen. One file per full block,
+//! named by the block's chained hash, holding a header (magic, version, length, checksum of the data) and the block's
+//! f16 keys and values. A file that fails any check is deleted and treated as missing. Files are written to a
+//! temporary name and renamed, so a crash leaves no torn block. The directory is kept under a byte budget by deleting
+//! the oldest files.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -21,7 +22,7 @@ pub const KV_FORMAT_VERSION: u32 = 2;
 const HEADER_BYTES: usize = 4 + 4 + 8 + 16;
 
 /// A short, stable identity of a model file: size, the first MiB (header, metadata, tensor table) and 16 samples
-/// of 64 KiB spread over the weights; with the KV format and engine versions.
+/// of 64 KiB spread over the weights; with the KV format and engine versions and the CPU attention kernel in use.
 pub fn model_identity(bytes: &[u8]) -> String {
     let mut h = Sha256::new();
     h.update((bytes.len() as u64).to_le_bytes());
@@ -32,6 +33,8 @@ pub fn model_identity(bytes: &[u8]) -> String {
     }
     h.update(KV_FORMAT_VERSION.to_le_bytes());
     h.update(env!("CARGO_PKG_VERSION").as_bytes());
+    // The attention kernel's rounding (f32 or bf16 products) shapes every layer's keys and values after the first.
+    h.update(format!("{:?}", backend::cpu::attention::AttnKernel::selected()).as_bytes());
     hex(&h.finalize()[..12])
 }
 

@@ -15,10 +15,15 @@
 //! output element's accumulation in key order) is a fixed sequence of operations that depends only on that vector
 //! and the keys it sees — never on which other rows share its tile or call. Prefill, decode and the k+1 rows of a
 //! speculative verification therefore compute a position bitwise identically (tested in
-//! crates/models/tests/batch_invariance.rs). The kernel is written once, generically, and compiled three times (AVX-512,
-//! AVX2+FMA, portable) and picked once at start; runs on one machine always use the same one.
+//! crates/models/tests/batch_invariance.rs). The kernel is written once, generically, and compiled for each
+//! [`AttnKernel`] (AVX-512 with bf16 dot products, AVX-512, AVX2+FMA, portable); one is picked once at start, so runs
+//! on one machine always use the same one.
 //!
-//! The cache holds f16 values. As in llama.cpp, queries are rounded to f16 before the key dot products.
+//! The cache holds f16 values. As in llama.cpp, queries are rounded to f16 before the key dot products. On CPUs with
+//! AVX512_BF16 the default kernel ([`AttnKernel::Bf16Values`]) computes P·V with `vdpbf16ps` (weights and values
+//! rounded to bf16, f32 sums: twice the f32 FMA rate) and keeps Q·K in f32: bf16 Q·K ([`AttnKernel::Bf16`],
+//! `SPLASH_ATTN_BF16=all`) is faster still but flips enough near-ties to drop the 1.5B below the llama.cpp parity bar
+//! (98.9% teacher-forced top-1, BENCHMARKS.md).
 
 use std::sync::OnceLock;
 
@@ -82,6 +87,22 @@ struct Task {
 }
 
 pub fn attention(pool: &ThreadPool, shape: AttnShape, q: &[f32], seqs: &[SeqAttn<'_>], out: &mut [f32]) {
+    attention_with(AttnKernel::selected(), pool, shape, q, seqs, out)
+}
+
+/// [`attention`] with a given kernel (tests and benchmarks compare them).
+///
+/// # Panics
+/// If `kernel` is not in [`AttnKernel::available`], or the sizes of `q`, `out` and the caches disagree.
+pub fn attention_with(
+    kernel: AttnKernel,
+    pool: &ThreadPool,
+    shape: AttnShape,
+    q: &[f32],
+    seqs: &[SeqAttn<'_>],
+    out: &mut [f32],
+) {
+    assert!(AttnKernel::available().contains(&kernel), "attention kernel {kernel:?} not supported by this CPU");
     let q_dim = shape.num_heads * shape.head_dim;
     let m: usize = seqs.iter().map(|s| s.num_rows).sum();
     assert!(q.len() >= m * q_dim && out.len() >= m * q_dim);
@@ -105,7 +126,7 @@ pub fn attention(pool: &ThreadPool, shape: AttnShape, q: &[f32], seqs: &[SeqAttn
     let out_ptr = OutPtr(out.as_mut_ptr());
     // Bigger tasks first, so the dynamic split ends evenly.
     tasks.sort_by_key(|t| std::cmp::Reverse(t.num_rows * (seqs[t.seq].start_pos + t.first + t.num_rows)));
-    let kernel = kernel();
+    let kernel = kernel.tile_fn(shape.head_dim);
     pool.for_each_chunk(tasks.len(), 1, &|range| {
         let mut scratch = Scratch::default();
         for t in &tasks[range] {
@@ -130,49 +151,267 @@ struct Scratch {
     kt: Vec<f32>,
     v: Vec<f32>,
     row: Vec<f32>,
+    /// bf16 pairs (low half first), for the `vdpbf16ps` kernels: `[vectors, hd / 2]` queries, `[hd / 2, KEY_BLOCK]`
+    /// keys (pairs along the head dimension, transposed), `[KEY_BLOCK / 2, hd]` values (pairs of consecutive keys),
+    /// `[vectors, KEY_BLOCK / 2]` attention weights.
+    qb: Vec<u32>,
+    ktb: Vec<u32>,
+    vb: Vec<u32>,
+    pb: Vec<u32>,
 }
 
-type Kernel = fn(AttnShape, &[f32], &SeqAttn<'_>, &Task, OutPtr, &mut Scratch);
+/// The bf16 nearest to `x` (ties to even), as its 16 bits. No NaN reaches here (inputs are finite f16 values,
+/// queries and exponentials).
+#[inline(always)]
+fn bf16_bits(x: f32) -> u32 {
+    let b = x.to_bits();
+    b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16
+}
 
-fn kernel() -> Kernel {
-    static K: OnceLock<Kernel> = OnceLock::new();
-    *K.get_or_init(|| {
+/// Two numbers as one bf16 pair word, `lo` in the low half.
+#[inline(always)]
+fn bf16_pair(lo: f32, hi: f32) -> u32 {
+    bf16_bits(lo) | (bf16_bits(hi) << 16)
+}
+
+/// The attention kernels, fastest first. Every one is deterministic and batch-invariant on its own; they differ from
+/// each other in rounding, so one process uses one ([`AttnKernel::selected`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKernel {
+    /// AVX-512 with `vdpbf16ps` for both products: queries and keys rounded to bf16 for Q·K, attention weights and
+    /// values rounded to bf16 for P·V (f32 accumulation).
+    Bf16,
+    /// AVX-512, Q·K in f32 FMA (queries rounded to f16 as in llama.cpp), P·V with `vdpbf16ps`.
+    Bf16Values,
+    /// AVX-512 f32 FMA for both products.
+    Avx512,
+    /// AVX2 + FMA, f32.
+    Avx2,
+    /// No SIMD intrinsics, f32 (the compiler vectorises what it can).
+    Portable,
+}
+
+impl AttnKernel {
+    /// The kernels this CPU can run, fastest first.
+    pub fn available() -> Vec<AttnKernel> {
+        let mut out = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
-            let forced = std::env::var("SPLASH_CPU_KERNELS").unwrap_or_default();
-            if forced != "scalar" && forced != "avx2" && std::is_x86_feature_detected!("avx512f") {
-                return x86::tile_avx512;
+            let f512 = std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512vl")
+                && std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma");
+            if f512 && std::is_x86_feature_detected!("avx512bf16") && std::is_x86_feature_detected!("avx512bw") {
+                out.extend([AttnKernel::Bf16, AttnKernel::Bf16Values]);
             }
-            if forced != "scalar" && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                return x86::tile_avx2;
+            if f512 {
+                out.push(AttnKernel::Avx512);
+            }
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                out.push(AttnKernel::Avx2);
             }
         }
+        out.push(AttnKernel::Portable);
+        out
+    }
+
+    /// The kernel this process uses, chosen once: the best available that `SPLASH_CPU_KERNELS`
+    /// (`scalar` / `avx2` / `avx512`, the last meaning f32 AVX-512) allows; `SPLASH_ATTN_BF16=off|values|all`
+    /// picks among the AVX-512 ones (default `values`: bf16 only for P·V).
+    pub fn selected() -> AttnKernel {
+        static K: OnceLock<AttnKernel> = OnceLock::new();
+        *K.get_or_init(|| {
+            let avail = AttnKernel::available();
+            let cap = std::env::var("SPLASH_CPU_KERNELS").unwrap_or_default();
+            let bf16 = std::env::var("SPLASH_ATTN_BF16").unwrap_or_default();
+            let allowed = |k: &AttnKernel| match k {
+                AttnKernel::Bf16 => cap.is_empty() && bf16 == "all",
+                AttnKernel::Bf16Values => cap.is_empty() && (bf16.is_empty() || bf16 == "values"),
+                AttnKernel::Avx512 => cap.is_empty() || cap == "avx512",
+                AttnKernel::Avx2 => cap != "scalar",
+                AttnKernel::Portable => true,
+            };
+            avail.into_iter().find(allowed).unwrap_or(AttnKernel::Portable)
+        })
+    }
+
+    /// The function that runs one tile; the bf16 kernels need an even head dimension that is a multiple of 16 and
+    /// fall back to f32 AVX-512 for other shapes (fixed per model, so still one kernel per process and model).
+    fn tile_fn(self, head_dim: usize) -> TileFn {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let bf16_ok = head_dim.is_multiple_of(16);
+            match self {
+                AttnKernel::Bf16 if bf16_ok => return x86::tile_bf16,
+                AttnKernel::Bf16Values if bf16_ok => return x86::tile_bf16_values,
+                AttnKernel::Bf16 | AttnKernel::Bf16Values | AttnKernel::Avx512 => return x86::tile_avx512,
+                AttnKernel::Avx2 => return x86::tile_avx2,
+                AttnKernel::Portable => {}
+            }
+        }
+        let _ = head_dim;
         tile_portable
-    })
+    }
 }
 
+type TileFn = fn(AttnShape, &[f32], &SeqAttn<'_>, &Task, OutPtr, &mut Scratch);
+
 fn tile_portable(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-    tile::<false>(shape, q, s, t, out, sc)
+    tile::<false, false, false>(shape, q, s, t, out, sc)
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
+    use std::arch::x86_64::*;
 
+    #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512bf16,avx2,fma")]
+    unsafe fn tile_512bf16<const QK: bool>(
+        shape: AttnShape,
+        q: &[f32],
+        s: &SeqAttn<'_>,
+        t: &Task,
+        out: OutPtr,
+        sc: &mut Scratch,
+    ) {
+        tile::<true, QK, true>(shape, q, s, t, out, sc)
+    }
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
     unsafe fn tile_512(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-        tile::<true>(shape, q, s, t, out, sc)
+        tile::<true, false, false>(shape, q, s, t, out, sc)
     }
     #[target_feature(enable = "avx2,fma")]
     unsafe fn tile_256(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-        tile::<true>(shape, q, s, t, out, sc)
+        tile::<true, false, false>(shape, q, s, t, out, sc)
     }
-    // SAFETY (both): installed only after the features were detected at run time.
+    // SAFETY (all): installed only after the features were detected at run time (`AttnKernel::available`).
+    pub fn tile_bf16(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
+        unsafe { tile_512bf16::<true>(shape, q, s, t, out, sc) }
+    }
+    pub fn tile_bf16_values(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
+        unsafe { tile_512bf16::<false>(shape, q, s, t, out, sc) }
+    }
     pub fn tile_avx512(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
         unsafe { tile_512(shape, q, s, t, out, sc) }
     }
     pub fn tile_avx2(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
         unsafe { tile_256(shape, q, s, t, out, sc) }
+    }
+
+    /// One online-softmax step of one query vector over a block of scores (`nk_v` of them seen): updates the
+    /// running maximum and sum, writes the block's weights `exp(s - max)` rounded to bf16 as pairs into `pb` (zero
+    /// past `nk_v`), and returns the factor that rescales the running output. The sum adds exactly the rounded
+    /// weights the value product uses. All in AVX-512 registers; a fixed order of operations per vector.
+    ///
+    /// # Safety
+    /// Needs AVX-512F/BW/BF16.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512bf16")]
+    pub unsafe fn softmax_block_bf16(
+        srow: &[f32; KEY_BLOCK],
+        nk_v: usize,
+        max: &mut f32,
+        sum: &mut f32,
+        pb: &mut [u32; KEY_BLOCK / 2],
+    ) -> f32 {
+        const { assert!(KEY_BLOCK == 64) };
+        unsafe {
+            let seen: u64 = if nk_v >= 64 { u64::MAX } else { (1u64 << nk_v) - 1 };
+            let masks: [__mmask16; 4] = std::array::from_fn(|c| (seen >> (16 * c)) as __mmask16);
+            let s: [__m512; 4] = std::array::from_fn(|c| _mm512_loadu_ps(srow.as_ptr().add(16 * c)));
+            let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+            let mut m = ninf;
+            for c in 0..4 {
+                m = _mm512_mask_max_ps(m, masks[c], m, s[c]);
+            }
+            let block_max = _mm512_reduce_max_ps(m);
+            let new_max = max.max(block_max);
+            let alpha = if *max == f32::NEG_INFINITY { 0.0 } else { simd::exp_approx(*max - new_max) };
+            *max = new_max;
+            let nm = _mm512_set1_ps(new_max);
+            let p: [__m512; 4] =
+                std::array::from_fn(|c| _mm512_maskz_mov_ps(masks[c], exp512(_mm512_sub_ps(s[c], nm))));
+            let w0 = _mm512_cvtne2ps_pbh(p[1], p[0]);
+            let w1 = _mm512_cvtne2ps_pbh(p[3], p[2]);
+            _mm512_storeu_si512(pb.as_mut_ptr().cast(), std::mem::transmute::<__m512bh, __m512i>(w0));
+            _mm512_storeu_si512(pb.as_mut_ptr().add(16).cast(), std::mem::transmute::<__m512bh, __m512i>(w1));
+            let hi_mask = _mm512_set1_epi32(0xffff_0000u32 as i32);
+            let unpack = |w: __m512bh| {
+                let w: __m512i = std::mem::transmute(w);
+                let lo = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w));
+                let hi = _mm512_castsi512_ps(_mm512_and_si512(w, hi_mask));
+                _mm512_add_ps(lo, hi)
+            };
+            let block_sum = _mm512_reduce_add_ps(_mm512_add_ps(unpack(w0), unpack(w1)));
+            *sum = sum.mul_add(alpha, block_sum);
+            alpha
+        }
+    }
+
+    /// [`simd::exp_approx`]'s polynomial on 16 lanes (the same constants, FMA-evaluated).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn exp512(x: __m512) -> __m512 {
+        let x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0)), _mm512_set1_ps(88.0));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm512_fmadd_ps(
+            x,
+            _mm512_set1_ps(std::f32::consts::LOG2_E),
+            _mm512_set1_ps(0.5),
+        ));
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm512_set1_ps(1.987_569_1e-4);
+        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.0e-1] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        }
+        let y = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0)));
+        _mm512_scalef_ps(y, n)
+    }
+
+    /// `acc[v][c] += Σ_{i in i0..i1} a[v][i] · b[i][c]` for `NV` vectors and `16 · NC` columns, where each `a[v][i]`
+    /// and `b[i][c]` is a pair of bf16 numbers (low half first) and `·` is their two-term dot product
+    /// (`vdpbf16ps`). `a` rows are `a_stride` words apart, `b` rows `b_stride`, `acc` rows `acc_stride` floats.
+    /// Each output element is one chain over `i` in order, whatever `NV` and `NC` are.
+    ///
+    /// # Safety
+    /// Needs AVX-512F/BW/BF16; all indices touched must be in bounds of the pointers' allocations.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512bf16")]
+    pub unsafe fn dp_rows<const NV: usize, const NC: usize>(
+        a: *const u32,
+        a_stride: usize,
+        b: *const u32,
+        b_stride: usize,
+        i0: usize,
+        i1: usize,
+        acc: *mut f32,
+        acc_stride: usize,
+    ) {
+        unsafe {
+            let mut c = [[_mm512_setzero_ps(); NC]; NV];
+            for (v, cv) in c.iter_mut().enumerate() {
+                for (k, ck) in cv.iter_mut().enumerate() {
+                    *ck = _mm512_loadu_ps(acc.add(v * acc_stride + 16 * k));
+                }
+            }
+            for i in i0..i1 {
+                let bv: [__m512bh; NC] = std::array::from_fn(|k| {
+                    std::mem::transmute(_mm512_loadu_si512(b.add(i * b_stride + 16 * k).cast()))
+                });
+                for (v, cv) in c.iter_mut().enumerate() {
+                    let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(v * a_stride + i) as i32));
+                    for (ck, bk) in cv.iter_mut().zip(&bv) {
+                        *ck = _mm512_dpbf16_ps(*ck, av, *bk);
+                    }
+                }
+            }
+            for (v, cv) in c.iter().enumerate() {
+                for (k, ck) in cv.iter().enumerate() {
+                    _mm512_storeu_ps(acc.add(v * acc_stride + 16 * k), *ck);
+                }
+            }
+        }
     }
 }
 
@@ -184,8 +423,17 @@ fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
 }
 
 /// One tile: consecutive query rows of one sequence, all heads of KV group `t.g`, over the keys in blocks.
+/// `QK_BF16` / `PV_BF16`: the score / value product with `vdpbf16ps` (only instantiated inside functions compiled
+/// with AVX-512 BF16, which [`x86::dp_rows`] needs).
 #[inline(always)]
-fn tile<const FMA: bool>(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
+fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool>(
+    shape: AttnShape,
+    q: &[f32],
+    s: &SeqAttn<'_>,
+    t: &Task,
+    out: OutPtr,
+    sc: &mut Scratch,
+) {
     let AttnShape { num_heads, num_kv_heads, head_dim: hd, scale } = shape;
     let (q_dim, kv_dim, group) = (num_heads * hd, num_kv_heads * hd, num_heads / num_kv_heads);
     let r = t.num_rows * group;
@@ -196,7 +444,12 @@ fn tile<const FMA: bool>(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task,
         let src = &q[(t.row0 + i) * q_dim + t.g * group * hd..][..group * hd];
         sc.q[i * group * hd..(i + 1) * group * hd].copy_from_slice(src);
     }
-    simd::round_to_f16(&mut sc.q);
+    if QK_BF16 {
+        sc.qb.clear();
+        sc.qb.extend(sc.q.chunks_exact(2).map(|p| bf16_pair(p[0], p[1])));
+    } else {
+        simd::round_to_f16(&mut sc.q);
+    }
     sc.acc.clear();
     sc.acc.resize(r * hd, 0.0);
     sc.max.clear();
@@ -207,58 +460,120 @@ fn tile<const FMA: bool>(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task,
     sc.kt.resize(hd * KEY_BLOCK, 0.0);
     sc.v.resize(KEY_BLOCK * hd, 0.0);
     sc.row.resize(hd, 0.0);
+    if QK_BF16 {
+        sc.ktb.resize(hd / 2 * KEY_BLOCK, 0);
+    }
+    if PV_BF16 {
+        sc.vb.resize(KEY_BLOCK / 2 * hd, 0);
+        sc.pb.resize(r * KEY_BLOCK / 2, 0);
+    }
     let mut kb = 0;
     while kb < n {
         let nk = KEY_BLOCK.min(n - kb);
         for j in 0..nk {
             let (blk, row) = ((kb + j) / s.block_tokens, (kb + j) % s.block_tokens);
             half_to_f32(&s.k[blk][row * kv_dim + t.g * hd..][..hd], &mut sc.row);
-            for (d, &x) in sc.row.iter().enumerate() {
-                sc.kt[d * KEY_BLOCK + j] = x;
+            if QK_BF16 {
+                for (e, p) in sc.row.chunks_exact(2).enumerate() {
+                    sc.ktb[e * KEY_BLOCK + j] = bf16_pair(p[0], p[1]);
+                }
+            } else {
+                for (d, &x) in sc.row.iter().enumerate() {
+                    sc.kt[d * KEY_BLOCK + j] = x;
+                }
             }
             half_to_f32(&s.v[blk][row * kv_dim + t.g * hd..][..hd], &mut sc.v[j * hd..(j + 1) * hd]);
         }
         if nk < KEY_BLOCK {
-            for d in 0..hd {
-                sc.kt[d * KEY_BLOCK + nk..(d + 1) * KEY_BLOCK].fill(0.0);
+            if QK_BF16 {
+                for e in 0..hd / 2 {
+                    sc.ktb[e * KEY_BLOCK + nk..(e + 1) * KEY_BLOCK].fill(0);
+                }
+            } else {
+                for d in 0..hd {
+                    sc.kt[d * KEY_BLOCK + nk..(d + 1) * KEY_BLOCK].fill(0.0);
+                }
+            }
+        }
+        if PV_BF16 {
+            // Pairs of consecutive keys; keys past the block's end are zero (their weights are zero too).
+            let (v, vb) = (&sc.v, &mut sc.vb);
+            for (i, out) in vb.chunks_exact_mut(hd).enumerate() {
+                let (j0, j1) = (2 * i, 2 * i + 1);
+                if j1 < nk {
+                    let (a, b) = (&v[j0 * hd..(j0 + 1) * hd], &v[j1 * hd..(j1 + 1) * hd]);
+                    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+                        *o = bf16_pair(x, y);
+                    }
+                } else if j0 < nk {
+                    for (o, &x) in out.iter_mut().zip(&v[j0 * hd..(j0 + 1) * hd]) {
+                        *o = bf16_bits(x);
+                    }
+                } else {
+                    out.fill(0);
+                }
             }
         }
         // Query vectors that see at least one key of this block: rows at positions >= kb.
         let v0 = kb.saturating_sub(base) * group;
         let keys_seen = |v: usize| KEY_BLOCK.min(base + v / group + 1 - kb);
-        block_scores::<FMA>(hd, scale, &sc.q, &sc.kt, v0, r, &mut sc.scores);
+        if QK_BF16 {
+            #[cfg(target_arch = "x86_64")]
+            block_scores_bf16(hd, scale, &sc.qb, &sc.ktb, v0, r, &mut sc.scores);
+        } else {
+            block_scores::<FMA>(hd, scale, &sc.q, &sc.kt, v0, r, &mut sc.scores);
+        }
         for v in v0..r {
             let nk_v = keys_seen(v);
             let srow: &mut [f32; KEY_BLOCK] = (&mut sc.scores[v * KEY_BLOCK..(v + 1) * KEY_BLOCK]).try_into().unwrap();
-            // The maximum is exact in any order; lane-wise so it vectorises (`>` rather than `f32::max`: no NaN here).
-            let mut lane_max = [f32::NEG_INFINITY; 16];
-            for (c, chunk) in srow.chunks_exact(16).enumerate() {
-                for (l, (m, &x)) in lane_max.iter_mut().zip(chunk).enumerate() {
-                    let x = if c * 16 + l < nk_v { x } else { f32::NEG_INFINITY };
-                    *m = if x > *m { x } else { *m };
+            let alpha;
+            if PV_BF16 {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    let pb: &mut [u32; KEY_BLOCK / 2] =
+                        (&mut sc.pb[v * KEY_BLOCK / 2..(v + 1) * KEY_BLOCK / 2]).try_into().unwrap();
+                    // SAFETY: PV_BF16 is instantiated only inside `x86::tile_512bf16` (features detected).
+                    alpha = unsafe { x86::softmax_block_bf16(srow, nk_v, &mut sc.max[v], &mut sc.sum[v], pb) };
                 }
-            }
-            let block_max = lane_max.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
-            let new_max = sc.max[v].max(block_max);
-            let alpha = if sc.max[v] == f32::NEG_INFINITY { 0.0 } else { simd::exp_approx(sc.max[v] - new_max) };
-            sc.max[v] = new_max;
-            for (j, x) in srow.iter_mut().enumerate() {
-                *x = if j < nk_v { simd::exp_approx(*x - new_max) } else { 0.0 };
-            }
-            // Lane-wise sums (16 lanes, fixed by the key's offset in its block), then the lanes in order.
-            let mut lanes = [0f32; 16];
-            for c in srow.chunks_exact(16) {
-                for (l, x) in lanes.iter_mut().zip(c) {
-                    *l += x;
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!("bf16 kernels exist on x86_64 only");
+            } else {
+                // The maximum is exact in any order; lane-wise so it vectorises (`>` rather than `f32::max`: no NaN
+                // here).
+                let mut lane_max = [f32::NEG_INFINITY; 16];
+                for (c, chunk) in srow.chunks_exact(16).enumerate() {
+                    for (l, (m, &x)) in lane_max.iter_mut().zip(chunk).enumerate() {
+                        let x = if c * 16 + l < nk_v { x } else { f32::NEG_INFINITY };
+                        *m = if x > *m { x } else { *m };
+                    }
                 }
+                let block_max = lane_max.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+                let new_max = sc.max[v].max(block_max);
+                alpha = if sc.max[v] == f32::NEG_INFINITY { 0.0 } else { simd::exp_approx(sc.max[v] - new_max) };
+                sc.max[v] = new_max;
+                for (j, x) in srow.iter_mut().enumerate() {
+                    *x = if j < nk_v { simd::exp_approx(*x - new_max) } else { 0.0 };
+                }
+                // Lane-wise sums (16 lanes, fixed by the key's offset in its block), then the lanes in order.
+                let mut lanes = [0f32; 16];
+                for c in srow.chunks_exact(16) {
+                    for (l, x) in lanes.iter_mut().zip(c) {
+                        *l += x;
+                    }
+                }
+                let block_sum = lanes.iter().fold(0f32, |a, &b| a + b);
+                sc.sum[v] = fmadd::<FMA>(sc.sum[v], alpha, block_sum);
             }
-            let block_sum = lanes.iter().fold(0f32, |a, &b| a + b);
-            sc.sum[v] = fmadd::<FMA>(sc.sum[v], alpha, block_sum);
             for a in &mut sc.acc[v * hd..(v + 1) * hd] {
                 *a *= alpha;
             }
         }
-        block_values::<FMA>(hd, &sc.scores, &sc.v, v0, r, &keys_seen, &mut sc.acc);
+        if PV_BF16 {
+            #[cfg(target_arch = "x86_64")]
+            block_values_bf16(hd, &sc.pb, &sc.vb, v0, r, &keys_seen, &mut sc.acc);
+        } else {
+            block_values::<FMA>(hd, &sc.scores, &sc.v, v0, r, &keys_seen, &mut sc.acc);
+        }
         kb += KEY_BLOCK;
     }
     for i in 0..t.num_rows {
@@ -312,6 +627,96 @@ fn block_scores<const FMA: bool>(hd: usize, scale: f32, q: &[f32], kt: &[f32], v
             *o = x * scale;
         }
         v += 1;
+    }
+}
+
+/// [`block_scores`] with bf16 pairs: `qb` `[vectors, hd / 2]`, `ktb` `[hd / 2, KEY_BLOCK]`. Each score is one
+/// `vdpbf16ps` chain over the head dimension in pair order, then scaled.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn block_scores_bf16(hd: usize, scale: f32, qb: &[u32], ktb: &[u32], v0: usize, r: usize, out: &mut [f32]) {
+    let half = hd / 2;
+    assert!(qb.len() >= r * half && ktb.len() >= half * KEY_BLOCK && out.len() >= r * KEY_BLOCK);
+    out[v0 * KEY_BLOCK..r * KEY_BLOCK].fill(0.0);
+    let mut v = v0;
+    // SAFETY: the kernel runs only inside `x86::tile_512bf16` (features detected); the asserts above bound every
+    // row touched (vectors < r, pairs < hd / 2, KEY_BLOCK = 64 columns).
+    unsafe {
+        while v + VEC_TILE <= r {
+            let acc = out[v * KEY_BLOCK..].as_mut_ptr();
+            x86::dp_rows::<VEC_TILE, 4>(
+                qb[v * half..].as_ptr(),
+                half,
+                ktb.as_ptr(),
+                KEY_BLOCK,
+                0,
+                half,
+                acc,
+                KEY_BLOCK,
+            );
+            v += VEC_TILE;
+        }
+        while v < r {
+            let acc = out[v * KEY_BLOCK..].as_mut_ptr();
+            x86::dp_rows::<1, 4>(qb[v * half..].as_ptr(), half, ktb.as_ptr(), KEY_BLOCK, 0, half, acc, KEY_BLOCK);
+            v += 1;
+        }
+    }
+    for x in &mut out[v0 * KEY_BLOCK..r * KEY_BLOCK] {
+        *x *= scale;
+    }
+}
+
+/// [`block_values`] with bf16 pairs: weights `pb` `[vectors, KEY_BLOCK / 2]`, values `vb` `[KEY_BLOCK / 2, hd]`.
+/// Each output element is one `vdpbf16ps` chain over the key pairs a vector sees (a last odd key pairs with a zero
+/// weight): [`VEC_TILE`] vectors at a time over the pairs all of them see, then each alone over the rest.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn block_values_bf16(
+    hd: usize,
+    pb: &[u32],
+    vb: &[u32],
+    v0: usize,
+    r: usize,
+    keys_seen: &dyn Fn(usize) -> usize,
+    acc: &mut [f32],
+) {
+    const HALF: usize = KEY_BLOCK / 2;
+    assert!(pb.len() >= r * HALF && vb.len() >= HALF * hd && acc.len() >= r * hd && hd.is_multiple_of(16));
+    let pairs = |v: usize| keys_seen(v).div_ceil(2);
+    // One group of vectors over pairs `i0..i1`, all columns.
+    // SAFETY: inside `x86::tile_512bf16` only; vectors < r, pairs <= HALF, columns < hd (multiple of 16), as asserted.
+    let run = |acc: &mut [f32], v: usize, nv: usize, i0: usize, i1: usize| unsafe {
+        let (a, b, c) = (pb[v * HALF..].as_ptr(), vb.as_ptr(), acc[v * hd..].as_mut_ptr());
+        let mut d0 = 0;
+        while d0 + 64 <= hd {
+            match nv {
+                VEC_TILE => x86::dp_rows::<VEC_TILE, 4>(a, HALF, b.add(d0), hd, i0, i1, c.add(d0), hd),
+                _ => x86::dp_rows::<1, 4>(a, HALF, b.add(d0), hd, i0, i1, c.add(d0), hd),
+            }
+            d0 += 64;
+        }
+        while d0 < hd {
+            match nv {
+                VEC_TILE => x86::dp_rows::<VEC_TILE, 1>(a, HALF, b.add(d0), hd, i0, i1, c.add(d0), hd),
+                _ => x86::dp_rows::<1, 1>(a, HALF, b.add(d0), hd, i0, i1, c.add(d0), hd),
+            }
+            d0 += 16;
+        }
+    };
+    let mut v = v0;
+    while v < r {
+        if v + VEC_TILE <= r {
+            let common = (v..v + VEC_TILE).map(pairs).min().unwrap_or(0);
+            run(acc, v, VEC_TILE, 0, common);
+            for i in v..v + VEC_TILE {
+                run(acc, i, 1, common, pairs(i));
+            }
+            v += VEC_TILE;
+        } else {
+            run(acc, v, 1, 0, pairs(v));
+            v += 1;
+        }
     }
 }
 
@@ -406,117 +811,148 @@ mod tests {
         half::f16::from_bits(bits).to_f64()
     }
 
-    /// Straightforward f64 attention for one query row seeing `n` keys.
-    fn reference(shape: AttnShape, q: &[f32], k: &[u16], v: &[u16], n: usize) -> Vec<f64> {
+    /// Straightforward f64 attention for one query row seeing `n` keys, with an error allowance per output element
+    /// for `kernel`: 3e-3 relative for the f32 kernels (f16 queries, the approximate exp); for bf16 weights and
+    /// values, `2^-7 · Σ_j p_j (|v_j| + |v_j - out|)` more (each rounding is at most 2^-9 relative); for bf16 queries
+    /// and keys, each score off by up to `2^-8 · scale · Σ_d |q_d k_jd|`, which moves the output by up to
+    /// `Σ_j p_j · 2 δ_j · |v_j - out|`.
+    fn reference(kernel: AttnKernel, shape: AttnShape, q: &[f32], k: &[u16], v: &[u16], n: usize) -> Vec<(f64, f64)> {
         let (hd, kvd) = (shape.head_dim, shape.num_kv_heads * shape.head_dim);
         let group = shape.num_heads / shape.num_kv_heads;
-        let mut out = vec![0f64; shape.num_heads * hd];
+        let scale = shape.scale as f64;
+        let mut out = vec![(0f64, 0f64); shape.num_heads * hd];
         for h in 0..shape.num_heads {
             let g = h / group;
-            let s: Vec<f64> = (0..n)
-                .map(|j| {
-                    (0..hd).map(|d| q[h * hd + d] as f64 * f16(k[j * kvd + g * hd + d])).sum::<f64>()
-                        * shape.scale as f64
-                })
-                .collect();
+            let qk = |j: usize, d: usize| q[h * hd + d] as f64 * f16(k[j * kvd + g * hd + d]);
+            let s: Vec<f64> = (0..n).map(|j| (0..hd).map(|d| qk(j, d)).sum::<f64>() * scale).collect();
+            let ds: Vec<f64> = (0..n).map(|j| (0..hd).map(|d| qk(j, d).abs()).sum::<f64>() * scale / 256.0).collect();
             let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
             let z: f64 = e.iter().sum();
-            for j in 0..n {
-                for d in 0..hd {
-                    out[h * hd + d] += e[j] / z * f16(v[j * kvd + g * hd + d]);
+            for d in 0..hd {
+                let val = |j: usize| f16(v[j * kvd + g * hd + d]);
+                let o: f64 = (0..n).map(|j| e[j] / z * val(j)).sum();
+                let mut tol = 3e-3 * o.abs().max(1.0);
+                if matches!(kernel, AttnKernel::Bf16 | AttnKernel::Bf16Values) {
+                    tol += (0..n).map(|j| e[j] / z * (val(j).abs() + (val(j) - o).abs())).sum::<f64>() / 128.0;
                 }
+                if kernel == AttnKernel::Bf16 {
+                    tol += (0..n).map(|j| e[j] / z * 2.0 * ds[j] * (val(j) - o).abs()).sum::<f64>();
+                }
+                out[h * hd + d] = (o, tol);
             }
         }
         out
     }
 
+    /// Checks a row against the reference; returns the largest error and the largest error / allowance.
+    fn check(got: &[f32], want: &[(f64, f64)], what: &str) -> (f64, f64) {
+        let (mut max_err, mut max_ratio) = (0f64, 0f64);
+        for (a, &(b, tol)) in got.iter().zip(want) {
+            let err = (*a as f64 - b).abs();
+            assert!(err <= tol, "{what}: {a} vs {b} (allowed {tol:.2e})");
+            max_err = max_err.max(err);
+            max_ratio = max_ratio.max(err / tol);
+        }
+        (max_err, max_ratio)
+    }
+
     #[test]
     fn matches_reference_for_decode_prefill_and_mixed_batches() {
-        let shape = AttnShape { num_heads: 6, num_kv_heads: 2, head_dim: 16, scale: 0.25 };
-        let (kvd, qd) = (32, 96);
-        let f = |i: usize, s: f32| ((i * 2654435761 % 1000) as f32 / 500.0 - 1.0) * s;
-        let h = |x: f32| half::f16::from_f32(x).to_bits();
-        let n = 40;
-        let k: Vec<u16> = (0..n * kvd).map(|i| h(f(i, 1.0))).collect();
-        let v: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 7, 2.0))).collect();
-        let k2: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 11, 1.3))).collect();
-        let v2: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 5, 0.7))).collect();
-        // A 37-row prefill chunk at position 3, a single decode row, a 3-row verification run.
-        let seqs = [
-            SeqAttn::contiguous(&k, &v, kvd, 3, 37),
-            // The same cache in blocks of 16 (the last one short).
-            SeqAttn {
-                k: k2.chunks(16 * kvd).collect(),
-                v: v2.chunks(16 * kvd).collect(),
-                block_tokens: 16,
-                start_pos: 20,
-                num_rows: 1,
-            },
-            SeqAttn::contiguous(&k2, &v2, kvd, 30, 3),
-        ];
-        let m = 41;
-        let q: Vec<f32> = (0..m * qd).map(|i| f(i + 3, 1.5)).collect();
-        let mut out = vec![f32::NAN; m * qd];
-        let pool = ThreadPool::new(2);
-        attention(&pool, shape, &q, &seqs, &mut out);
-        let mut row = 0;
-        for s in &seqs {
-            for i in 0..s.num_rows {
-                let (k, v) = (s.k.concat(), s.v.concat());
-                let want = reference(shape, &q[row * qd..(row + 1) * qd], &k, &v, s.start_pos + i + 1);
-                for (a, b) in out[row * qd..(row + 1) * qd].iter().zip(&want) {
-                    assert!((*a as f64 - b).abs() < 3e-3 * b.abs().max(1.0), "row {row}: {a} vs {b}");
+        for kernel in AttnKernel::available() {
+            for hd in [16, 64] {
+                let shape = AttnShape { num_heads: 6, num_kv_heads: 2, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+                let (kvd, qd) = (2 * hd, 6 * hd);
+                let f = |i: usize, s: f32| ((i * 2654435761 % 1000) as f32 / 500.0 - 1.0) * s;
+                let h = |x: f32| half::f16::from_f32(x).to_bits();
+                let n = 140;
+                let k: Vec<u16> = (0..n * kvd).map(|i| h(f(i, 2.0))).collect();
+                let v: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 7, 2.0))).collect();
+                let k2: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 11, 2.6))).collect();
+                let v2: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 5, 0.7))).collect();
+                // A 97-row prefill chunk at position 3, a single decode row, a 3-row verification run.
+                let seqs = [
+                    SeqAttn::contiguous(&k, &v, kvd, 3, 97),
+                    // The same cache in blocks of 16 (the last one short).
+                    SeqAttn {
+                        k: k2.chunks(16 * kvd).collect(),
+                        v: v2.chunks(16 * kvd).collect(),
+                        block_tokens: 16,
+                        start_pos: 120,
+                        num_rows: 1,
+                    },
+                    SeqAttn::contiguous(&k2, &v2, kvd, 30, 3),
+                ];
+                let m = 101;
+                let q: Vec<f32> = (0..m * qd).map(|i| f(i + 3, 1.5)).collect();
+                let mut out = vec![f32::NAN; m * qd];
+                let pool = ThreadPool::new(2);
+                attention_with(kernel, &pool, shape, &q, &seqs, &mut out);
+                let (mut row, mut max_err, mut max_ratio) = (0, 0f64, 0f64);
+                for s in &seqs {
+                    for i in 0..s.num_rows {
+                        let (k, v) = (s.k.concat(), s.v.concat());
+                        let want = reference(kernel, shape, &q[row * qd..(row + 1) * qd], &k, &v, s.start_pos + i + 1);
+                        let (e, r) =
+                            check(&out[row * qd..(row + 1) * qd], &want, &format!("{kernel:?} hd {hd} row {row}"));
+                        (max_err, max_ratio) = (max_err.max(e), max_ratio.max(r));
+                        row += 1;
+                    }
                 }
-                row += 1;
+                eprintln!("{kernel:?} hd {hd}: max |err| {max_err:.2e}, max err / allowance {max_ratio:.2}");
             }
         }
     }
 
     /// A row's output is bitwise the same whether it is computed alone (decode), in a long prefill call, or in
-    /// uneven chunks next to another sequence: across key blocks, tile boundaries and both value-product paths.
+    /// uneven chunks next to another sequence: across key blocks, tile boundaries and both value-product paths;
+    /// for every kernel this CPU has.
     #[test]
     fn rows_are_bitwise_independent_of_batching_and_chunking() {
-        for (num_heads, num_kv_heads, hd) in [(14, 2, 64), (6, 2, 128), (6, 3, 16)] {
-            let shape = AttnShape { num_heads, num_kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
-            let (kvd, qd) = (num_kv_heads * hd, num_heads * hd);
-            let n = 150;
-            let f = |i: usize, s: f32| ((i * 2654435761 % 1000) as f32 / 500.0 - 1.0) * s;
-            let h = |x: f32| half::f16::from_f32(x).to_bits();
-            let k: Vec<u16> = (0..n * kvd).map(|i| h(f(i, 2.0))).collect();
-            let v: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 7, 1.0))).collect();
-            let q: Vec<f32> = (0..n * qd).map(|i| f(i + 3, 1.5)).collect();
-            let paged = |start: usize, rows: usize| SeqAttn {
-                k: k.chunks(16 * kvd).collect(),
-                v: v.chunks(16 * kvd).collect(),
-                block_tokens: 16,
-                start_pos: start,
-                num_rows: rows,
-            };
-            let pool = ThreadPool::new(2);
-            let mut all = vec![f32::NAN; n * qd];
-            attention(&pool, shape, &q, &[paged(0, n)], &mut all);
-            // Each row alone.
-            for i in [0, 1, 15, 16, 63, 64, 65, 100, 127, 128, 149] {
-                let mut one = vec![f32::NAN; qd];
-                attention(&pool, shape, &q[i * qd..(i + 1) * qd], &[paged(i, 1)], &mut one);
-                assert_eq!(bits(&one), bits(&all[i * qd..(i + 1) * qd]), "shape {shape:?} row {i} alone");
-            }
-            // Uneven chunks, each next to an unrelated single row of another sequence.
-            let mut start = 0;
-            for len in [5, 40, 1, 70, 34] {
-                let mut qq = q[start * qd..(start + len) * qd].to_vec();
-                qq.extend_from_slice(&q[..qd]);
-                let mut got = vec![f32::NAN; (len + 1) * qd];
-                attention(&pool, shape, &qq, &[paged(start, len), paged(90, 1)], &mut got);
-                assert_eq!(bits(&got[..len * qd]), bits(&all[start * qd..(start + len) * qd]), "chunk at {start}");
-                start += len;
-            }
-            // And the whole run against the f64 reference.
-            for i in [0, 64, 149] {
-                let want = reference(shape, &q[i * qd..(i + 1) * qd], &k, &v, i + 1);
-                for (a, b) in all[i * qd..(i + 1) * qd].iter().zip(&want) {
-                    assert!((*a as f64 - b).abs() < 3e-3 * b.abs().max(1.0), "row {i}: {a} vs {b}");
+        for kernel in AttnKernel::available() {
+            for (num_heads, num_kv_heads, hd) in [(14, 2, 64), (6, 2, 128), (6, 3, 16)] {
+                let shape = AttnShape { num_heads, num_kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+                let (kvd, qd) = (num_kv_heads * hd, num_heads * hd);
+                let n = 150;
+                let f = |i: usize, s: f32| ((i * 2654435761 % 1000) as f32 / 500.0 - 1.0) * s;
+                let h = |x: f32| half::f16::from_f32(x).to_bits();
+                let k: Vec<u16> = (0..n * kvd).map(|i| h(f(i, 2.0))).collect();
+                let v: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 7, 1.0))).collect();
+                let q: Vec<f32> = (0..n * qd).map(|i| f(i + 3, 1.5)).collect();
+                let paged = |start: usize, rows: usize| SeqAttn {
+                    k: k.chunks(16 * kvd).collect(),
+                    v: v.chunks(16 * kvd).collect(),
+                    block_tokens: 16,
+                    start_pos: start,
+                    num_rows: rows,
+                };
+                let pool = ThreadPool::new(2);
+                let run = |q: &[f32], seqs: &[SeqAttn<'_>], out: &mut [f32]| {
+                    attention_with(kernel, &pool, shape, q, seqs, out)
+                };
+                let mut all = vec![f32::NAN; n * qd];
+                run(&q, &[paged(0, n)], &mut all);
+                let what = format!("{kernel:?} shape {shape:?}");
+                // Each row alone.
+                for i in [0, 1, 15, 16, 63, 64, 65, 100, 127, 128, 149] {
+                    let mut one = vec![f32::NAN; qd];
+                    run(&q[i * qd..(i + 1) * qd], &[paged(i, 1)], &mut one);
+                    assert_eq!(bits(&one), bits(&all[i * qd..(i + 1) * qd]), "{what} row {i} alone");
+                }
+                // Uneven chunks, each next to an unrelated single row of another sequence.
+                let mut start = 0;
+                for len in [5, 40, 1, 70, 34] {
+                    let mut qq = q[start * qd..(start + len) * qd].to_vec();
+                    qq.extend_from_slice(&q[..qd]);
+                    let mut got = vec![f32::NAN; (len + 1) * qd];
+                    run(&qq, &[paged(start, len), paged(90, 1)], &mut got);
+                    assert_eq!(bits(&got[..len * qd]), bits(&all[start * qd..(start + len) * qd]), "{what} at {start}");
+                    start += len;
+                }
+                // And the whole run against the f64 reference.
+                for i in [0, 64, 149] {
+                    let want = reference(kernel, shape, &q[i * qd..(i + 1) * qd], &k, &v, i + 1);
+                    check(&all[i * qd..(i + 1) * qd], &want, &format!("{what} row {i}"));
                 }
             }
         }
