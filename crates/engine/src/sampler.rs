@@ -225,16 +225,9 @@ impl Sampler {
     }
 }
 
-/// Index of the largest logit (lowest index among ties, as llama.cpp's greedy sampler).
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+/// Index of the largest logit (lowest index among ties, as llama.cpp's greedy sampler): the runners' own rule, so
+/// a greedy pick is the same whether the runner or the sampler makes it.
+pub use models::argmax;
 
 fn apply_penalties(p: &SamplingParams, logits: &mut [f32], history: &[u32]) {
     let window =

@@ -19,13 +19,4 @@ pub fn model_path(file: &str) -> Option<PathBuf> {
     panic!("{} is missing: run `splash pull` first (scripts/test does), or set SPLASH_SKIP_MODEL_TESTS=1", p.display());
 }
 
-/// Index of the largest value (the first among ties, as llama.cpp's greedy sampler).
-pub fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+pub use models::argmax;
