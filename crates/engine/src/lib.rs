@@ -361,8 +361,7 @@ impl<R: Runner> Engine<R> {
     /// and its own acceptance alone (never from pass timings or the other sequences of a step). Everything else
     /// follows the live costs.
     fn costs_for(&self, s: &Sequence) -> &PassCosts {
-        let p = &s.sampler.params;
-        if p.seed.is_some() && !p.is_greedy() { &self.costs } else { &self.live_costs }
+        if s.sampler.params.is_seeded_sampling() { &self.costs } else { &self.live_costs }
     }
 
     pub fn set_pass_costs(&mut self, costs: PassCosts) {
@@ -533,7 +532,7 @@ impl<R: Runner> Engine<R> {
             return Proposal::default();
         }
         let costs = self.costs_for(s);
-        let fixed = !std::ptr::eq(costs, &self.live_costs);
+        let fixed = s.sampler.params.is_seeded_sampling();
         let pick = |method: Method, acc: f64, max: usize| {
             if spec.adaptive { costs.best_depth(method, acc, max) } else { max }
         };
@@ -699,10 +698,7 @@ impl<R: Runner> Engine<R> {
             // Plain greedy drafting (and a draft head no wider than the target's vocabulary): the runner picks.
             let argmax_only = runner_argmax()
                 && vocab <= self.runner.config().vocab_size
-                && live.iter().all(|&w| {
-                    let p = &self.seqs[props[want[w]].0].sampler.params;
-                    p.is_greedy() && !p.has_penalties()
-                });
+                && live.iter().all(|&w| self.seqs[props[want[w]].0].sampler.params.is_plain_greedy());
             let pass_start = Instant::now();
             let (logits, picks) = if argmax_only {
                 (Vec::new(), Some(draft.forward_argmax(&batch)?))
@@ -868,8 +864,7 @@ impl<R: Runner> Engine<R> {
         let argmax_only = runner_argmax()
             && scheduled.iter().all(|&(i, _, _)| {
                 let s = &self.seqs[i];
-                let p = &s.sampler.params;
-                p.is_greedy() && !p.has_penalties() && p.logprobs.is_none() && s.constraint.is_none()
+                s.sampler.params.is_plain_greedy() && s.sampler.params.logprobs.is_none() && s.constraint.is_none()
             });
         let target_start = Instant::now();
         let (logits, picks) = if argmax_only {

@@ -54,6 +54,16 @@ impl SamplingParams {
         self.temperature <= 0.0 || self.top_k == 1
     }
 
+    /// Greedy with nothing that changes the logits first: the pick is the plain argmax, which a runner can make.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.is_greedy() && !self.has_penalties()
+    }
+
+    /// Sampled with a seed: the same tokens on every run are promised.
+    pub fn is_seeded_sampling(&self) -> bool {
+        self.seed.is_some() && !self.is_greedy()
+    }
+
     pub fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
