@@ -8,8 +8,8 @@
 //! e.g. `-- Q4_K,Q6_K avx512 1536 8960`. `SPLASH_BENCH_HOT=1` reuses one matrix (cache-resident compute speed).
 
 use backend::cpu::quant::{
-    KernelLevel, Layout, act_format, act_row_bytes, available_levels, matmul_rows_at, matmul_rows_in, q4k_pairs,
-    q6k_pairs, q50_quads, quantize_act_row,
+    KernelLevel, Layout, act_format, act_row_bytes, available_levels, matmul_rows_at, matmul_rows_in, pack,
+    quantize_act_row,
 };
 use gguf::GgmlType;
 use rand::rngs::StdRng;
@@ -204,17 +204,8 @@ fn main() {
                                 let len = layout.matrix_bytes(ty, n, kk).unwrap();
                                 let mut p = vec![0u8; len + 64];
                                 let o = p.as_ptr().align_offset(64);
-                                let dst = &mut p[o..o + len];
-                                match layout {
-                                    Layout::Q4KPairs => q4k_pairs::pack_pairs(w, n, kk, 0..n.div_ceil(2), dst),
-                                    Layout::Q6KPairs => q6k_pairs::pack_pairs(w, n, kk, 0..n.div_ceil(2), dst),
-                                    _ => {
-                                        let rb = w.len() / n;
-                                        for (src, d) in w.chunks_exact(rb).zip(dst.chunks_exact_mut(rb)) {
-                                            q50_quads::pack_row(src, d);
-                                        }
-                                    }
-                                }
+                                let units = 0..n.div_ceil(layout.unit_rows());
+                                pack(layout, ty, w, n, kk, units, &mut p[o..o + len]);
                                 (p, o..o + len)
                             })
                             .collect()

@@ -748,9 +748,7 @@ fn batch_invariance_all_types() {
 /// panels).
 #[test]
 fn pairs_layouts_match_gguf_bitwise() {
-    use backend::cpu::quant::{
-        Layout, kernel_level, matmul_rows_in, preferred_layout, q4k_pairs, q6k_pairs, q50_quads,
-    };
+    use backend::cpu::quant::{Layout, kernel_level, matmul_rows_in, pack, preferred_layout};
     let mut failures = Vec::new();
     let k_quant_lengths: Vec<usize> = [1usize, 2, 3, 4, 5, 6, 7, 8, 11, 35].iter().map(|n| n * 256).collect();
     // Q5_0 quads: whole groups of 128; 896 and 4864 are the 0.5B's rows.
@@ -769,16 +767,7 @@ fn pairs_layouts_match_gguf_bitwise() {
             let n = 37;
             let w: Vec<u8> = (0..n).flat_map(|_| random_row(ty, k, &mut rng)).collect();
             let mut packed = vec![0u8; layout.matrix_bytes(ty, n, k).unwrap()];
-            match layout {
-                Layout::Q4KPairs => q4k_pairs::pack_pairs(&w, n, k, 0..n.div_ceil(2), &mut packed),
-                Layout::Q6KPairs => q6k_pairs::pack_pairs(&w, n, k, 0..n.div_ceil(2), &mut packed),
-                _ => {
-                    let rb = w.len() / n;
-                    for (src, dst) in w.chunks_exact(rb).zip(packed.chunks_exact_mut(rb)) {
-                        q50_quads::pack_row(src, dst);
-                    }
-                }
-            }
+            pack(layout, ty, &w, n, k, 0..n.div_ceil(layout.unit_rows()), &mut packed);
             let act_format = backend::cpu::quant::act_format(ty).unwrap();
             let max_m = 17;
             let x = random_acts(k, max_m, &mut rng);

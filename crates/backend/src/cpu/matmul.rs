@@ -114,12 +114,10 @@ impl QMatrix {
         let _ = buf.advise(memmap2::Advice::HugePage);
         let dst = OutPtr(buf.as_mut_ptr() as *mut f32);
         let src = self.bytes.as_slice();
-        // Units packed independently: pairs of rows, or single rows.
-        let (num_units, unit_bytes) = match layout.pair_bytes(k) {
-            Some(pb) => (rows.div_ceil(2), pb),
-            None => (rows, self.row_bytes()),
-        };
-        pool.for_each_chunk(num_units, 64, &|units| {
+        let ty = self.ty;
+        let unit_rows = layout.unit_rows();
+        let unit_bytes = layout.matrix_bytes(ty, unit_rows, k)?;
+        pool.for_each_chunk(rows.div_ceil(unit_rows), 64, &|units| {
             #[allow(clippy::redundant_locals)]
             let dst = dst;
             // SAFETY: each chunk writes its own units' bytes, inside the mapping.
@@ -129,17 +127,7 @@ impl QMatrix {
                     units.len() * unit_bytes,
                 )
             };
-            match layout {
-                Layout::Q4KPairs => q4k_pairs::pack_pairs(src, rows, k, units, out),
-                Layout::Q6KPairs => q6k_pairs::pack_pairs(src, rows, k, units, out),
-                Layout::Q50Quads => {
-                    let from = &src[units.start * unit_bytes..units.end * unit_bytes];
-                    for (s, d) in from.chunks_exact(unit_bytes).zip(out.chunks_exact_mut(unit_bytes)) {
-                        q50_quads::pack_row(s, d);
-                    }
-                }
-                Layout::Gguf => unreachable!("INVARIANT: returned above"),
-            }
+            quant::pack(layout, ty, src, rows, k, units, out);
         });
         let bytes = Bytes::new(Arc::new(buf.make_read_only().ok()?), 0..len).expect("INVARIANT: within the mapping");
         Some(QMatrix { layout, bytes, ..self.clone() })

@@ -171,6 +171,14 @@ impl Layout {
         }
     }
 
+    /// Rows per unit that [`pack`] writes on its own: a pair for the pairs layouts, one row otherwise.
+    pub fn unit_rows(self) -> usize {
+        match self {
+            Layout::Q4KPairs | Layout::Q6KPairs => 2,
+            Layout::Gguf | Layout::Q50Quads => 1,
+        }
+    }
+
     /// The weight type a repacked layout holds (`None` for `Gguf`, which holds any).
     pub fn holds(self) -> Option<GgmlType> {
         match self {
@@ -187,6 +195,30 @@ impl Layout {
             Layout::Gguf | Layout::Q50Quads => None,
             Layout::Q4KPairs => Some(q4k_pairs::pair_bytes(k)),
             Layout::Q6KPairs => Some(q6k_pairs::pair_bytes(k)),
+        }
+    }
+}
+
+/// Packs units `units` (of [`Layout::unit_rows`] rows each) of the GGUF matrix `w` (`rows` rows of `k` elements of
+/// `wty`) into `dst`, which holds exactly those units in `layout` (`Gguf`: a copy).
+///
+/// # Panics
+/// If the lengths do not match, or `layout` cannot hold `wty` rows of `k`.
+pub fn pack(layout: Layout, wty: GgmlType, w: &[u8], rows: usize, k: usize, units: Range<usize>, dst: &mut [u8]) {
+    match layout {
+        Layout::Q4KPairs => q4k_pairs::pack_pairs(w, rows, k, units, dst),
+        Layout::Q6KPairs => q6k_pairs::pack_pairs(w, rows, k, units, dst),
+        Layout::Gguf | Layout::Q50Quads => {
+            let rb = wty.row_bytes(k).expect("pack: rows of whole blocks");
+            let from = &w[units.start * rb..units.end * rb];
+            assert_eq!(dst.len(), from.len(), "pack: destination size");
+            if layout == Layout::Gguf {
+                dst.copy_from_slice(from);
+                return;
+            }
+            for (s, d) in from.chunks_exact(rb).zip(dst.chunks_exact_mut(rb)) {
+                q50_quads::pack_row(s, d);
+            }
         }
     }
 }
