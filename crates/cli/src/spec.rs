@@ -33,6 +33,10 @@ pub struct SpecArgs {
     /// Always draft the full depth instead of choosing it from measured acceptance and cost.
     #[arg(long)]
     pub spec_fixed_depth: bool,
+    /// Draft the depth chosen before drafting in full, instead of stopping a greedy draft early when the draft model
+    /// is unsure of its last token.
+    #[arg(long)]
+    pub no_draft_confidence: bool,
     /// The draft model proposes only token ids below this (its output head shrinks to match; 0 = all ids).
     #[arg(long, default_value_t = SpecConfig::default().draft_vocab)]
     pub draft_vocab: usize,
@@ -55,6 +59,7 @@ impl SpecArgs {
             ngram,
             draft_model,
             adaptive: !self.spec_fixed_depth,
+            draft_confidence: !self.no_draft_confidence,
             draft_vocab: self.draft_vocab,
             ..SpecConfig::default()
         }

@@ -239,6 +239,11 @@ struct Proposal {
     fixed: bool,
     /// A probe of the draft model that its measured acceptance alone would not have chosen.
     probe: bool,
+    /// A greedy draft whose depth follows the draft's confidence: `tokens` is the most it may draft, and it stops
+    /// earlier when one more token would not pay ([`spec::draft_more`]).
+    guided: bool,
+    /// The draft model's probability for each token it proposed (guided drafts).
+    conf: Vec<f32>,
 }
 
 /// Whether greedy steps ask the runner for the argmax (`SPLASH_RUNNER_ARGMAX=0`: always copy the logits, to
@@ -246,6 +251,15 @@ struct Proposal {
 fn runner_argmax() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("SPLASH_RUNNER_ARGMAX").map_or(true, |v| v != "0"))
+}
+
+/// The softmax probability of token `t` in `logits`.
+fn token_prob(logits: &[f32], t: u32) -> f32 {
+    let (top, p_top) = models::top_prob(logits);
+    match logits.get(t as usize) {
+        Some(&l) => p_top * (l - logits[top as usize]).exp(),
+        None => 0.0,
+    }
 }
 
 /// Probing the draft model. Acceptance is only measured while a proposer proposes, so one early rejection (or a
@@ -268,6 +282,8 @@ pub struct Engine<R: Runner> {
     /// Pass costs as calibrated (or set), and as kept current by the passes since.
     costs: PassCosts,
     live_costs: PassCosts,
+    /// Acceptance of greedy draft tokens by the draft's confidence in them.
+    confidence: spec::Confidence,
     stats: SpecStats,
 }
 
@@ -283,6 +299,7 @@ impl<R: Runner> Engine<R> {
             next_id: 0,
             costs: PassCosts::assumed(),
             live_costs: PassCosts::assumed(),
+            confidence: spec::Confidence::default(),
             stats: SpecStats::default(),
         }
     }
@@ -584,6 +601,8 @@ impl<R: Runner> Engine<R> {
                     ngram_match,
                     fixed,
                     probe: false,
+                    guided: false,
+                    conf: Vec::new(),
                 }
             }
             Some((_, Method::Draft, k)) => {
@@ -599,6 +618,8 @@ impl<R: Runner> Engine<R> {
                     ngram_match,
                     fixed: fixed || probe,
                     probe,
+                    guided: spec.adaptive && spec.draft_confidence && !fixed && !probe && s.sampler.params.is_greedy(),
+                    conf: Vec::new(),
                 }
             }
             None => Proposal::default(),
@@ -654,6 +675,8 @@ impl<R: Runner> Engine<R> {
             }
         }
         for ((_, p), d) in props.iter_mut().zip(depth) {
+            // A guided draft that pays for one token may go on as far as its confidence carries it.
+            let d = if p.guided && d > 0 { p.tokens.len() } else { d };
             p.tokens.truncate(d);
             p.weights.truncate(d);
             if d == 0 {
@@ -663,19 +686,23 @@ impl<R: Runner> Engine<R> {
     }
 
     /// Runs the draft model for the sequences whose proposal uses it: one pass over each one's unseen tokens, then
-    /// one pass per further draft token. Fills in the proposals' tokens (and sampling weights).
-    fn run_draft(&mut self, props: &mut [(usize, Proposal)]) -> Result<()> {
-        let Some(draft) = self.draft.as_mut() else { return Ok(()) };
+    /// one pass per further draft token. Fills in the proposals' tokens (and sampling weights); guided proposals stop
+    /// early where one more token would not pay for the step (`base_rows` target rows without drafts, for
+    /// `num_decoding` decoding sequences).
+    fn run_draft(&mut self, props: &mut [(usize, Proposal)], base_rows: usize, num_decoding: usize) -> Result<()> {
+        let Some(vocab) = self.draft.as_ref().map(|d| d.logits_width()) else { return Ok(()) };
         let want: Vec<usize> = (0..props.len()).filter(|&j| props[j].1.method == Some(Method::Draft)).collect();
         if want.is_empty() {
             return Ok(());
         }
-        let vocab = draft.logits_width();
         let max_k = want.iter().map(|&j| props[j].1.tokens.len()).max().unwrap_or(0);
         // Per sequence: the history the draft's sampler sees (tokens plus drafts so far).
         let mut hist: Vec<Vec<u32>> = want.iter().map(|&j| self.seqs[props[j].0].tokens.clone()).collect();
         for step in 0..max_k {
             let live: Vec<usize> = (0..want.len()).filter(|&w| props[want[w]].1.tokens.len() > step).collect();
+            if live.is_empty() {
+                break;
+            }
             let feeds: Vec<(SeqId, usize, Vec<u32>)> = live
                 .iter()
                 .map(|&w| {
@@ -695,15 +722,20 @@ impl<R: Runner> Engine<R> {
                     })
                     .collect(),
             };
-            // Plain greedy drafting (and a draft head no wider than the target's vocabulary): the runner picks.
+            // Plain greedy drafting (and a draft head no wider than the target's vocabulary): the runner picks, with
+            // its confidence when a guided draft needs it.
             let argmax_only = runner_argmax()
                 && vocab <= self.runner.config().vocab_size
                 && live.iter().all(|&w| self.seqs[props[want[w]].0].sampler.params.is_plain_greedy());
+            let guided = live.iter().any(|&w| props[want[w]].1.guided);
+            let draft = self.draft.as_mut().expect("INVARIANT: checked above");
             let pass_start = Instant::now();
-            let (logits, picks) = if argmax_only {
-                (Vec::new(), Some(draft.forward_argmax(&batch)?))
-            } else {
-                (draft.forward(&batch)?.to_vec(), None)
+            let (logits, picks) = match (argmax_only, guided) {
+                (true, true) => (Vec::new(), Some(draft.forward_top(&batch)?)),
+                (true, false) => {
+                    (Vec::new(), Some(draft.forward_argmax(&batch)?.into_iter().map(|t| (t, 0.0)).collect()))
+                }
+                (false, _) => (draft.forward(&batch)?.to_vec(), None),
             };
             // Only one-row passes measure the draft's price per token: a catch-up pass over many unseen tokens
             // costs more, and counting it as one draft token would make drafting look dearer each time it resumes.
@@ -713,22 +745,29 @@ impl<R: Runner> Engine<R> {
             for (r, &w) in live.iter().enumerate() {
                 let (i, prop) = &mut props[want[w]];
                 let s = &mut self.seqs[*i];
-                let (token, weights) = if let Some(picks) = &picks {
-                    (picks[r], None)
+                let (token, conf, weights) = if let Some(picks) = &picks {
+                    (picks[r].0, picks[r].1, None)
                 } else {
                     // Only tokens the target can emit.
-                    let mut row = logits[r * vocab..r * vocab + self.runner.config().vocab_size.min(vocab)].to_vec();
+                    let raw = &logits[r * vocab..r * vocab + self.runner.config().vocab_size.min(vocab)];
+                    let mut row = raw.to_vec();
                     if s.sampler.params.is_greedy() {
-                        (s.sampler.sample(&mut row, &hist[w]), None)
+                        let t = s.sampler.sample(&mut row, &hist[w]);
+                        let conf = if prop.guided { token_prob(raw, t) } else { 0.0 };
+                        (t, conf, None)
                     } else {
                         let q = s.sampler.weights(&mut row, &hist[w]);
-                        (s.sampler.draw(&q), Some(q))
+                        (s.sampler.draw(&q), 0.0, Some(q))
                     }
                 };
                 prop.tokens[step] = token;
                 prop.weights.push(weights);
+                if prop.guided {
+                    prop.conf.push(conf);
+                }
                 hist[w].push(token);
             }
+            self.stop_guided_drafts(props, step + 1, base_rows, num_decoding);
         }
         for (w, &j) in want.iter().enumerate() {
             let s = &mut self.seqs[props[j].0];
@@ -736,6 +775,58 @@ impl<R: Runner> Engine<R> {
             s.num_draft_tokens = hist[w].len() - 1;
         }
         Ok(())
+    }
+
+    /// After `drafted` draft passes: ends each guided draft (trims its proposal to what it has) for which one more
+    /// token would not raise the step's expected tokens per second ([`spec::draft_more`]). The step's expectation
+    /// counts guided drafts by their tokens' learned acceptance ([`spec::Confidence`]) and the others by their
+    /// sequence's rate, as [`Self::choose_depths`] did.
+    fn stop_guided_drafts(
+        &self,
+        props: &mut [(usize, Proposal)],
+        drafted: usize,
+        base_rows: usize,
+        num_decoding: usize,
+    ) {
+        // Per proposal: (chance that all its drafts so far are accepted, acceptance of its last one).
+        let chains: Vec<(f64, f64)> = props
+            .iter()
+            .map(|(_, p)| {
+                p.conf.iter().fold((1.0, 1.0), |(chain, _), &c| {
+                    let a = self.confidence.acceptance(c);
+                    (chain * a, a)
+                })
+            })
+            .collect();
+        let mut expected = num_decoding.max(1) as f64;
+        let mut rows = base_rows;
+        let mut draft_depth = drafted;
+        for (_, p) in props.iter() {
+            if p.guided {
+                let mut chain = 1.0;
+                for &c in &p.conf {
+                    chain *= self.confidence.acceptance(c);
+                    expected += chain;
+                }
+                rows += p.conf.len();
+            } else if p.method.is_some() {
+                expected += spec::expected_tokens(p.rate, p.tokens.len()) - 1.0;
+                rows += p.tokens.len();
+                if p.method == Some(Method::Draft) {
+                    draft_depth = draft_depth.max(p.tokens.len());
+                }
+            }
+        }
+        for ((_, p), &(chain, last)) in props.iter_mut().zip(&chains) {
+            if !p.guided || p.tokens.len() <= drafted || p.conf.len() != drafted {
+                continue;
+            }
+            let max_more = p.tokens.len() - drafted;
+            if !spec::draft_more(&self.live_costs, expected, rows, draft_depth, drafted, chain, last, max_more) {
+                p.tokens.truncate(drafted);
+                p.weights.truncate(drafted);
+            }
+        }
     }
 
     /// Feeds the draft model the prompt chunks the target computes this step, so it is ready when decoding starts.
@@ -825,7 +916,7 @@ impl<R: Runner> Engine<R> {
         let num_decoding = scheduled.iter().filter(|(i, _, _)| !self.seqs[*i].is_prefill()).count();
         self.choose_depths(&mut props, base_rows, num_decoding);
         let draft_start = Instant::now();
-        self.run_draft(&mut props)?;
+        self.run_draft(&mut props, base_rows, num_decoding)?;
         let prefills: Vec<(usize, usize)> =
             scheduled.iter().filter(|(i, _, _)| self.seqs[*i].is_prefill()).map(|&(i, n, _)| (i, n)).collect();
         self.draft_prefill(&prefills)?;
@@ -898,6 +989,7 @@ impl<R: Runner> Engine<R> {
             row += k + 1;
             let mut accepted = 0;
             let mut emitted = 0;
+            let mut rejected = false;
             for j in 0..=k {
                 let l: &[f32] = if picks.is_some() { &[] } else { &logits[(row0 + j) * vocab..(row0 + j + 1) * vocab] };
                 // The target's choice at this position; for drafts, whether it is the draft.
@@ -946,7 +1038,16 @@ impl<R: Runner> Engine<R> {
                     break;
                 }
                 if !is_draft {
+                    rejected = j < k;
                     break;
+                }
+            }
+            if prop.guided {
+                for &c in &prop.conf[..accepted] {
+                    self.confidence.update(c, true);
+                }
+                if let Some(&c) = prop.conf.get(accepted).filter(|_| rejected) {
+                    self.confidence.update(c, false);
                 }
             }
             if !prop.shadow.is_empty() {

@@ -92,6 +92,14 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// The largest logit's index (as [`argmax`]) and its softmax probability: how sure a greedy pick is.
+pub fn top_prob(logits: &[f32]) -> (u32, f32) {
+    let best = argmax(logits);
+    let Some(&max) = logits.get(best as usize) else { return (0, 0.0) };
+    // The maximum's own term is exactly 1, so the sum is at least 1 (a NaN row gives NaN, "not sure").
+    (best, 1.0 / backend::cpu::ops::sum_exp(logits, max))
+}
+
 pub trait Runner: Send {
     fn config(&self) -> &ModelConfig;
 
@@ -105,6 +113,13 @@ pub trait Runner: Send {
     fn forward_argmax(&mut self, batch: &Batch<'_>) -> Result<Vec<u32>> {
         let width = self.logits_width().max(1);
         Ok(self.forward(batch)?.chunks_exact(width).map(argmax).collect())
+    }
+
+    /// Runs the batch like [`Runner::forward_argmax`] and also returns each pick's softmax probability
+    /// ([`top_prob`]): a greedy draft's confidence, from which the engine decides how far to draft.
+    fn forward_top(&mut self, batch: &Batch<'_>) -> Result<Vec<(u32, f32)>> {
+        let width = self.logits_width().max(1);
+        Ok(self.forward(batch)?.chunks_exact(width).map(top_prob).collect())
     }
 
     /// Logits per row that [`Runner::forward`] returns: the vocabulary, or the prefix of it set by
@@ -156,5 +171,17 @@ mod tests {
         assert_eq!(super::argmax(&[f32::NEG_INFINITY, f32::NAN, 0.5, f32::NAN]), 2);
         assert_eq!(super::argmax(&[]), 0);
         assert_eq!(super::argmax(&[-1.0, -1.0]), 0);
+    }
+
+    /// The pick is the argmax and its probability the softmax's (checked in f64).
+    #[test]
+    fn top_prob_is_the_softmax_of_the_argmax() {
+        let logits = [0.5f32, 2.0, -1.0, 2.0, 1.25];
+        let (t, p) = super::top_prob(&logits);
+        let z: f64 = logits.iter().map(|&l| (l as f64 - 2.0).exp()).sum();
+        assert_eq!(t, 1);
+        assert!((p as f64 - 1.0 / z).abs() < 1e-6, "{p}");
+        assert_eq!(super::top_prob(&[7.0]), (0, 1.0));
+        assert_eq!(super::top_prob(&[]), (0, 0.0));
     }
 }

@@ -40,7 +40,21 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
 #[inline(always)]
 pub(crate) fn exp_approx(x: f32) -> f32 {
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+    exp_reduced(x, (x * std::f32::consts::LOG2_E + 0.5).floor())
+}
+
+/// `e^x` for `x` in [-87, 0] with the same polynomial, rounding `x / ln 2` by a truncating conversion instead of
+/// `floor` (which baseline x86-64 has no vector instruction for), so loops over it vectorize without AVX.
+#[inline(always)]
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 0.0);
+    // Truncation rounds towards zero, i.e. up for negative values: this is the integer nearest to x / ln 2.
+    exp_reduced(x, ((x * std::f32::consts::LOG2_E - 0.5) as i32) as f32)
+}
+
+/// `e^x` given `n`, an integer near `x / ln 2`: `2^n · e^r` with `r = x - n ln 2` (in two parts for precision).
+#[inline(always)]
+fn exp_reduced(x: f32, n: f32) -> f32 {
     let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
     let mut p = 1.987_569_1e-4f32;
     p = p * r + 1.398_199_9e-3;
