@@ -348,6 +348,98 @@ mod x86 {
         }
     }
 
+    /// [`load_block`] for f32 keys and bf16 value pairs (the [`AttnKernel::Bf16Values`] kernel), with the same
+    /// results: keys are transposed 16 × 16 in registers instead of one scattered store per element, and values go
+    /// from f16 to bf16 pairs 16 columns at a time (`vcvtneps2bf16` rounds to nearest even like [`bf16_bits`]; the
+    /// f32 values from f16 are never denormal, which it would flush). A decode row reads a whole key block per query
+    /// vector group, so this conversion, not the products, was most of its attention time.
+    ///
+    /// # Safety
+    /// Needs AVX-512F/BW/VL/BF16; `hd` a multiple of 16; `kt` at least `hd · KEY_BLOCK` and `vb` `KEY_BLOCK / 2 · hd`
+    /// long.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512bf16,avx2,fma,f16c")]
+    pub unsafe fn load_block_f32_keys_bf16_values(
+        s: &SeqAttn<'_>,
+        kb: usize,
+        nk: usize,
+        col: usize,
+        hd: usize,
+        kv_dim: usize,
+        kt: &mut [f32],
+        vb: &mut [u32],
+    ) {
+        assert!(hd.is_multiple_of(16) && kt.len() >= hd * KEY_BLOCK && vb.len() >= KEY_BLOCK / 2 * hd);
+        let row = |cache: &[&[u16]], j: usize| -> *const u16 {
+            let (blk, r) = ((kb + j) / s.block_tokens, (kb + j) % s.block_tokens);
+            cache[blk][r * kv_dim + col..][..hd].as_ptr()
+        };
+        unsafe {
+            let load = |p: *const u16, c: usize| _mm512_cvtph_ps(_mm256_loadu_si256(p.add(c).cast()));
+            for j0 in (0..KEY_BLOCK).step_by(16) {
+                let n = nk.saturating_sub(j0).min(16);
+                let rows: [*const u16; 16] =
+                    std::array::from_fn(|j| if j < n { row(&s.k, j0 + j) } else { row(&s.k, 0) });
+                for c in (0..hd).step_by(16) {
+                    let mut r = [_mm512_setzero_ps(); 16];
+                    for (j, rj) in r.iter_mut().enumerate().take(n) {
+                        *rj = load(rows[j], c);
+                    }
+                    if n > 0 {
+                        transpose16(&mut r);
+                    }
+                    for (i, ri) in r.iter().enumerate() {
+                        _mm512_storeu_ps(kt.as_mut_ptr().add((c + i) * KEY_BLOCK + j0), *ri);
+                    }
+                }
+            }
+            let bf = |x: __m512| _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(x)));
+            for i in 0..KEY_BLOCK / 2 {
+                let (j0, j1) = (2 * i, 2 * i + 1);
+                let dst = vb.as_mut_ptr().add(i * hd);
+                if j0 >= nk {
+                    std::slice::from_raw_parts_mut(dst, hd).fill(0);
+                    continue;
+                }
+                let (p0, p1) = (row(&s.v, j0), if j1 < nk { row(&s.v, j1) } else { std::ptr::null() });
+                for c in (0..hd).step_by(16) {
+                    let lo = bf(load(p0, c));
+                    let hi = if j1 < nk { _mm512_slli_epi32::<16>(bf(load(p1, c))) } else { _mm512_setzero_si512() };
+                    _mm512_storeu_si512(dst.add(c).cast(), _mm512_or_si512(lo, hi));
+                }
+            }
+        }
+    }
+
+    /// Transposes 16 rows of 16 floats in place (row `j`, column `i` -> row `i`, column `j`).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn transpose16(r: &mut [__m512; 16]) {
+        // Within 128-bit lanes: pairs of rows, then quads: u[4a + b] holds, in lane L, rows 4a..4a + 4 of column
+        // 4L + b.
+        let t: [__m512; 16] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 { _mm512_unpacklo_ps(a, b) } else { _mm512_unpackhi_ps(a, b) }
+        });
+        let u: [__m512; 16] = std::array::from_fn(|i| {
+            let (a, b) = (i / 4 * 4 + (i % 4) / 2, i / 4 * 4 + 2 + (i % 4) / 2);
+            let (a, b) = (_mm512_castps_pd(t[a]), _mm512_castps_pd(t[b]));
+            _mm512_castpd_ps(if i % 2 == 0 { _mm512_unpacklo_pd(a, b) } else { _mm512_unpackhi_pd(a, b) })
+        });
+        // Across lanes: x[b] / y[b] gather rows 0..8 / 8..16 of columns b, 8 + b (even) and 4 + b, 12 + b (odd).
+        for b in 0..4 {
+            let xe = _mm512_shuffle_f32x4::<0x88>(u[b], u[4 + b]);
+            let xo = _mm512_shuffle_f32x4::<0xdd>(u[b], u[4 + b]);
+            let ye = _mm512_shuffle_f32x4::<0x88>(u[8 + b], u[12 + b]);
+            let yo = _mm512_shuffle_f32x4::<0xdd>(u[8 + b], u[12 + b]);
+            r[b] = _mm512_shuffle_f32x4::<0x88>(xe, ye);
+            r[8 + b] = _mm512_shuffle_f32x4::<0xdd>(xe, ye);
+            r[4 + b] = _mm512_shuffle_f32x4::<0x88>(xo, yo);
+            r[12 + b] = _mm512_shuffle_f32x4::<0xdd>(xo, yo);
+        }
+    }
+
     /// [`simd::exp_approx`]'s polynomial on 16 lanes (the same constants, FMA-evaluated).
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -470,49 +562,16 @@ fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool>(
     let mut kb = 0;
     while kb < n {
         let nk = KEY_BLOCK.min(n - kb);
-        for j in 0..nk {
-            let (blk, row) = ((kb + j) / s.block_tokens, (kb + j) % s.block_tokens);
-            half_to_f32(&s.k[blk][row * kv_dim + t.g * hd..][..hd], &mut sc.row);
-            if QK_BF16 {
-                for (e, p) in sc.row.chunks_exact(2).enumerate() {
-                    sc.ktb[e * KEY_BLOCK + j] = bf16_pair(p[0], p[1]);
-                }
-            } else {
-                for (d, &x) in sc.row.iter().enumerate() {
-                    sc.kt[d * KEY_BLOCK + j] = x;
-                }
-            }
-            half_to_f32(&s.v[blk][row * kv_dim + t.g * hd..][..hd], &mut sc.v[j * hd..(j + 1) * hd]);
-        }
-        if nk < KEY_BLOCK {
-            if QK_BF16 {
-                for e in 0..hd / 2 {
-                    sc.ktb[e * KEY_BLOCK + nk..(e + 1) * KEY_BLOCK].fill(0);
-                }
-            } else {
-                for d in 0..hd {
-                    sc.kt[d * KEY_BLOCK + nk..(d + 1) * KEY_BLOCK].fill(0.0);
-                }
-            }
-        }
-        if PV_BF16 {
-            // Pairs of consecutive keys; keys past the block's end are zero (their weights are zero too).
-            let (v, vb) = (&sc.v, &mut sc.vb);
-            for (i, out) in vb.chunks_exact_mut(hd).enumerate() {
-                let (j0, j1) = (2 * i, 2 * i + 1);
-                if j1 < nk {
-                    let (a, b) = (&v[j0 * hd..(j0 + 1) * hd], &v[j1 * hd..(j1 + 1) * hd]);
-                    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-                        *o = bf16_pair(x, y);
-                    }
-                } else if j0 < nk {
-                    for (o, &x) in out.iter_mut().zip(&v[j0 * hd..(j0 + 1) * hd]) {
-                        *o = bf16_bits(x);
-                    }
-                } else {
-                    out.fill(0);
-                }
-            }
+        let col = t.g * hd;
+        if PV_BF16 && !QK_BF16 {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: PV_BF16 is instantiated only inside `x86::tile_512bf16` (features detected), whose head
+            // dimension is a multiple of 16 (`AttnKernel::tile_fn`).
+            unsafe {
+                x86::load_block_f32_keys_bf16_values(s, kb, nk, col, hd, kv_dim, &mut sc.kt, &mut sc.vb)
+            };
+        } else {
+            load_block::<QK_BF16, PV_BF16>(s, kb, nk, col, hd, kv_dim, sc);
         }
         // Query vectors that see at least one key of this block: rows at positions >= kb.
         let v0 = kb.saturating_sub(base) * group;
@@ -585,6 +644,65 @@ fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool>(
             let inv = 1.0 / sc.sum[v];
             for (o, a) in d.iter_mut().zip(&sc.acc[v * hd..(v + 1) * hd]) {
                 *o = a * inv;
+            }
+        }
+    }
+}
+
+/// Converts key block `kb..kb + nk` of KV head columns `col..col + hd` for the tile: keys transposed into `sc.kt`
+/// (`[hd, KEY_BLOCK]` f32) or as bf16 pairs into `sc.ktb`, values into `sc.v` (`[KEY_BLOCK, hd]` f32) and, for the bf16
+/// value product, as bf16 pairs of consecutive keys into `sc.vb`; everything past `nk` keys is zero.
+#[inline(always)]
+fn load_block<const QK_BF16: bool, const PV_BF16: bool>(
+    s: &SeqAttn<'_>,
+    kb: usize,
+    nk: usize,
+    col: usize,
+    hd: usize,
+    kv_dim: usize,
+    sc: &mut Scratch,
+) {
+    for j in 0..nk {
+        let (blk, row) = ((kb + j) / s.block_tokens, (kb + j) % s.block_tokens);
+        half_to_f32(&s.k[blk][row * kv_dim + col..][..hd], &mut sc.row);
+        if QK_BF16 {
+            for (e, p) in sc.row.chunks_exact(2).enumerate() {
+                sc.ktb[e * KEY_BLOCK + j] = bf16_pair(p[0], p[1]);
+            }
+        } else {
+            for (d, &x) in sc.row.iter().enumerate() {
+                sc.kt[d * KEY_BLOCK + j] = x;
+            }
+        }
+        half_to_f32(&s.v[blk][row * kv_dim + col..][..hd], &mut sc.v[j * hd..(j + 1) * hd]);
+    }
+    if nk < KEY_BLOCK {
+        if QK_BF16 {
+            for e in 0..hd / 2 {
+                sc.ktb[e * KEY_BLOCK + nk..(e + 1) * KEY_BLOCK].fill(0);
+            }
+        } else {
+            for d in 0..hd {
+                sc.kt[d * KEY_BLOCK + nk..(d + 1) * KEY_BLOCK].fill(0.0);
+            }
+        }
+    }
+    if PV_BF16 {
+        // Pairs of consecutive keys; keys past the block's end are zero (their weights are zero too).
+        let (v, vb) = (&sc.v, &mut sc.vb);
+        for (i, out) in vb.chunks_exact_mut(hd).enumerate() {
+            let (j0, j1) = (2 * i, 2 * i + 1);
+            if j1 < nk {
+                let (a, b) = (&v[j0 * hd..(j0 + 1) * hd], &v[j1 * hd..(j1 + 1) * hd]);
+                for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+                    *o = bf16_pair(x, y);
+                }
+            } else if j0 < nk {
+                for (o, &x) in out.iter_mut().zip(&v[j0 * hd..(j0 + 1) * hd]) {
+                    *o = bf16_bits(x);
+                }
+            } else {
+                out.fill(0);
             }
         }
     }
@@ -809,6 +927,69 @@ mod tests {
 
     fn f16(bits: u16) -> f64 {
         half::f16::from_bits(bits).to_f64()
+    }
+
+    /// The vectorised key/value loader writes exactly what the portable one does: every key block length, block
+    /// size, KV head column and value (incl. f16 subnormals, zeros and large magnitudes).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_block_loader_matches_the_portable_one_bitwise() {
+        if !AttnKernel::available().contains(&AttnKernel::Bf16Values) {
+            eprintln!("skipping: no AVX-512 BF16");
+            return;
+        }
+        let (hd, kv_dim) = (64, 128);
+        let num_keys = 200;
+        let mut seed = 0x9e37_79b9u32;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        let mut vals = |n: usize| -> Vec<u16> {
+            (0..n)
+                .map(|i| match i % 11 {
+                    0 => 0,
+                    1 => (next() & 0x83ff) as u16, // subnormal or zero, either sign
+                    _ => half::f16::from_f32((next() as i32 as f32) / 2e9 * 3000.0).to_bits(),
+                })
+                .collect()
+        };
+        let (k, v) = (vals(num_keys * kv_dim), vals(num_keys * kv_dim));
+        for block_tokens in [16, 7, num_keys] {
+            let blocks = |c: &[u16]| -> Vec<std::ops::Range<usize>> {
+                (0..c.len())
+                    .step_by(block_tokens * kv_dim)
+                    .map(|a| a..(a + block_tokens * kv_dim).min(c.len()))
+                    .collect()
+            };
+            let s = SeqAttn {
+                k: blocks(&k).into_iter().map(|r| &k[r]).collect(),
+                v: blocks(&v).into_iter().map(|r| &v[r]).collect(),
+                block_tokens,
+                start_pos: 0,
+                num_rows: 1,
+            };
+            for (kb, nk) in [(0, 64), (64, 64), (128, 1), (128, 17), (192, 8), (128, 63), (0, 33)] {
+                for col in [0, 64] {
+                    let mut want = Scratch::default();
+                    want.kt.resize(hd * KEY_BLOCK, f32::NAN);
+                    want.v.resize(KEY_BLOCK * hd, 0.0);
+                    want.vb.resize(KEY_BLOCK / 2 * hd, 7);
+                    want.row.resize(hd, 0.0);
+                    load_block::<false, true>(&s, kb, nk, col, hd, kv_dim, &mut want);
+                    let mut kt = vec![f32::NAN; hd * KEY_BLOCK];
+                    let mut vb = vec![7u32; KEY_BLOCK / 2 * hd];
+                    // SAFETY: features checked above; sizes as required.
+                    unsafe { x86::load_block_f32_keys_bf16_values(&s, kb, nk, col, hd, kv_dim, &mut kt, &mut vb) };
+                    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    let at = format!("block_tokens {block_tokens}, keys {kb}+{nk}, column {col}");
+                    assert_eq!(bits(&kt), bits(&want.kt), "keys differ: {at}");
+                    assert_eq!(vb, want.vb, "values differ: {at}");
+                }
+            }
+        }
     }
 
     /// Straightforward f64 attention for one query row seeing `n` keys, with an error allowance per output element
