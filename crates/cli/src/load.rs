@@ -82,6 +82,24 @@ impl Runner for AnyRunner {
             AnyRunner::Cuda(r) => r.forward(batch),
         }
     }
+    fn forward_argmax(&mut self, batch: &Batch<'_>) -> models::Result<Vec<u32>> {
+        match self {
+            AnyRunner::Cpu(r) => r.forward_argmax(batch),
+            AnyRunner::Cuda(r) => r.forward_argmax(batch),
+        }
+    }
+    fn forward_top(&mut self, batch: &Batch<'_>) -> models::Result<Vec<(u32, f32)>> {
+        match self {
+            AnyRunner::Cpu(r) => r.forward_top(batch),
+            AnyRunner::Cuda(r) => r.forward_top(batch),
+        }
+    }
+    fn top_prob_is_cheap(&self) -> bool {
+        match self {
+            AnyRunner::Cpu(r) => r.top_prob_is_cheap(),
+            AnyRunner::Cuda(r) => r.top_prob_is_cheap(),
+        }
+    }
     fn logits_width(&self) -> usize {
         match self {
             AnyRunner::Cpu(r) => r.logits_width(),

@@ -618,7 +618,12 @@ impl<R: Runner> Engine<R> {
                     ngram_match,
                     fixed: fixed || probe,
                     probe,
-                    guided: spec.adaptive && spec.draft_confidence && !fixed && !probe && s.sampler.params.is_greedy(),
+                    guided: spec.adaptive
+                        && spec.draft_confidence
+                        && !fixed
+                        && !probe
+                        && s.sampler.params.is_greedy()
+                        && self.draft.as_ref().is_some_and(|d| d.top_prob_is_cheap()),
                     conf: Vec::new(),
                 }
             }

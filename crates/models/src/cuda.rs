@@ -1582,6 +1582,11 @@ impl Runner for CudaRunner {
         Ok(ids)
     }
 
+    /// The pick's probability is not computed on the device yet: [`Runner::forward_top`] would copy the logits.
+    fn top_prob_is_cheap(&self) -> bool {
+        false
+    }
+
     fn seq_len(&self, seq: SeqId) -> usize {
         self.seqs.get(&seq).map_or(0, |s| s.len)
     }

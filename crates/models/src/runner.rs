@@ -122,6 +122,13 @@ pub trait Runner: Send {
         Ok(self.forward(batch)?.chunks_exact(width).map(top_prob).collect())
     }
 
+    /// Whether [`Runner::forward_top`] costs about what [`Runner::forward_argmax`] does: true where the logits are on
+    /// the host anyway. A runner that picks on a device and would have to copy the logits back for the probability
+    /// says false, and the engine then drafts without confidences.
+    fn top_prob_is_cheap(&self) -> bool {
+        true
+    }
+
     /// Logits per row that [`Runner::forward`] returns: the vocabulary, or the prefix of it set by
     /// [`Runner::limit_logits`].
     fn logits_width(&self) -> usize {
