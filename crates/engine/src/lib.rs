@@ -111,6 +111,8 @@ struct Sequence {
     text: String,
     ngram: NgramAcceptance,
     draft: Acceptance,
+    /// What this sequence's guided drafts yielded per verification.
+    guided: spec::GuidedYield,
     /// Target passes since the draft model last proposed for this sequence, and how many to wait before probing it
     /// again (see [`DRAFT_PROBE_GAP_MIN`]).
     draft_idle: usize,
@@ -488,6 +490,7 @@ impl<R: Runner> Engine<R> {
             text: String::new(),
             ngram: NgramAcceptance::new(),
             draft: Acceptance::new(0.6),
+            guided: spec::GuidedYield::default(),
             draft_idle: 0,
             draft_probe_gap: DRAFT_PROBE_GAP_MIN,
             t_admitted: Instant::now(),
@@ -554,15 +557,12 @@ impl<R: Runner> Engine<R> {
             if spec.adaptive { costs.best_depth(method, acc, max) } else { max }
         };
         let mut best: Option<(f64, Method, usize)> = None;
-        let mut consider = |method: Method, acc: f64, k: usize| {
-            if k == 0 {
-                return;
-            }
-            let speed = costs.speed(method, acc, k);
-            if best.is_none_or(|b| speed > b.0) {
+        let mut consider_speed = |method: Method, speed: f64, k: usize| {
+            if k > 0 && best.is_none_or(|b| speed > b.0) {
                 best = Some((speed, method, k));
             }
         };
+        let mut consider = |method: Method, acc: f64, k: usize| consider_speed(method, costs.speed(method, acc, k), k);
         let (ngram, ngram_match) = if spec.ngram {
             spec::ngram_match(&s.tokens, spec.ngram_min_match, spec.ngram_max_match, max_k)
         } else {
@@ -574,8 +574,20 @@ impl<R: Runner> Engine<R> {
         }
         // The draft first catches up on the tokens it has not seen; a long gap is closed without proposing.
         let lag = s.tokens.len() - s.num_draft_tokens;
+        let guided = spec.adaptive
+            && spec.draft_confidence
+            && !fixed
+            && s.sampler.params.is_greedy()
+            && self.draft.as_ref().is_some_and(|d| d.top_prob_is_cheap());
         if s.uses_draft && lag <= self.config.max_batch_tokens {
-            consider(Method::Draft, s.draft.rate, pick(Method::Draft, s.draft.rate, max_k));
+            // A guided draft's depth follows its confidence, so its average acceptance understates it: what its
+            // verifications really yielded is the better estimate, once there are some.
+            match s.guided.speed(costs).filter(|_| guided) {
+                // Only where it beats plain decoding; otherwise the probes below keep measuring it.
+                Some(speed) if speed > 1.0 / costs.target(1) => consider_speed(Method::Draft, speed, max_k),
+                Some(_) => {}
+                None => consider(Method::Draft, s.draft.rate, pick(Method::Draft, s.draft.rate, max_k)),
+            }
         }
         // Adaptive: the depth is settled for the whole step later; propose all that is allowed.
         let cap = |k: usize, max: usize| if spec.adaptive && !fixed { max } else { k };
@@ -618,12 +630,7 @@ impl<R: Runner> Engine<R> {
                     ngram_match,
                     fixed: fixed || probe,
                     probe,
-                    guided: spec.adaptive
-                        && spec.draft_confidence
-                        && !fixed
-                        && !probe
-                        && s.sampler.params.is_greedy()
-                        && self.draft.as_ref().is_some_and(|d| d.top_prob_is_cheap()),
+                    guided: guided && !probe,
                     conf: Vec::new(),
                 }
             }
@@ -1047,6 +1054,9 @@ impl<R: Runner> Engine<R> {
                     break;
                 }
             }
+            if prop.method == Some(Method::Draft) && (prop.guided || (prop.probe && s.sampler.params.is_greedy())) {
+                s.guided.update(emitted, k);
+            }
             if prop.guided {
                 for &c in &prop.conf[..accepted] {
                     self.confidence.update(c, true);
@@ -1079,6 +1089,10 @@ impl<R: Runner> Engine<R> {
                     Method::Draft => {
                         s.draft.update(k, accepted);
                         if prop.probe {
+                            if accepted == k {
+                                // The draft fits again: judge it afresh rather than by the yields that stopped it.
+                                s.guided = spec::GuidedYield::default();
+                            }
                             s.draft_probe_gap = if accepted == k {
                                 DRAFT_PROBE_GAP_MIN
                             } else {

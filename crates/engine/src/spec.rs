@@ -214,6 +214,35 @@ impl Confidence {
     }
 }
 
+/// What one sequence's guided drafts ([`draft_more`]) yield: running means of the tokens each verification produced
+/// and of the draft tokens it checked. Their depth follows the draft's confidence, so the sequence's average
+/// acceptance ([`Acceptance`]) with [`expected_tokens`] understates them; choosing between them and an n-gram
+/// proposal goes by this instead.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GuidedYield {
+    tokens: f64,
+    drafts: f64,
+    num_seen: usize,
+}
+
+impl GuidedYield {
+    /// Folds in one verification of `drafts` guided draft tokens that produced `tokens` tokens.
+    pub fn update(&mut self, tokens: usize, drafts: usize) {
+        let w = if self.num_seen == 0 { 1.0 } else { 0.2 };
+        self.tokens += w * (tokens as f64 - self.tokens);
+        self.drafts += w * (drafts as f64 - self.drafts);
+        self.num_seen += 1;
+    }
+
+    /// Expected tokens per second of guided drafting for this sequence alone, once a few verifications were seen.
+    pub fn speed(&self, costs: &PassCosts) -> Option<f64> {
+        (self.num_seen >= 3).then(|| {
+            let rows = self.drafts.round() as usize + 1;
+            self.tokens / (costs.target(rows) + self.drafts * costs.draft_s)
+        })
+    }
+}
+
 /// Whether a greedy draft that has proposed `drafted` tokens should propose another.
 ///
 /// `chain` is the chance that all of them are accepted and `last` the acceptance of the last one alone (the next
@@ -432,6 +461,23 @@ mod tests {
         let steep = PassCosts { target: vec![(1, 1.0), (3, 1.2), (4, 2.0), (8, 2.0)], draft_s: 0.05 };
         assert!(draft_more(&steep, 2.97, 3, 2, 2, 0.98, 0.99, 4));
         assert!(!draft_more(&steep, 2.97, 3, 2, 2, 0.98, 0.99, 1));
+    }
+
+    #[test]
+    fn guided_yield_is_judged_after_a_few_verifications() {
+        let costs = PassCosts { target: vec![(1, 1.0), (17, 2.6)], draft_s: 0.3 };
+        let mut y = GuidedYield::default();
+        y.update(6, 5);
+        y.update(6, 5);
+        assert_eq!(y.speed(&costs), None);
+        y.update(6, 5);
+        // 6 tokens from a pass of 6 rows (1.5) and 5 draft passes (1.5).
+        assert!((y.speed(&costs).expect("seen 3") - 2.0).abs() < 1e-9, "{y:?}");
+        // Recent verifications count most.
+        for _ in 0..20 {
+            y.update(1, 1);
+        }
+        assert!(y.speed(&costs).expect("seen") < 1.0 / 1.1 + 0.05, "{y:?}");
     }
 
     #[test]
