@@ -1451,3 +1451,206 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __re
         if (lane == 0) ids[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
     }
 }
+
+// ---- Streamed matrix-vector products (Hopper's bulk-copy engine): the same sums as mmvq / guq, in the same order
+// (each row split over P threads, pairs part, part + P, ...; the same reductions), but the weights reach the threads
+// through shared memory: one thread asks the copy engine for whole chunks of CR consecutive rows (contiguous bytes)
+// into NS stages, each stage guarded by an mbarrier that counts the bytes landing. The bytes in flight per SM are no
+// longer bounded by the registers that hold them, and blocks are persistent (chunk blockIdx.x + j * gridDim.x), so
+// the next chunks stream in while the current one is multiplied.
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+// The barrier's current phase completes once `bytes` bytes have landed (one arrival: the issuing thread's).
+__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+// Global -> shared bulk copy (16-byte aligned addresses, size a multiple of 16), completing on `bar`.
+__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 phase) {
+#if __CUDA_ARCH__ >= 900
+    u32 ok;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok) : "r"(bar), "r"(phase) : "memory");
+    } while (!ok);
+#endif
+}
+
+// NM matrices (gate and up: 2) of N rows, RB bytes each, streamed in chunks of CR rows through NS stages.
+template <int RB, int CR, int NM, int NS> struct Stream {
+    static const int SB = (CR * RB + 127) / 128 * 128;  // one matrix's chunk in a stage
+    static const int SMEM = NS * NM * SB + NS * 8;      // stages, then the barriers
+    u8* sm;
+    u32 bar0;
+    int nch, N;
+    __device__ __forceinline__ Stream(u8* s, int n) : sm(s), bar0(smem_u32(s + NS * NM * SB)), nch((n + CR - 1) / CR), N(n) {
+        if (threadIdx.x == 0) {
+#pragma unroll
+            for (int i = 0; i < NS; i++) mbar_init(bar0 + 8 * i, 1);
+            mbar_fence_init();
+        }
+        __syncthreads();
+    }
+    __device__ __forceinline__ int chunk(int j) const { return blockIdx.x + j * gridDim.x; }
+    // Thread 0 only: chunk j of the block into stage j % NS.
+    __device__ __forceinline__ void issue(int j, const u8* W0, const u8* W1) {
+        const int c = chunk(j);
+        if (c >= nch) return;
+        const int s = j % NS;
+        const u32 bytes = (u32)min(CR, N - c * CR) * RB;
+        mbar_expect(bar0 + 8 * s, bytes * NM);
+        bulk_g2s(smem_u32(sm + (s * NM) * SB), W0 + (size_t)c * CR * RB, bytes, bar0 + 8 * s);
+        if (NM > 1) bulk_g2s(smem_u32(sm + (s * NM + 1) * SB), W1 + (size_t)c * CR * RB, bytes, bar0 + 8 * s);
+    }
+    __device__ __forceinline__ const u8* wait(int j, int mat) const {
+        const int s = j % NS;
+        mbar_wait(bar0 + 8 * s, (u32)((j / NS) & 1));
+        return sm + (s * NM + mat) * SB;
+    }
+};
+
+template <int T, int K, int MR, int MODE, int P, int CR, int NS>
+__device__ __forceinline__ void mmvs_body(const u8* __restrict__ W, const i8* __restrict__ Xq,
+                                          const float2* __restrict__ Xd, float* __restrict__ Y,
+                                          const float* __restrict__ bias, int m, int N) {
+    extern __shared__ __align__(128) u8 dsm[];
+    const int RB = (K / Fmt<T>::BLOCK) * Fmt<T>::BYTES, RPP = 128 / P;
+    const int tid = threadIdx.x, part = tid % P;
+    Xq += (size_t)blockIdx.y * MR * K;
+    Xd += (size_t)blockIdx.y * MR * (K / 32);
+    Y += (size_t)blockIdx.y * MR * N;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    Stream<RB, CR, 1, NS> st(dsm, N);
+    if (tid == 0)
+        for (int j = 0; j < NS; j++) st.issue(j, W, W);
+    pdl_wait();
+    __shared__ float red[4][MR];
+    for (int j = 0; st.chunk(j) < st.nch; j++) {
+        const u8* w = st.wait(j, 0);
+        const int c = st.chunk(j);
+        for (int lr = tid / P; lr < CR; lr += RPP) {
+            const int n = c * CR + lr;
+            RowQ<T, K, P> rq;
+            rq.load(w + (size_t)lr * RB, part);
+            float acc[MR];
+            rq.template dot<MR>(part, Xq, Xd, m, acc);
+            if (P > 32) {
+                const int wid = tid >> 5;
+                if ((tid & 31) == 0) {
+#pragma unroll
+                    for (int r = 0; r < MR; r++) red[wid][r] = acc[r];
+                }
+                __syncthreads();
+                if (part == 0) {
+#pragma unroll
+                    for (int r = 0; r < MR; r++) {
+                        float v = 0.f;
+                        for (int w2 = 0; w2 < P / 32; w2++) v += red[wid + w2][r];
+                        acc[r] = v;
+                    }
+                }
+                __syncthreads();
+            }
+            if (part == 0 && n < N) {
+                const float b = bias ? bias[n] : 0.f;
+#pragma unroll
+                for (int r = 0; r < MR; r++) {
+                    if (r < m) {
+                        if (MODE == 1) Y[(size_t)r * N + n] += acc[r] + b;
+                        else Y[(size_t)r * N + n] = acc[r] + b;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        if (tid == 0) {
+            fence_proxy_async();
+            st.issue(j + NS, W, W);
+        }
+    }
+}
+
+// Gate and up streamed together, writing silu(gate) * up; QOUT (CR a multiple of 32): also its 8-bit copy per
+// 32 rows, as guq does.
+template <int T, int K, int MR, int P, int CR, int NS, bool QOUT>
+__device__ __forceinline__ void gus_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
+                                         const i8* __restrict__ Xq, const float2* __restrict__ Xd,
+                                         float* __restrict__ Y, int m, int N, i8* __restrict__ Qo,
+                                         float2* __restrict__ Do) {
+    extern __shared__ __align__(128) u8 dsm[];
+    const int RB = (K / Fmt<T>::BLOCK) * Fmt<T>::BYTES, RPP = 128 / P;
+    const int tid = threadIdx.x, part = tid % P;
+    Xq += (size_t)blockIdx.y * MR * K;
+    Xd += (size_t)blockIdx.y * MR * (K / 32);
+    Y += (size_t)blockIdx.y * MR * N;
+    Qo += (size_t)blockIdx.y * MR * N;
+    Do += (size_t)blockIdx.y * MR * (N / 32);
+    m = min(m - (int)blockIdx.y * MR, MR);
+    Stream<RB, CR, 2, NS> st(dsm, N);
+    if (tid == 0)
+        for (int j = 0; j < NS; j++) st.issue(j, Wg, Wu);
+    pdl_wait();
+    __shared__ float ys[QOUT ? MR : 1][QOUT ? CR : 1];
+    for (int j = 0; st.chunk(j) < st.nch; j++) {
+        const u8* wg = st.wait(j, 0);
+        const u8* wu = wg + Stream<RB, CR, 2, NS>::SB;
+        const int c = st.chunk(j);
+        for (int lr = tid / P; lr < CR; lr += RPP) {
+            const int n = c * CR + lr;
+            RowQ<T, K, P> g, u;
+            g.load(wg + (size_t)lr * RB, part);
+            u.load(wu + (size_t)lr * RB, part);
+            float a[MR], cc[MR];
+            g.template dot<MR>(part, Xq, Xd, m, a);
+            u.template dot<MR>(part, Xq, Xd, m, cc);
+            if (part == 0 && n < N) {
+#pragma unroll
+                for (int r = 0; r < MR; r++)
+                    if (r < m) {
+                        a[r] = a[r] / (1.f + __expf(-a[r])) * cc[r];
+                        Y[(size_t)r * N + n] = a[r];
+                        if (QOUT) ys[r][lr] = a[r];
+                    }
+            }
+        }
+        __syncthreads();
+        if (QOUT) {
+            // (CR / 32) blocks of 32 rows times m activation rows, one warp each.
+            const int n0 = c * CR;
+            for (int wq = tid >> 5; wq < (CR / 32) * m; wq += 4) {
+                const int g32 = wq % (CR / 32), r = wq / (CR / 32);
+                const int nb = n0 + 32 * g32;
+                if (nb < N) q8_block(ys[r][32 * g32 + (tid & 31)], Qo + (size_t)r * N + nb, Do + ((size_t)r * N + nb) / 32);
+            }
+            __syncthreads();
+        }
+        if (tid == 0) {
+            fence_proxy_async();
+            st.issue(j + NS, Wg, Wu);
+        }
+    }
+}
