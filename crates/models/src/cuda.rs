@@ -103,6 +103,9 @@ pub struct CudaOptions {
     pub stream_kb: usize,
     pub stream_stages: usize,
     pub stream_bps: usize,
+    /// 8-bit activation rows stored with their 16-byte chunks permuted so that the matrix-vector kernels' loads of
+    /// them are coalesced (same values, same sums).
+    pub xperm: bool,
 }
 
 impl Default for CudaOptions {
@@ -137,10 +140,11 @@ impl Default for CudaOptions {
             att_q8: std::env::var("SPLASH_CUDA_ATT_Q8").map(|v| v != "0").unwrap_or(true),
             repack: std::env::var("SPLASH_CUDA_REPACK").map(|v| v != "0").unwrap_or(true),
             att_dyn: std::env::var("SPLASH_CUDA_ATT_DYN").map(|v| v != "0").unwrap_or(true),
-            stream: std::env::var("SPLASH_CUDA_STREAM").map(|v| v != "0").unwrap_or(true),
+            stream: std::env::var("SPLASH_CUDA_STREAM").is_ok_and(|v| v == "1"),
             stream_kb: env_usize("SPLASH_CUDA_STREAM_KB", 16).clamp(1, 200),
             stream_stages: env_usize("SPLASH_CUDA_STREAM_NS", 3).clamp(1, 8),
             stream_bps: env_usize("SPLASH_CUDA_STREAM_BPS", 0),
+            xperm: std::env::var("SPLASH_CUDA_XPERM").map(|v| v != "0").unwrap_or(true),
         }
     }
 }
@@ -400,6 +404,8 @@ pub struct Q8Kernels {
     pub smats: Vec<(GgmlType, usize, usize, usize, usize)>,
     /// ... and gate/up, with whether it writes the down projection's 8-bit input.
     pub sgu: Vec<(GgmlType, usize, usize, usize, usize, bool)>,
+    /// 8-bit activation rows in the permuted layout (`xpos` in kernels.cu): coalesced loads in the kernels above.
+    pub xperm: bool,
 }
 
 /// Bytes of one row of `k` values in the device layout of the 8-bit-activation kernels' types (0: not one of them).
@@ -590,6 +596,7 @@ pub fn kernel_source(
     }
     s.push_str(&format!("#define RMS_EPS {:e}f\n", cfg.rms_eps));
     s.push_str(&format!("#define REPACK {}\n#define ATT_DYN {}\n", u8::from(q8.repack), u8::from(q8.att_dyn)));
+    s.push_str(&format!("#define XPERM {}\n", u8::from(q8.xperm)));
     s.push_str(&format!("#define ATT_MIN_SPLIT {ATT_MIN_SPLIT}\n"));
     s.push_str(backend::cuda::KERNELS);
     s.push('\n');
@@ -790,8 +797,13 @@ impl CudaRunner {
         // Layers (and the output matrix) on the 8-bit-activation kernels, and the instantiations they need.
         let q8_on = opts.q8 && !opts.exact_activations;
         let it = opts.q8_iters;
-        let mut q8k =
-            Q8Kernels { gu_fuse: opts.gu_fuse, repack: opts.repack, att_dyn: opts.att_dyn, ..Q8Kernels::default() };
+        let mut q8k = Q8Kernels {
+            gu_fuse: opts.gu_fuse,
+            repack: opts.repack,
+            att_dyn: opts.att_dyn,
+            xperm: opts.xperm,
+            ..Q8Kernels::default()
+        };
         let mut q8_layers = Vec::with_capacity(weights.layers.len());
         let add3 = |v: &mut Vec<(GgmlType, usize, usize)>, e: (GgmlType, usize, usize)| {
             if !v.contains(&e) {
@@ -1934,6 +1946,7 @@ mod tests {
             gu_fuse: true,
             repack: true,
             att_dyn: true,
+            xperm: true,
             smats: vec![
                 (Q4_K, 1536, 32, 8, 3),
                 (Q6_K, 8960, 64, 2, 3),

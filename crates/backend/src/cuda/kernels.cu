@@ -60,8 +60,30 @@ __device__ __forceinline__ u32 byte_of(u32 w, int k) { return (w >> (8 * k)) & 0
 // Bytes 0..63 minus 32 each (no borrow between bytes).
 __device__ __forceinline__ int sub32x4(u32 v) { return (int)(((v | 0x80808080u) - 0x20202020u) ^ 0x80808080u); }
 
-// Quantizes v (element `lane` of a 32-block) into q[lane] and ds.
-__device__ __forceinline__ void q8_block(float v, i8* q, float2* ds) {
+// Layout of 8-bit activation rows (K a multiple of 64). XPERM: the row's 16-byte chunks are permuted so that chunk
+// c sits at (c % 4) * (K / 64) + c / 4: the k-th 16 bytes of consecutive 64-value pairs are neighbours, so when
+// the lanes of a warp take consecutive pairs (the 8-bit matrix-vector kernels), each of their four 16-byte loads reads
+// 512 contiguous bytes (4 L1 wavefronts) instead of 16 bytes every 64 (16 wavefronts). Same values, same sums.
+__device__ __forceinline__ int xpos(int a, int K) {
+#if XPERM
+    const int c = a >> 4;
+    return ((c & 3) * (K >> 6) + (c >> 2)) * 16 + (a & 15);
+#else
+    return a;
+#endif
+}
+// 16-byte chunk c (values 16c .. 16c + 15) of an activation row of K values.
+template <int K> __device__ __forceinline__ int4 xchunk(const i8* xr, int c) {
+#if XPERM
+    return *(const int4*)(xr + ((c & 3) * (K / 64) + (c >> 2)) * 16);
+#else
+    return *(const int4*)(xr + c * 16);
+#endif
+}
+
+// Quantizes v (element `lane` of the 32-block starting at value a0 of the activation row qrow of K values) into
+// that row (layout: xpos) and ds.
+__device__ __forceinline__ void q8_block(float v, i8* qrow, int a0, int K, float2* ds) {
     const int lane = threadIdx.x & 31;
     const float amax = warp_max(fabsf(v));
     const float id = amax > 0.f ? 127.f / amax : 0.f;
@@ -69,7 +91,7 @@ __device__ __forceinline__ void q8_block(float v, i8* q, float2* ds) {
     int s = qi;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    q[lane] = (i8)qi;
+    qrow[xpos(a0 + lane, K)] = (i8)qi;
     if (lane == 0) {
         const float d = amax / 127.f;
         *ds = make_float2(d, d * (float)s);
@@ -919,7 +941,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
         }
         const size_t o = (size_t)t * Q_DIM + h * HEAD_DIM + i;
         out[o] = acc2 / LL;
-        if (qo) q8_block(acc2 / LL, qo + (o & ~(size_t)31), qd + o / 32);
+        if (qo) q8_block(acc2 / LL, qo + (size_t)t * Q_DIM, (h * HEAD_DIM + i) & ~31, Q_DIM, qd + o / 32);
     }
     if (threadIdx.x == 0) counters[t * NUM_HEADS + h] = 0;
 }
@@ -1054,7 +1076,7 @@ extern "C" __global__ void quant_q8(const float* __restrict__ x, const float* __
     const int k = blockIdx.y * 256 + threadIdx.x;
     if (k - (threadIdx.x & 31) < K) {
         const float v = g ? xr[k] * scale * g[k] : xr[k];
-        q8_block(v, q + (size_t)i * K + (k & ~31), ds + ((size_t)i * K + k) / 32);
+        q8_block(v, q + (size_t)i * K, k & ~31, K, ds + ((size_t)i * K + k) / 32);
     }
 }
 
@@ -1159,8 +1181,9 @@ __device__ __forceinline__ void pdot(const PQ4K& w, int p, const i8* __restrict_
 #pragma unroll
     for (int r = 0; r < MR; r++) {
         if (r < m) {
-            const int4* x = (const int4*)(xq + (size_t)r * K + sb * 256 + 64 * j);
-            const int4 x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+            const i8* xr = xq + (size_t)r * K;
+            const int4 x0 = xchunk<K>(xr, 4 * p), x1 = xchunk<K>(xr, 4 * p + 1), x2 = xchunk<K>(xr, 4 * p + 2),
+                       x3 = xchunk<K>(xr, 4 * p + 3);
             const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + sb * 8 + 2 * j);
             int sa = 0, sc = 0;
             sa = dp4a(lo[0], x0.x, sa); sa = dp4a(lo[1], x0.y, sa); sa = dp4a(lo[2], x0.z, sa); sa = dp4a(lo[3], x0.w, sa);
@@ -1193,9 +1216,10 @@ __device__ __forceinline__ void pdot(const PQ6K& w, int p, const i8* __restrict_
 #pragma unroll
     for (int r = 0; r < MR; r++) {
         if (r < m) {
-            const int4* xl = (const int4*)(xq + (size_t)r * K + base);
-            const int4* xh = (const int4*)(xq + (size_t)r * K + base + 64);
-            const int4 a0 = xl[0], a1 = xl[1], c0 = xh[0], c1 = xh[1];
+            const i8* xr = xq + (size_t)r * K;
+            const int cb = base >> 4;
+            const int4 a0 = xchunk<K>(xr, cb), a1 = xchunk<K>(xr, cb + 1), c0 = xchunk<K>(xr, cb + 4),
+                       c1 = xchunk<K>(xr, cb + 5);
             const float2* dr = xd + (size_t)r * (K / 32) + sb * 8 + 4 * hf + pp;
             const float dl = dr[0].x, dh = dr[2].x;
             int il0 = 0, il1 = 0, ih0 = 0, ih1 = 0;
@@ -1215,8 +1239,9 @@ __device__ __forceinline__ void pdot(const PQ8& w, int p, const i8* __restrict__
 #pragma unroll
     for (int r = 0; r < MR; r++) {
         if (r < m) {
-            const int4* x = (const int4*)(xq + (size_t)r * K + 64 * p);
-            const int4 x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+            const i8* xr = xq + (size_t)r * K;
+            const int4 x0 = xchunk<K>(xr, 4 * p), x1 = xchunk<K>(xr, 4 * p + 1), x2 = xchunk<K>(xr, 4 * p + 2),
+                       x3 = xchunk<K>(xr, 4 * p + 3);
             const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + 2 * p);
             int s0 = 0, s1 = 0;
             s0 = dp4a((int)w.q0[0], x0.x, s0); s0 = dp4a((int)w.q0[1], x0.y, s0); s0 = dp4a((int)w.q0[2], x0.z, s0);
@@ -1248,8 +1273,9 @@ __device__ __forceinline__ void pdot(const PQ5& w, int p, const i8* __restrict__
 #pragma unroll
     for (int r = 0; r < MR; r++) {
         if (r < m) {
-            const int4* x = (const int4*)(xq + (size_t)r * K + 64 * p);
-            const int4 x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+            const i8* xr = xq + (size_t)r * K;
+            const int4 x0 = xchunk<K>(xr, 4 * p), x1 = xchunk<K>(xr, 4 * p + 1), x2 = xchunk<K>(xr, 4 * p + 2),
+                       x3 = xchunk<K>(xr, 4 * p + 3);
             const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + 2 * p);
             int s0 = 0, s1 = 0;
             s0 = dp4a(a[0], x0.x, s0); s0 = dp4a(a[1], x0.y, s0); s0 = dp4a(a[2], x0.z, s0); s0 = dp4a(a[3], x0.w, s0);
@@ -1373,7 +1399,7 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
         Qo += (size_t)blockIdx.y * MR * N;
         Do += (size_t)blockIdx.y * MR * (N / 32);
         for (int r = tid >> 5; r < m; r += P)
-            if (n0 < N) q8_block(ys[r][tid & 31], Qo + (size_t)r * N + n0, Do + ((size_t)r * N + n0) / 32);
+            if (n0 < N) q8_block(ys[r][tid & 31], Qo + (size_t)r * N, n0, N, Do + ((size_t)r * N + n0) / 32);
     }
 }
 
@@ -1644,7 +1670,7 @@ __device__ __forceinline__ void gus_body(const u8* __restrict__ Wg, const u8* __
             for (int wq = tid >> 5; wq < (CR / 32) * m; wq += 4) {
                 const int g32 = wq % (CR / 32), r = wq / (CR / 32);
                 const int nb = n0 + 32 * g32;
-                if (nb < N) q8_block(ys[r][32 * g32 + (tid & 31)], Qo + (size_t)r * N + nb, Do + ((size_t)r * N + nb) / 32);
+                if (nb < N) q8_block(ys[r][32 * g32 + (tid & 31)], Qo + (size_t)r * N, nb, N, Do + ((size_t)r * N + nb) / 32);
             }
             __syncthreads();
         }
