@@ -80,8 +80,10 @@ pub struct CudaOptions {
     /// Matrix-vector products of Q4_K / Q6_K layers on 8-bit activations with dp4a (like ggml's mmvq) instead of
     /// dequantizing every weight to f32. Chosen per model, so a sequence's results do not depend on its batch.
     pub q8: bool,
-    /// Target pairs of 32-blocks per thread in those kernels (sets how many threads split one weight row).
+    /// Target pairs of 32-blocks per thread in those kernels (sets how many threads split one weight row) ...
     pub q8_iters: usize,
+    /// ... and in those of matrices under `Q8_SMALL_VALUES` values.
+    pub q8_iters_small: usize,
     /// Programmatic dependent launch inside CUDA graphs too (the 8-bit kernels load their weights before waiting
     /// for the previous kernel).
     pub graph_pdl: bool,
@@ -98,7 +100,8 @@ pub struct CudaOptions {
     /// Matrix-vector products on 8-bit activations stream their weights through shared memory with the bulk-copy
     /// engine (Hopper and later; same sums as without): chunks of rows of about `stream_kb` KiB per matrix,
     /// `stream_stages` chunks in flight per block, persistent blocks (at most `stream_bps` per multiprocessor; 0:
-    /// as many as fit).
+    /// as many as fit). Off unless `SPLASH_CUDA_STREAM=1`: slower than the register-loading kernels on the H200
+    /// (32B 104.6 vs 111.5 tok/s, 1.5B 718-732 vs 752-812; BENCHMARKS.md, stretch 6).
     pub stream: bool,
     pub stream_kb: usize,
     pub stream_stages: usize,
@@ -106,6 +109,12 @@ pub struct CudaOptions {
     /// 8-bit activation rows stored with their 16-byte chunks permuted so that the matrix-vector kernels' loads of
     /// them are coalesced (same values, same sums).
     pub xperm: bool,
+}
+
+impl CudaOptions {
+    fn q8_its(&self) -> (usize, usize) {
+        (self.q8_iters, self.q8_iters_small)
+    }
 }
 
 impl Default for CudaOptions {
@@ -135,6 +144,7 @@ impl Default for CudaOptions {
             fuse_ffn_norm,
             q8,
             q8_iters,
+            q8_iters_small: env_usize("SPLASH_CUDA_Q8_IT_SMALL", q8_iters).clamp(1, 8),
             graph_pdl: std::env::var("SPLASH_CUDA_GRAPH_PDL").is_ok_and(|v| v == "1"),
             gu_fuse: std::env::var("SPLASH_CUDA_GU_FUSE").map(|v| v != "0").unwrap_or(true),
             att_q8: std::env::var("SPLASH_CUDA_ATT_Q8").map(|v| v != "0").unwrap_or(true),
@@ -357,9 +367,14 @@ fn q8_ok(ty: GgmlType, cols: usize) -> bool {
     }
 }
 
+/// Matrices of fewer values than this take `CudaOptions::q8_iters_small` pairs per thread.
+const Q8_SMALL_VALUES: usize = 64 << 20;
+
 /// Threads that split one weight row of length `k` (`n` rows) in the 8-bit-activation kernels: enough that each
-/// takes at most `iters` pairs of 32-blocks, more for small matrices (at least ~32k threads in all), at most `cap`.
-fn q8_threads(k: usize, n: usize, iters: usize, cap: usize) -> usize {
+/// takes at most `iters` pairs of 32-blocks (`(large, small)` by the matrix's size), more for small matrices (at
+/// least ~32k threads in all), at most `cap`.
+fn q8_threads(k: usize, n: usize, (large, small): (usize, usize), cap: usize) -> usize {
+    let iters = if k * n < Q8_SMALL_VALUES { small } else { large };
     let pairs = k / 64;
     let mut p = 4;
     while p < cap && pairs.div_ceil(p) > iters {
@@ -796,7 +811,7 @@ impl CudaRunner {
         }
         // Layers (and the output matrix) on the 8-bit-activation kernels, and the instantiations they need.
         let q8_on = opts.q8 && !opts.exact_activations;
-        let it = opts.q8_iters;
+        let it = opts.q8_its();
         let mut q8k = Q8Kernels {
             gu_fuse: opts.gu_fuse,
             repack: opts.repack,
@@ -1222,7 +1237,7 @@ impl CudaRunner {
     /// Y[m, N] (+)= W X[m, K] (+ bias) on 8-bit activations (`quant` output).
     #[allow(clippy::too_many_arguments)]
     fn mmvq(&self, w: &GMat, xq: u64, xd: u64, y: u64, bias: Option<&DevBuf>, m: usize, residual: bool) -> Result<()> {
-        let pt = q8_threads(w.cols, w.rows, self.opts.q8_iters, 128);
+        let pt = q8_threads(w.cols, w.rows, self.opts.q8_its(), 128);
         let mr = pick_mr(m);
         let b = bias.map_or(0, |b| b.ptr);
         let args = Args(vec![w.buf.ptr, xq, xd, y, b, i(m), i(w.rows)]);
@@ -1333,7 +1348,7 @@ impl CudaRunner {
                 let (xq, xd) = qb(c.hidden_size);
                 self.quant(x, l.attn_norm.ptr, 0, xq, xd, m, c.hidden_size)?;
                 let rows = c.q_dim() + 2 * c.kv_dim();
-                let pt = q8_threads(c.hidden_size, rows, self.opts.q8_iters, 32);
+                let pt = q8_threads(c.hidden_size, rows, self.opts.q8_its(), 32);
                 let mr = pick_mr(m);
                 self.launch(
                     &qkvq_name(l.wq.ty, l.wk.ty, l.wv.ty, pt, mr),
@@ -1446,7 +1461,7 @@ impl CudaRunner {
                     (s.xq8b.ptr + (r0 * c.ffn_size) as u64, s.xdsb.ptr + (r0 * (c.ffn_size / 32) * 8) as u64);
                 let mut down_in_q8 = false;
                 if l.gate.ty == l.up.ty {
-                    let pt = q8_threads(l.gate.cols, l.gate.rows, self.opts.q8_iters, 32);
+                    let pt = q8_threads(l.gate.cols, l.gate.rows, self.opts.q8_its(), 32);
                     let mr = pick_mr(m);
                     down_in_q8 = guq_fused(pt) && self.opts.gu_fuse;
                     let (ty, kc, n) = (l.gate.ty, l.gate.cols, l.gate.rows);
