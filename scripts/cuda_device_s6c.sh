@@ -18,12 +18,15 @@ log "compile q15 variants"
 warm q15 X=1 & warm q15 SPLASH_CUDA_Q8_IT_SMALL=1 & warm q15 SPLASH_CUDA_Q8_IT_SMALL=2 &
 wait
 grep -h -E "rror|anic" $OUT/warm_* | head -5 | tee -a $S
+log "check q15 with 1 and 2 pairs per thread (small matrices), in the background"
+(timeout 200 env SPLASH_CUDA_Q8_IT_SMALL=1 $B cuda-check -m /tmp/q15.gguf -t 8 2>&1 | grep -E "vs|rror" > $OUT/check_it1.txt) &
+(timeout 200 env SPLASH_CUDA_Q8_IT_SMALL=2 $B cuda-check -m /tmp/q15.gguf -t 8 2>&1 | grep -E "vs|rror" > $OUT/check_it2.txt) &
+wait $SPID
 log "compile q32 variants"
-(wait $SPID; warm q32 X=1 & warm q32 SPLASH_CUDA_Q8_IT_SMALL=1 & warm q32 SPLASH_CUDA_Q8_IT_SMALL=2 & wait) &
-WPID=$!
-log "check q15, 1 pair per thread (small)"; timeout 200 env SPLASH_CUDA_Q8_IT_SMALL=1 $B cuda-check -m /tmp/q15.gguf -t 16 2>&1 | grep -E "vs|rror" | tee -a $S
-log "check q15, 2 pairs per thread (small)"; timeout 200 env SPLASH_CUDA_Q8_IT_SMALL=2 $B cuda-check -m /tmp/q15.gguf -t 16 2>&1 | grep -E "vs|rror" | tee -a $S
+warm q32 X=1 & warm q32 SPLASH_CUDA_Q8_IT_SMALL=1 & warm q32 SPLASH_CUDA_Q8_IT_SMALL=2 &
 wait
+log "check, 1 pair"; cat $OUT/check_it1.txt | tee -a $S
+log "check, 2 pairs"; cat $OUT/check_it2.txt | tee -a $S
 tg() { M=${M:-q15}; timeout ${TO:-150} env "$@" $B bench -m /tmp/$M.gguf --device cuda --prompt-tokens ${PT:-512} \
   --gen-tokens 128 --repetitions ${REPS:-3} $EXTRA 2>&1 | grep -E "^(decode|prefill|aggregate)|concurr|rror|anic|compiled" | tee -a $S; }
 EXTRA=""
