@@ -82,6 +82,12 @@ impl Runner for AnyRunner {
             AnyRunner::Cuda(r) => r.forward(batch),
         }
     }
+    fn forward_argmax(&mut self, batch: &Batch<'_>) -> models::Result<Vec<u32>> {
+        match self {
+            AnyRunner::Cpu(r) => r.forward_argmax(batch),
+            AnyRunner::Cuda(r) => r.forward_argmax(batch),
+        }
+    }
     fn logits_width(&self) -> usize {
         match self {
             AnyRunner::Cpu(r) => r.logits_width(),
