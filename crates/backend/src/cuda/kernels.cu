@@ -60,8 +60,30 @@ __device__ __forceinline__ u32 byte_of(u32 w, int k) { return (w >> (8 * k)) & 0
 // Bytes 0..63 minus 32 each (no borrow between bytes).
 __device__ __forceinline__ int sub32x4(u32 v) { return (int)(((v | 0x80808080u) - 0x20202020u) ^ 0x80808080u); }
 
-// Quantizes v (element `lane` of a 32-block) into q[lane] and ds.
-__device__ __forceinline__ void q8_block(float v, i8* q, float2* ds) {
+// Layout of 8-bit activation rows (K a multiple of 64). XPERM: the row's 16-byte chunks are permuted so that chunk
+// c sits at (c % 4) * (K / 64) + c / 4: the k-th 16 bytes of consecutive 64-value pairs are neighbours, so when
+// the lanes of a warp take consecutive pairs (the 8-bit matrix-vector kernels), each of their four 16-byte loads reads
+// 512 contiguous bytes (4 L1 wavefronts) instead of 16 bytes every 64 (16 wavefronts). Same values, same sums.
+__device__ __forceinline__ int xpos(int a, int K) {
+#if XPERM
+    const int c = a >> 4;
+    return ((c & 3) * (K >> 6) + (c >> 2)) * 16 + (a & 15);
+#else
+    return a;
+#endif
+}
+// 16-byte chunk c (values 16c .. 16c + 15) of an activation row of K values.
+template <int K> __device__ __forceinline__ int4 xchunk(const i8* xr, int c) {
+#if XPERM
+    return *(const int4*)(xr + ((c & 3) * (K / 64) + (c >> 2)) * 16);
+#else
+    return *(const int4*)(xr + c * 16);
+#endif
+}
+
+// Quantizes v (element `lane` of the 32-block starting at value a0 of the activation row qrow of K values) into
+// that row (layout: xpos) and ds.
+__device__ __forceinline__ void q8_block(float v, i8* qrow, int a0, int K, float2* ds) {
     const int lane = threadIdx.x & 31;
     const float amax = warp_max(fabsf(v));
     const float id = amax > 0.f ? 127.f / amax : 0.f;
@@ -69,7 +91,7 @@ __device__ __forceinline__ void q8_block(float v, i8* q, float2* ds) {
     int s = qi;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    q[lane] = (i8)qi;
+    qrow[xpos(a0 + lane, K)] = (i8)qi;
     if (lane == 0) {
         const float d = amax / 127.f;
         *ds = make_float2(d, d * (float)s);
@@ -919,7 +941,7 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
         }
         const size_t o = (size_t)t * Q_DIM + h * HEAD_DIM + i;
         out[o] = acc2 / LL;
-        if (qo) q8_block(acc2 / LL, qo + (o & ~(size_t)31), qd + o / 32);
+        if (qo) q8_block(acc2 / LL, qo + (size_t)t * Q_DIM, (h * HEAD_DIM + i) & ~31, Q_DIM, qd + o / 32);
     }
     if (threadIdx.x == 0) counters[t * NUM_HEADS + h] = 0;
 }
@@ -1054,7 +1076,7 @@ extern "C" __global__ void quant_q8(const float* __restrict__ x, const float* __
     const int k = blockIdx.y * 256 + threadIdx.x;
     if (k - (threadIdx.x & 31) < K) {
         const float v = g ? xr[k] * scale * g[k] : xr[k];
-        q8_block(v, q + (size_t)i * K + (k & ~31), ds + ((size_t)i * K + k) / 32);
+        q8_block(v, q + (size_t)i * K, k & ~31, K, ds + ((size_t)i * K + k) / 32);
     }
 }
 
@@ -1159,8 +1181,9 @@ __device__ __forceinline__ void pdot(const PQ4K& w, int p, const i8* __restrict_
 #pragma unroll
     for (int r = 0; r < MR; r++) {
         if (r < m) {
-            const int4* x = (const int4*)(xq + (size_t)r * K + sb * 256 + 64 * j);
-            const int4 x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+            const i8* xr = xq + (size_t)r * K;
+            const int4 x0 = xchunk<K>(xr, 4 * p), x1 = xchunk<K>(xr, 4 * p + 1), x2 = xchunk<K>(xr, 4 * p + 2),
+                       x3 = xchunk<K>(xr, 4 * p + 3);
             const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + sb * 8 + 2 * j);
             int sa = 0, sc = 0;
             sa = dp4a(lo[0], x0.x, sa); sa = dp4a(lo[1], x0.y, sa); sa = dp4a(lo[2], x0.z, sa); sa = dp4a(lo[3], x0.w, sa);
@@ -1193,9 +1216,10 @@ __device__ __forceinline__ void pdot(const PQ6K& w, int p, const i8* __restrict_
 #pragma unroll
     for (int r = 0; r < MR; r++) {
         if (r < m) {
-            const int4* xl = (const int4*)(xq + (size_t)r * K + base);
-            const int4* xh = (const int4*)(xq + (size_t)r * K + base + 64);
-            const int4 a0 = xl[0], a1 = xl[1], c0 = xh[0], c1 = xh[1];
+            const i8* xr = xq + (size_t)r * K;
+            const int cb = base >> 4;
+            const int4 a0 = xchunk<K>(xr, cb), a1 = xchunk<K>(xr, cb + 1), c0 = xchunk<K>(xr, cb + 4),
+                       c1 = xchunk<K>(xr, cb + 5);
             const float2* dr = xd + (size_t)r * (K / 32) + sb * 8 + 4 * hf + pp;
             const float dl = dr[0].x, dh = dr[2].x;
             int il0 = 0, il1 = 0, ih0 = 0, ih1 = 0;
@@ -1215,8 +1239,9 @@ __device__ __forceinline__ void pdot(const PQ8& w, int p, const i8* __restrict__
 #pragma unroll
     for (int r = 0; r < MR; r++) {
         if (r < m) {
-            const int4* x = (const int4*)(xq + (size_t)r * K + 64 * p);
-            const int4 x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+            const i8* xr = xq + (size_t)r * K;
+            const int4 x0 = xchunk<K>(xr, 4 * p), x1 = xchunk<K>(xr, 4 * p + 1), x2 = xchunk<K>(xr, 4 * p + 2),
+                       x3 = xchunk<K>(xr, 4 * p + 3);
             const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + 2 * p);
             int s0 = 0, s1 = 0;
             s0 = dp4a((int)w.q0[0], x0.x, s0); s0 = dp4a((int)w.q0[1], x0.y, s0); s0 = dp4a((int)w.q0[2], x0.z, s0);
@@ -1248,8 +1273,9 @@ __device__ __forceinline__ void pdot(const PQ5& w, int p, const i8* __restrict__
 #pragma unroll
     for (int r = 0; r < MR; r++) {
         if (r < m) {
-            const int4* x = (const int4*)(xq + (size_t)r * K + 64 * p);
-            const int4 x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+            const i8* xr = xq + (size_t)r * K;
+            const int4 x0 = xchunk<K>(xr, 4 * p), x1 = xchunk<K>(xr, 4 * p + 1), x2 = xchunk<K>(xr, 4 * p + 2),
+                       x3 = xchunk<K>(xr, 4 * p + 3);
             const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + 2 * p);
             int s0 = 0, s1 = 0;
             s0 = dp4a(a[0], x0.x, s0); s0 = dp4a(a[1], x0.y, s0); s0 = dp4a(a[2], x0.z, s0); s0 = dp4a(a[3], x0.w, s0);
@@ -1373,7 +1399,7 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
         Qo += (size_t)blockIdx.y * MR * N;
         Do += (size_t)blockIdx.y * MR * (N / 32);
         for (int r = tid >> 5; r < m; r += P)
-            if (n0 < N) q8_block(ys[r][tid & 31], Qo + (size_t)r * N + n0, Do + ((size_t)r * N + n0) / 32);
+            if (n0 < N) q8_block(ys[r][tid & 31], Qo + (size_t)r * N, n0, N, Do + ((size_t)r * N + n0) / 32);
     }
 }
 
@@ -1449,5 +1475,208 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __re
             if (v > bv || (v == bv && j < bi)) { bv = v; bi = j; }
         }
         if (lane == 0) ids[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
+    }
+}
+
+// ---- Streamed matrix-vector products (Hopper's bulk-copy engine): the same sums as mmvq / guq, in the same order
+// (each row split over P threads, pairs part, part + P, ...; the same reductions), but the weights reach the threads
+// through shared memory: one thread asks the copy engine for whole chunks of CR consecutive rows (contiguous bytes)
+// into NS stages, each stage guarded by an mbarrier that counts the bytes landing. The bytes in flight per SM are no
+// longer bounded by the registers that hold them, and blocks are persistent (chunk blockIdx.x + j * gridDim.x), so
+// the next chunks stream in while the current one is multiplied.
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+// The barrier's current phase completes once `bytes` bytes have landed (one arrival: the issuing thread's).
+__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+// Global -> shared bulk copy (16-byte aligned addresses, size a multiple of 16), completing on `bar`.
+__device__ __forceinline__ void bulk_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 phase) {
+#if __CUDA_ARCH__ >= 900
+    u32 ok;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok) : "r"(bar), "r"(phase) : "memory");
+    } while (!ok);
+#endif
+}
+
+// NM matrices (gate and up: 2) of N rows, RB bytes each, streamed in chunks of CR rows through NS stages.
+template <int RB, int CR, int NM, int NS> struct Stream {
+    static const int SB = (CR * RB + 127) / 128 * 128;  // one matrix's chunk in a stage
+    static const int SMEM = NS * NM * SB + NS * 8;      // stages, then the barriers
+    u8* sm;
+    u32 bar0;
+    int nch, N;
+    __device__ __forceinline__ Stream(u8* s, int n) : sm(s), bar0(smem_u32(s + NS * NM * SB)), nch((n + CR - 1) / CR), N(n) {
+        if (threadIdx.x == 0) {
+#pragma unroll
+            for (int i = 0; i < NS; i++) mbar_init(bar0 + 8 * i, 1);
+            mbar_fence_init();
+        }
+        __syncthreads();
+    }
+    __device__ __forceinline__ int chunk(int j) const { return blockIdx.x + j * gridDim.x; }
+    // Thread 0 only: chunk j of the block into stage j % NS.
+    __device__ __forceinline__ void issue(int j, const u8* W0, const u8* W1) {
+        const int c = chunk(j);
+        if (c >= nch) return;
+        const int s = j % NS;
+        const u32 bytes = (u32)min(CR, N - c * CR) * RB;
+        mbar_expect(bar0 + 8 * s, bytes * NM);
+        bulk_g2s(smem_u32(sm + (s * NM) * SB), W0 + (size_t)c * CR * RB, bytes, bar0 + 8 * s);
+        if (NM > 1) bulk_g2s(smem_u32(sm + (s * NM + 1) * SB), W1 + (size_t)c * CR * RB, bytes, bar0 + 8 * s);
+    }
+    __device__ __forceinline__ const u8* wait(int j, int mat) const {
+        const int s = j % NS;
+        mbar_wait(bar0 + 8 * s, (u32)((j / NS) & 1));
+        return sm + (s * NM + mat) * SB;
+    }
+};
+
+template <int T, int K, int MR, int MODE, int P, int CR, int NS>
+__device__ __forceinline__ void mmvs_body(const u8* __restrict__ W, const i8* __restrict__ Xq,
+                                          const float2* __restrict__ Xd, float* __restrict__ Y,
+                                          const float* __restrict__ bias, int m, int N) {
+    extern __shared__ __align__(128) u8 dsm[];
+    const int RB = (K / Fmt<T>::BLOCK) * Fmt<T>::BYTES, RPP = 128 / P;
+    const int tid = threadIdx.x, part = tid % P;
+    Xq += (size_t)blockIdx.y * MR * K;
+    Xd += (size_t)blockIdx.y * MR * (K / 32);
+    Y += (size_t)blockIdx.y * MR * N;
+    m = min(m - (int)blockIdx.y * MR, MR);
+    Stream<RB, CR, 1, NS> st(dsm, N);
+    if (tid == 0)
+        for (int j = 0; j < NS; j++) st.issue(j, W, W);
+    pdl_wait();
+    __shared__ float red[4][MR];
+    for (int j = 0; st.chunk(j) < st.nch; j++) {
+        const u8* w = st.wait(j, 0);
+        const int c = st.chunk(j);
+        for (int lr = tid / P; lr < CR; lr += RPP) {
+            const int n = c * CR + lr;
+            RowQ<T, K, P> rq;
+            rq.load(w + (size_t)lr * RB, part);
+            float acc[MR];
+            rq.template dot<MR>(part, Xq, Xd, m, acc);
+            if (P > 32) {
+                const int wid = tid >> 5;
+                if ((tid & 31) == 0) {
+#pragma unroll
+                    for (int r = 0; r < MR; r++) red[wid][r] = acc[r];
+                }
+                __syncthreads();
+                if (part == 0) {
+#pragma unroll
+                    for (int r = 0; r < MR; r++) {
+                        float v = 0.f;
+                        for (int w2 = 0; w2 < P / 32; w2++) v += red[wid + w2][r];
+                        acc[r] = v;
+                    }
+                }
+                __syncthreads();
+            }
+            if (part == 0 && n < N) {
+                const float b = bias ? bias[n] : 0.f;
+#pragma unroll
+                for (int r = 0; r < MR; r++) {
+                    if (r < m) {
+                        if (MODE == 1) Y[(size_t)r * N + n] += acc[r] + b;
+                        else Y[(size_t)r * N + n] = acc[r] + b;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        if (tid == 0) {
+            fence_proxy_async();
+            st.issue(j + NS, W, W);
+        }
+    }
+}
+
+// Gate and up streamed together, writing silu(gate) * up; QOUT (CR a multiple of 32): also its 8-bit copy per
+// 32 rows, as guq does.
+template <int T, int K, int MR, int P, int CR, int NS, bool QOUT>
+__device__ __forceinline__ void gus_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
+                                         const i8* __restrict__ Xq, const float2* __restrict__ Xd,
+                                         float* __restrict__ Y, int m, int N, i8* __restrict__ Qo,
+                                         float2* __restrict__ Do) {
+    extern __shared__ __align__(128) u8 dsm[];
+    const int RB = (K / Fmt<T>::BLOCK) * Fmt<T>::BYTES, RPP = 128 / P;
+    const int tid = threadIdx.x, part = tid % P;
+    Xq += (size_t)blockIdx.y * MR * K;
+    Xd += (size_t)blockIdx.y * MR * (K / 32);
+    Y += (size_t)blockIdx.y * MR * N;
+    Qo += (size_t)blockIdx.y * MR * N;
+    Do += (size_t)blockIdx.y * MR * (N / 32);
+    m = min(m - (int)blockIdx.y * MR, MR);
+    Stream<RB, CR, 2, NS> st(dsm, N);
+    if (tid == 0)
+        for (int j = 0; j < NS; j++) st.issue(j, Wg, Wu);
+    pdl_wait();
+    __shared__ float ys[QOUT ? MR : 1][QOUT ? CR : 1];
+    for (int j = 0; st.chunk(j) < st.nch; j++) {
+        const u8* wg = st.wait(j, 0);
+        const u8* wu = wg + Stream<RB, CR, 2, NS>::SB;
+        const int c = st.chunk(j);
+        for (int lr = tid / P; lr < CR; lr += RPP) {
+            const int n = c * CR + lr;
+            RowQ<T, K, P> g, u;
+            g.load(wg + (size_t)lr * RB, part);
+            u.load(wu + (size_t)lr * RB, part);
+            float a[MR], cc[MR];
+            g.template dot<MR>(part, Xq, Xd, m, a);
+            u.template dot<MR>(part, Xq, Xd, m, cc);
+            if (part == 0 && n < N) {
+#pragma unroll
+                for (int r = 0; r < MR; r++)
+                    if (r < m) {
+                        a[r] = a[r] / (1.f + __expf(-a[r])) * cc[r];
+                        Y[(size_t)r * N + n] = a[r];
+                        if (QOUT) ys[r][lr] = a[r];
+                    }
+            }
+        }
+        __syncthreads();
+        if (QOUT) {
+            // (CR / 32) blocks of 32 rows times m activation rows, one warp each.
+            const int n0 = c * CR;
+            for (int wq = tid >> 5; wq < (CR / 32) * m; wq += 4) {
+                const int g32 = wq % (CR / 32), r = wq / (CR / 32);
+                const int nb = n0 + 32 * g32;
+                if (nb < N) q8_block(ys[r][32 * g32 + (tid & 31)], Qo + (size_t)r * N, nb, N, Do + ((size_t)r * N + nb) / 32);
+            }
+            __syncthreads();
+        }
+        if (tid == 0) {
+            fence_proxy_async();
+            st.issue(j + NS, Wg, Wu);
+        }
     }
 }
