@@ -68,10 +68,10 @@ pub fn main(a: Args) -> Result<()> {
     crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, a.device, false)?;
     let encode = |text: &str| -> Result<Vec<u32>> {
         let mut ids = tokenizer.encode(text, true)?;
-        if let Some(bos) = tokenizer.bos().filter(|_| tokenizer.add_bos()) {
-            if ids.first() != Some(&bos) {
-                ids.insert(0, bos);
-            }
+        if let Some(bos) = tokenizer.bos().filter(|_| tokenizer.add_bos())
+            && ids.first() != Some(&bos)
+        {
+            ids.insert(0, bos);
         }
         Ok(ids)
     };

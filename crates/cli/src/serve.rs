@@ -219,10 +219,10 @@ pub fn main(a: Args) -> Result<()> {
             Ok(s) => eprintln!("prefix cache on disk: {} ({} blocks)", s.dir().display(), s.num_blocks()),
             Err(e) => eprintln!("warning: no prefix cache on disk ({}): {e}", root.display()),
         }
-        if let Some(d) = engine.draft_mut() {
-            if let Err(e) = d.enable_prefix_store(&root, a.prefix_cache_disk) {
-                eprintln!("warning: no draft prefix cache on disk: {e}");
-            }
+        if let Some(d) = engine.draft_mut()
+            && let Err(e) = d.enable_prefix_store(&root, a.prefix_cache_disk)
+        {
+            eprintln!("warning: no draft prefix cache on disk: {e}");
         }
     }
     if let Some(name) = &draft {

@@ -133,7 +133,8 @@ fn bad_batches_are_refused_and_change_nothing() {
     forward(&mut r, vec![chunk(1, &[1, 2, 3], 0, LogitsWanted::None)]);
     let before = forward(&mut r, vec![chunk(9, &[1, 2, 3, 4], 0, LogitsWanted::Last)]);
     r.truncate(SeqId(9), 3);
-    let cases: Vec<(Vec<SeqChunk>, fn(&Error) -> bool)> = vec![
+    type Case<'a> = (Vec<SeqChunk<'a>>, fn(&Error) -> bool);
+    let cases: Vec<Case> = vec![
         (vec![chunk(1, &[4], 5, LogitsWanted::Last)], |e| matches!(e, Error::BadPosition { .. })),
         (vec![chunk(1, &[VOCAB as u32], 3, LogitsWanted::Last)], |e| matches!(e, Error::BadToken(_))),
         (vec![chunk(1, &[1; CONTEXT], 3, LogitsWanted::Last)], |e| matches!(e, Error::ContextOverflow(..))),
