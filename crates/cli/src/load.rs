@@ -46,7 +46,7 @@ impl AnyRunner {
         }
     }
 
-    /// The memory plan's KV pages (CPU). The GPU sizes its own KV pool from free device memory at load.
+    /// The memory plan's KV pages (CPU). A GPU runner's pool was sized at load ([`set_planned_kv_tokens`]).
     pub fn set_kv_blocks(&mut self, num_blocks: usize) {
         if let AnyRunner::Cpu(r) = self {
             r.set_kv_blocks(num_blocks)
@@ -150,9 +150,23 @@ impl Runner for AnyRunner {
     }
 }
 
-/// CUDA options for the command line: kernels cached under `$SPLASH_HOME/kernels`.
+/// KV tokens of the GPU pool that `serve`'s memory plan gave (0: none, the runner sizes its own from free memory).
+static PLANNED_KV_TOKENS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Makes every CUDA runner built from now on hold `tokens` KV tokens (`serve` sets its memory plan's pool before it
+/// loads the target and the draft, whose KV the plan counts together).
+pub fn set_planned_kv_tokens(tokens: usize) {
+    PLANNED_KV_TOKENS.store(tokens, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// CUDA options for the command line: kernels cached under `$SPLASH_HOME/kernels`; the KV pool from the memory plan
+/// where one was set ([`set_planned_kv_tokens`]).
 pub fn cuda_options() -> CudaOptions {
-    CudaOptions { cache_dir: Some(pack::home().join("kernels")), ..CudaOptions::default() }
+    CudaOptions {
+        cache_dir: Some(pack::home().join("kernels")),
+        kv_tokens: PLANNED_KV_TOKENS.load(std::sync::atomic::Ordering::Relaxed),
+        ..CudaOptions::default()
+    }
 }
 
 /// Builds the runner for `device` over a parsed file.

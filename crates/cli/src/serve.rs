@@ -10,7 +10,7 @@ use api::{AppState, ServerConfig};
 use engine::service::{EngineHandle, ServiceConfig};
 use engine::{Engine, EngineConfig};
 
-use crate::load::{Loaded, load};
+use crate::load::{Device, Loaded, load};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -113,10 +113,15 @@ fn default_model_id(model: &str) -> String {
 
 /// The memory plan for serving `model` (with its draft, when speculation uses one) on this machine; refuses with the
 /// breakdown when not even a minimal context fits.
-fn memory_plan(a: &Args) -> Result<plan::Plan> {
+/// The memory plan for the device `serve` will run on: free device memory (cuMemGetInfo) with `--device cuda`, or
+/// with `auto` where a GPU is usable; this machine's memory otherwise.
+fn memory_plan(a: &Args, device: plan::Device) -> Result<plan::Plan> {
     let path = crate::load::model_path(&a.model)?;
-    let mut input =
-        plan::PlanInput::new(plan_input(&a.model, &path)?, crate::plan::device_memory(None)?, plan::Device::Cpu);
+    let memory = match device {
+        plan::Device::Cuda => crate::plan::cuda_memory()?,
+        plan::Device::Cpu => crate::plan::device_memory(None)?,
+    };
+    let mut input = plan::PlanInput::new(plan_input(&a.model, &path)?, memory, device);
     if let Some(draft) = a.spec.draft_model(&a.model) {
         input.draft = Some(plan_input(&draft, &crate::load::model_path(&draft)?)?);
     }
@@ -176,7 +181,15 @@ fn apply_pack_sampling(dst: &mut engine::SamplingParams, src: &pack::Sampling) {
 }
 
 pub fn main(a: Args) -> Result<()> {
-    let plan = memory_plan(&a)?;
+    let gpu = match a.device {
+        Device::Cuda => true,
+        Device::Auto => backend::cuda::available().is_ok(),
+        Device::Cpu => false,
+    };
+    let mut plan = memory_plan(&a, if gpu { plan::Device::Cuda } else { plan::Device::Cpu })?;
+    if gpu {
+        crate::load::set_planned_kv_tokens(plan.num_kv_pages * plan.page_tokens);
+    }
     eprintln!(
         "plan: context {} tokens x {} sequences, batch {} tokens, KV {} pages of {} tokens ({}); budget {} of {} available",
         plan.max_context,
@@ -190,6 +203,15 @@ pub fn main(a: Args) -> Result<()> {
     );
     let t0 = std::time::Instant::now();
     let Loaded { mut runner, tokenizer, template, .. } = load(&a.model, a.threads, a.device)?;
+    if gpu && !matches!(runner, crate::load::AnyRunner::Cuda(_)) {
+        // `auto` fell back to the CPU after all: plan for this machine's memory instead.
+        crate::load::set_planned_kv_tokens(0);
+        plan = memory_plan(&a, plan::Device::Cpu)?;
+        eprintln!(
+            "plan (CPU): context {} tokens x {} sequences, KV {} pages",
+            plan.max_context, plan.max_sequences, plan.num_kv_pages
+        );
+    }
     let template = apply_pack_template(&a.model, template)?;
     runner.limit_context(plan.max_context);
     runner.set_kv_blocks(plan.num_kv_pages);
