@@ -309,6 +309,15 @@ fn spec_bench(a: &Args) -> Result<()> {
         let t1 = costs.target(1);
         let curve: Vec<String> = costs.target.iter().map(|&(r, t)| format!("{r}:{:.2}", t / t1)).collect();
         println!("pass cost (rows: × one row): {}; draft pass {:.2} ×", curve.join(" "), costs.draft_s / t1);
+        let buckets: Vec<String> = engine
+            .confidence()
+            .buckets()
+            .filter(|b| b.2 > 0.0)
+            .map(|(lo, hi, n, a)| format!("[{lo}, {hi}): {n:.0} at {:.1}%", 100.0 * a / n))
+            .collect();
+        if !buckets.is_empty() {
+            println!("greedy draft tokens verified, by the draft's probability: {}", buckets.join(", "));
+        }
     }
     Ok(())
 }

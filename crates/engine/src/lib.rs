@@ -371,6 +371,11 @@ impl<R: Runner> Engine<R> {
     }
 
     /// The pass costs as the passes run since calibration measured them.
+    /// Acceptance of greedy draft tokens by the draft's confidence, as learned so far.
+    pub fn confidence(&self) -> &spec::Confidence {
+        &self.confidence
+    }
+
     pub fn live_pass_costs(&self) -> &PassCosts {
         &self.live_costs
     }

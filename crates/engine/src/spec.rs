@@ -204,6 +204,15 @@ impl Confidence {
         (a + CONFIDENCE_PRIOR * Self::prior(b)) / (n + CONFIDENCE_PRIOR)
     }
 
+    /// Per bucket: its confidence range, the (decayed) number of verified draft tokens in it and how many of them
+    /// were accepted.
+    pub fn buckets(&self) -> impl Iterator<Item = (f32, f32, f64, f64)> + '_ {
+        self.counts.iter().enumerate().map(|(b, &(n, a))| {
+            let lo = if b == 0 { 0.0 } else { CONFIDENCE_EDGES[b - 1] };
+            (lo, CONFIDENCE_EDGES.get(b).copied().unwrap_or(1.0), n, a)
+        })
+    }
+
     /// Folds in one verified draft token.
     pub fn update(&mut self, conf: f32, accepted: bool) {
         let c = &mut self.counts[Self::bucket(conf)];
