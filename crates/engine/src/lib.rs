@@ -370,12 +370,12 @@ impl<R: Runner> Engine<R> {
         &self.costs
     }
 
-    /// The pass costs as the passes run since calibration measured them.
     /// Acceptance of greedy draft tokens by the draft's confidence, as learned so far.
     pub fn confidence(&self) -> &spec::Confidence {
         &self.confidence
     }
 
+    /// The pass costs as the passes run since calibration measured them.
     pub fn live_pass_costs(&self) -> &PassCosts {
         &self.live_costs
     }
@@ -805,26 +805,23 @@ impl<R: Runner> Engine<R> {
         base_rows: usize,
         num_decoding: usize,
     ) {
-        // Per proposal: (chance that all its drafts so far are accepted, acceptance of its last one).
-        let chains: Vec<(f64, f64)> = props
+        // Per proposal: (chance that all its drafts so far are accepted, acceptance of its last one, expected
+        // accepted drafts: the sum of the chances of each prefix).
+        let chains: Vec<(f64, f64, f64)> = props
             .iter()
             .map(|(_, p)| {
-                p.conf.iter().fold((1.0, 1.0), |(chain, _), &c| {
+                p.conf.iter().fold((1.0, 1.0, 0.0), |(chain, _, sum), &c| {
                     let a = self.confidence.acceptance(c);
-                    (chain * a, a)
+                    (chain * a, a, sum + chain * a)
                 })
             })
             .collect();
         let mut expected = num_decoding.max(1) as f64;
         let mut rows = base_rows;
         let mut draft_depth = drafted;
-        for (_, p) in props.iter() {
+        for ((_, p), &(_, _, gain)) in props.iter().zip(&chains) {
             if p.guided {
-                let mut chain = 1.0;
-                for &c in &p.conf {
-                    chain *= self.confidence.acceptance(c);
-                    expected += chain;
-                }
+                expected += gain;
                 rows += p.conf.len();
             } else if p.method.is_some() {
                 expected += spec::expected_tokens(p.rate, p.tokens.len()) - 1.0;
@@ -834,7 +831,7 @@ impl<R: Runner> Engine<R> {
                 }
             }
         }
-        for ((_, p), &(chain, last)) in props.iter_mut().zip(&chains) {
+        for ((_, p), &(chain, last, _)) in props.iter_mut().zip(&chains) {
             if !p.guided || p.tokens.len() <= drafted || p.conf.len() != drafted {
                 continue;
             }
