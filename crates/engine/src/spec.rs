@@ -191,9 +191,14 @@ impl Confidence {
         CONFIDENCE_EDGES.iter().filter(|&&e| conf >= e).count()
     }
 
-    fn prior(bucket: usize) -> f64 {
+    /// The confidences of `bucket`: `lo..hi`.
+    fn range(bucket: usize) -> (f32, f32) {
         let lo = if bucket == 0 { 0.0 } else { CONFIDENCE_EDGES[bucket - 1] };
-        let hi = CONFIDENCE_EDGES.get(bucket).copied().unwrap_or(1.0);
+        (lo, CONFIDENCE_EDGES.get(bucket).copied().unwrap_or(1.0))
+    }
+
+    fn prior(bucket: usize) -> f64 {
+        let (lo, hi) = Self::range(bucket);
         f64::from(lo + hi) / 2.0
     }
 
@@ -208,8 +213,8 @@ impl Confidence {
     /// were accepted.
     pub fn buckets(&self) -> impl Iterator<Item = (f32, f32, f64, f64)> + '_ {
         self.counts.iter().enumerate().map(|(b, &(n, a))| {
-            let lo = if b == 0 { 0.0 } else { CONFIDENCE_EDGES[b - 1] };
-            (lo, CONFIDENCE_EDGES.get(b).copied().unwrap_or(1.0), n, a)
+            let (lo, hi) = Self::range(b);
+            (lo, hi, n, a)
         })
     }
 
