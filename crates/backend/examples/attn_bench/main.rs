@@ -56,11 +56,9 @@ fn main() {
             let old_seq =
                 old::SeqAttn { k: seq.k.clone(), v: seq.v.clone(), block_tokens: 16, start_pos: start, num_rows: rows };
             let old_shape = old::AttnShape { num_heads, num_kv_heads, head_dim: hd, scale: shape.scale };
-            // The old kernel, then every available AVX-512 kernel (or the selected one), alternately.
-            let kernels: Vec<AttnKernel> = AttnKernel::available()
-                .into_iter()
-                .filter(|k| matches!(k, AttnKernel::Bf16 | AttnKernel::Bf16Values | AttnKernel::Avx512))
-                .collect();
+            // The old kernel, then every available SIMD kernel (or the selected one), alternately.
+            let kernels: Vec<AttnKernel> =
+                AttnKernel::available().into_iter().filter(|k| !matches!(k, AttnKernel::Portable)).collect();
             let kernels = if kernels.is_empty() { vec![AttnKernel::selected()] } else { kernels };
             let mut outs = vec![vec![0f32; rows * qd]; kernels.len()];
             let mut out_old = vec![0f32; rows * qd];

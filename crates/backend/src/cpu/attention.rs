@@ -257,7 +257,7 @@ impl AttnKernel {
 type TileFn = fn(AttnShape, &[f32], &SeqAttn<'_>, &Task, OutPtr, &mut Scratch);
 
 fn tile_portable(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-    tile::<false, false, false>(shape, q, s, t, out, sc)
+    tile::<false, false, false, 8>(shape, q, s, t, out, sc)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -274,15 +274,15 @@ mod x86 {
         out: OutPtr,
         sc: &mut Scratch,
     ) {
-        tile::<true, QK, true>(shape, q, s, t, out, sc)
+        tile::<true, QK, true, 64>(shape, q, s, t, out, sc)
     }
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
     unsafe fn tile_512(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-        tile::<true, false, false>(shape, q, s, t, out, sc)
+        tile::<true, false, false, 64>(shape, q, s, t, out, sc)
     }
     #[target_feature(enable = "avx2,fma")]
     unsafe fn tile_256(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-        tile::<true, false, false>(shape, q, s, t, out, sc)
+        tile::<true, false, false, 16>(shape, q, s, t, out, sc)
     }
     // SAFETY (all): installed only after the features were detected at run time (`AttnKernel::available`).
     pub fn tile_bf16(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
@@ -518,7 +518,7 @@ fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
 /// `QK_BF16` / `PV_BF16`: the score / value product with `vdpbf16ps` (only instantiated inside functions compiled
 /// with AVX-512 BF16, which [`x86::dp_rows`] needs).
 #[inline(always)]
-fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool>(
+fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool, const W: usize>(
     shape: AttnShape,
     q: &[f32],
     s: &SeqAttn<'_>,
@@ -580,7 +580,7 @@ fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool>(
             #[cfg(target_arch = "x86_64")]
             block_scores_bf16(hd, scale, &sc.qb, &sc.ktb, v0, r, &mut sc.scores);
         } else {
-            block_scores::<FMA>(hd, scale, &sc.q, &sc.kt, v0, r, &mut sc.scores);
+            block_scores::<FMA, W>(hd, scale, &sc.q, &sc.kt, v0, r, &mut sc.scores);
         }
         for v in v0..r {
             let nk_v = keys_seen(v);
@@ -631,7 +631,7 @@ fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool>(
             #[cfg(target_arch = "x86_64")]
             block_values_bf16(hd, &sc.pb, &sc.vb, v0, r, &keys_seen, &mut sc.acc);
         } else {
-            block_values::<FMA>(hd, &sc.scores, &sc.v, v0, r, &keys_seen, &mut sc.acc);
+            block_values::<FMA, W>(hd, &sc.scores, &sc.v, v0, r, &keys_seen, &mut sc.acc);
         }
         kb += KEY_BLOCK;
     }
@@ -711,23 +711,36 @@ fn load_block<const QK_BF16: bool, const PV_BF16: bool>(
 /// `scores[v, j] = scale · Σ_d q[v, d] · kt[d, j]` for query vectors `v0..r`, the sum in `d` order, [`VEC_TILE`]
 /// vectors at a time (or one: the same operations per score either way).
 #[inline(always)]
-fn block_scores<const FMA: bool>(hd: usize, scale: f32, q: &[f32], kt: &[f32], v0: usize, r: usize, out: &mut [f32]) {
+fn block_scores<const FMA: bool, const W: usize>(
+    hd: usize,
+    scale: f32,
+    q: &[f32],
+    kt: &[f32],
+    v0: usize,
+    r: usize,
+    out: &mut [f32],
+) {
+    const { assert!(KEY_BLOCK % W == 0) };
     let mut v = v0;
     while v + VEC_TILE <= r {
-        let mut acc = [[0f32; KEY_BLOCK]; VEC_TILE];
         let qs: [&[f32]; VEC_TILE] = std::array::from_fn(|i| &q[(v + i) * hd..(v + i + 1) * hd]);
-        for (d, k) in kt[..hd * KEY_BLOCK].chunks_exact(KEY_BLOCK).enumerate() {
-            let k: [f32; KEY_BLOCK] = k.try_into().unwrap();
-            for (a, qi) in acc.iter_mut().zip(&qs) {
-                let x = qi[d];
-                for j in 0..KEY_BLOCK {
-                    a[j] = fmadd::<FMA>(x, k[j], a[j]);
+        // `W` keys at a time: `VEC_TILE` × `W` accumulators stay in registers (W = 64 on AVX-512's 32 registers, 16
+        // on AVX2's 16: wider, they spill and the loop runs from memory).
+        for c0 in (0..KEY_BLOCK).step_by(W) {
+            let mut acc = [[0f32; W]; VEC_TILE];
+            for d in 0..hd {
+                let k: [f32; W] = kt[d * KEY_BLOCK + c0..][..W].try_into().unwrap();
+                for (a, qi) in acc.iter_mut().zip(&qs) {
+                    let x = qi[d];
+                    for j in 0..W {
+                        a[j] = fmadd::<FMA>(x, k[j], a[j]);
+                    }
                 }
             }
-        }
-        for (i, a) in acc.iter().enumerate() {
-            for (o, x) in out[(v + i) * KEY_BLOCK..(v + i + 1) * KEY_BLOCK].iter_mut().zip(a) {
-                *o = x * scale;
+            for (i, a) in acc.iter().enumerate() {
+                for (o, x) in out[(v + i) * KEY_BLOCK + c0..][..W].iter_mut().zip(a) {
+                    *o = x * scale;
+                }
             }
         }
         v += VEC_TILE;
@@ -842,7 +855,7 @@ fn block_values_bf16(
 /// [`VEC_TILE`] at a time over the keys all of them see, then each alone over the rest of its keys, which continues
 /// the same per-element chains.
 #[inline(always)]
-fn block_values<const FMA: bool>(
+fn block_values<const FMA: bool, const W: usize>(
     hd: usize,
     p: &[f32],
     vals: &[f32],
@@ -855,24 +868,25 @@ fn block_values<const FMA: bool>(
     while v < r {
         let nv = VEC_TILE.min(r - v);
         let common = (v..v + nv).map(keys_seen).min().unwrap_or(0);
-        if nv == VEC_TILE && hd.is_multiple_of(64) {
-            for d0 in (0..hd).step_by(64) {
-                let mut a = [[0f32; 64]; VEC_TILE];
+        // `W` columns at a time, so the `VEC_TILE` × `W` accumulators stay in registers (as in `block_scores`).
+        if nv == VEC_TILE && hd.is_multiple_of(W) {
+            for d0 in (0..hd).step_by(W) {
+                let mut a = [[0f32; W]; VEC_TILE];
                 for (i, ai) in a.iter_mut().enumerate() {
-                    ai.copy_from_slice(&acc[(v + i) * hd + d0..][..64]);
+                    ai.copy_from_slice(&acc[(v + i) * hd + d0..][..W]);
                 }
                 let ps: [&[f32]; VEC_TILE] = std::array::from_fn(|i| &p[(v + i) * KEY_BLOCK..][..common]);
                 for (j, x) in vals[..common * hd].chunks_exact(hd).enumerate() {
-                    let x: [f32; 64] = x[d0..d0 + 64].try_into().unwrap();
+                    let x: [f32; W] = x[d0..d0 + W].try_into().unwrap();
                     for (ai, pi) in a.iter_mut().zip(&ps) {
                         let w = pi[j];
-                        for d in 0..64 {
+                        for d in 0..W {
                             ai[d] = fmadd::<FMA>(w, x[d], ai[d]);
                         }
                     }
                 }
                 for (i, ai) in a.iter().enumerate() {
-                    acc[(v + i) * hd + d0..][..64].copy_from_slice(ai);
+                    acc[(v + i) * hd + d0..][..W].copy_from_slice(ai);
                 }
             }
         } else {
