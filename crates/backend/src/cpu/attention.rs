@@ -720,7 +720,7 @@ fn block_scores<const FMA: bool, const W: usize>(
     r: usize,
     out: &mut [f32],
 ) {
-    const { assert!(KEY_BLOCK % W == 0) };
+    const { assert!(KEY_BLOCK.is_multiple_of(W)) };
     let mut v = v0;
     while v + VEC_TILE <= r {
         let qs: [&[f32]; VEC_TILE] = std::array::from_fn(|i| &q[(v + i) * hd..(v + i + 1) * hd]);
