@@ -412,6 +412,69 @@ mod x86 {
         }
     }
 
+    /// The keys of [`load_block`] for the f32 kernels (AVX2 and AVX-512 f32), transposed 8 × 8 in registers instead
+    /// of one scattered store per element; the same values.
+    ///
+    /// # Safety
+    /// Needs AVX2, FMA and F16C; `hd` a multiple of 8; `kt` at least `hd · KEY_BLOCK` long.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn load_keys_f32(
+        s: &SeqAttn<'_>,
+        kb: usize,
+        nk: usize,
+        col: usize,
+        hd: usize,
+        kv_dim: usize,
+        kt: &mut [f32],
+    ) {
+        assert!(hd.is_multiple_of(8) && kt.len() >= hd * KEY_BLOCK);
+        let row = |j: usize| -> *const u16 {
+            let (blk, r) = ((kb + j) / s.block_tokens, (kb + j) % s.block_tokens);
+            s.k[blk][r * kv_dim + col..][..hd].as_ptr()
+        };
+        unsafe {
+            for j0 in (0..KEY_BLOCK).step_by(8) {
+                let n = nk.saturating_sub(j0).min(8);
+                let rows: [*const u16; 8] = std::array::from_fn(|j| if j < n { row(j0 + j) } else { row(0) });
+                for c in (0..hd).step_by(8) {
+                    let mut r = [_mm256_setzero_ps(); 8];
+                    for (j, rj) in r.iter_mut().enumerate().take(n) {
+                        *rj = _mm256_cvtph_ps(_mm_loadu_si128(rows[j].add(c).cast()));
+                    }
+                    if n > 0 {
+                        transpose8(&mut r);
+                    }
+                    for (i, ri) in r.iter().enumerate() {
+                        _mm256_storeu_ps(kt.as_mut_ptr().add((c + i) * KEY_BLOCK + j0), *ri);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Transposes 8 rows of 8 floats in place.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    unsafe fn transpose8(r: &mut [__m256; 8]) {
+        // Pairs of rows, then quads within 128-bit lanes: s[4h + b] holds rows 4h..4h + 4 of column b (low lane) and
+        // 4 + b (high lane); then the lanes are recombined.
+        let t: [__m256; 8] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 { _mm256_unpacklo_ps(a, b) } else { _mm256_unpackhi_ps(a, b) }
+        });
+        let s: [__m256; 8] = std::array::from_fn(|i| {
+            let (h, b) = (i / 4, i % 4);
+            let (x, y) = (t[4 * h + b / 2], t[4 * h + 2 + b / 2]);
+            if b % 2 == 0 { _mm256_shuffle_ps::<0x44>(x, y) } else { _mm256_shuffle_ps::<0xEE>(x, y) }
+        });
+        for b in 0..4 {
+            r[b] = _mm256_permute2f128_ps::<0x20>(s[b], s[4 + b]);
+            r[4 + b] = _mm256_permute2f128_ps::<0x31>(s[b], s[4 + b]);
+        }
+    }
+
     /// Transposes 16 rows of 16 floats in place (row `j`, column `i` -> row `i`, column `j`).
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -570,8 +633,16 @@ fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool, const W: usiz
             unsafe {
                 x86::load_block_f32_keys_bf16_values(s, kb, nk, col, hd, kv_dim, &mut sc.kt, &mut sc.vb)
             };
+        } else if cfg!(target_arch = "x86_64") && FMA && !QK_BF16 && hd.is_multiple_of(8) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: FMA kernels are instantiated only inside `x86::tile_512` / `x86::tile_256` (AVX2, FMA and F16C
+            // detected); hd is a multiple of 8 and `sc.kt` holds `hd · KEY_BLOCK`.
+            unsafe {
+                x86::load_keys_f32(s, kb, nk, col, hd, kv_dim, &mut sc.kt)
+            };
+            load_block::<QK_BF16, PV_BF16, false>(s, kb, nk, col, hd, kv_dim, sc);
         } else {
-            load_block::<QK_BF16, PV_BF16>(s, kb, nk, col, hd, kv_dim, sc);
+            load_block::<QK_BF16, PV_BF16, true>(s, kb, nk, col, hd, kv_dim, sc);
         }
         // Query vectors that see at least one key of this block: rows at positions >= kb.
         let v0 = kb.saturating_sub(base) * group;
@@ -649,11 +720,12 @@ fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool, const W: usiz
     }
 }
 
-/// Converts key block `kb..kb + nk` of KV head columns `col..col + hd` for the tile: keys transposed into `sc.kt`
-/// (`[hd, KEY_BLOCK]` f32) or as bf16 pairs into `sc.ktb`, values into `sc.v` (`[KEY_BLOCK, hd]` f32) and, for the bf16
-/// value product, as bf16 pairs of consecutive keys into `sc.vb`; everything past `nk` keys is zero.
+/// Converts key block `kb..kb + nk` of KV head columns `col..col + hd` for the tile: keys (unless `KEYS` is false: a
+/// vector loader did them) transposed into `sc.kt` (`[hd, KEY_BLOCK]` f32) or as bf16 pairs into `sc.ktb`, values into
+/// `sc.v` (`[KEY_BLOCK, hd]` f32) and, for the bf16 value product, as bf16 pairs of consecutive keys into `sc.vb`;
+/// everything past `nk` keys is zero.
 #[inline(always)]
-fn load_block<const QK_BF16: bool, const PV_BF16: bool>(
+fn load_block<const QK_BF16: bool, const PV_BF16: bool, const KEYS: bool>(
     s: &SeqAttn<'_>,
     kb: usize,
     nk: usize,
@@ -664,19 +736,21 @@ fn load_block<const QK_BF16: bool, const PV_BF16: bool>(
 ) {
     for j in 0..nk {
         let (blk, row) = ((kb + j) / s.block_tokens, (kb + j) % s.block_tokens);
-        half_to_f32(&s.k[blk][row * kv_dim + col..][..hd], &mut sc.row);
-        if QK_BF16 {
-            for (e, p) in sc.row.chunks_exact(2).enumerate() {
-                sc.ktb[e * KEY_BLOCK + j] = bf16_pair(p[0], p[1]);
-            }
-        } else {
-            for (d, &x) in sc.row.iter().enumerate() {
-                sc.kt[d * KEY_BLOCK + j] = x;
+        if KEYS {
+            half_to_f32(&s.k[blk][row * kv_dim + col..][..hd], &mut sc.row);
+            if QK_BF16 {
+                for (e, p) in sc.row.chunks_exact(2).enumerate() {
+                    sc.ktb[e * KEY_BLOCK + j] = bf16_pair(p[0], p[1]);
+                }
+            } else {
+                for (d, &x) in sc.row.iter().enumerate() {
+                    sc.kt[d * KEY_BLOCK + j] = x;
+                }
             }
         }
         half_to_f32(&s.v[blk][row * kv_dim + col..][..hd], &mut sc.v[j * hd..(j + 1) * hd]);
     }
-    if nk < KEY_BLOCK {
+    if KEYS && nk < KEY_BLOCK {
         if QK_BF16 {
             for e in 0..hd / 2 {
                 sc.ktb[e * KEY_BLOCK + nk..(e + 1) * KEY_BLOCK].fill(0);
@@ -943,7 +1017,7 @@ mod tests {
         half::f16::from_bits(bits).to_f64()
     }
 
-    /// The vectorised key/value loader writes exactly what the portable one does: every key block length, block
+    /// The vectorised loaders (bf16 values, f32 keys) write exactly what the portable one does: every key block length, block
     /// size, KV head column and value (incl. f16 subnormals, zeros and large magnitudes).
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -992,7 +1066,7 @@ mod tests {
                     want.v.resize(KEY_BLOCK * hd, 0.0);
                     want.vb.resize(KEY_BLOCK / 2 * hd, 7);
                     want.row.resize(hd, 0.0);
-                    load_block::<false, true>(&s, kb, nk, col, hd, kv_dim, &mut want);
+                    load_block::<false, true, true>(&s, kb, nk, col, hd, kv_dim, &mut want);
                     let mut kt = vec![f32::NAN; hd * KEY_BLOCK];
                     let mut vb = vec![7u32; KEY_BLOCK / 2 * hd];
                     // SAFETY: features checked above; sizes as required.
@@ -1001,6 +1075,11 @@ mod tests {
                     let at = format!("block_tokens {block_tokens}, keys {kb}+{nk}, column {col}");
                     assert_eq!(bits(&kt), bits(&want.kt), "keys differ: {at}");
                     assert_eq!(vb, want.vb, "values differ: {at}");
+                    // The f32 kernels' key loader (AVX2).
+                    let mut kt = vec![f32::NAN; hd * KEY_BLOCK];
+                    // SAFETY: AVX-512 BF16 implies AVX2, FMA and F16C here; sizes as required.
+                    unsafe { x86::load_keys_f32(&s, kb, nk, col, hd, kv_dim, &mut kt) };
+                    assert_eq!(bits(&kt), bits(&want.kt), "f32 keys differ: {at}");
                 }
             }
         }
