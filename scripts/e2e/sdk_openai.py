@@ -283,6 +283,54 @@ def responses_function_call_round_trip():
     assert final.output_text, final
 
 
+# A custom (free-form) tool, as Codex declares its apply_patch: a grammar for the one string it takes.
+NOTE_TOOL = {
+    "type": "custom",
+    "name": "save_note",
+    "description": "Saves a short note for the user.",
+    "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Za-z ,.]+"},
+}
+
+
+@check
+def responses_custom_tool_round_trip():
+    # The SDK parses every event of the stream into its types (custom_tool_call items, custom_tool_call_input events).
+    with client.responses.stream(
+        model=MODEL,
+        input="Save a note that says: buy milk",
+        tools=[NOTE_TOOL],
+        tool_choice={"type": "custom", "name": "save_note"},
+        max_output_tokens=80,
+        temperature=0,
+        store=False,
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    types = [e.type for e in events]
+    calls = [o for o in final.output if o.type == "custom_tool_call"]
+    assert calls and calls[0].name == "save_note" and calls[0].input.strip(), final.output
+    done = [e for e in events if e.type == "response.custom_tool_call_input.done"]
+    deltas = "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta")
+    assert len(done) == 1 and done[0].input == calls[0].input == deltas, (types, calls[0])
+    added = [e.item for e in events if e.type == "response.output_item.added" and e.item.type == "custom_tool_call"]
+    assert added and added[0].id == calls[0].id == done[0].item_id, (added, calls[0])
+    # The call and its output go back; the model answers in text.
+    final = client.responses.create(
+        model=MODEL,
+        input=[
+            {"role": "user", "content": "Save a note that says: buy milk"},
+            {"type": "custom_tool_call", "call_id": calls[0].call_id, "name": "save_note", "input": calls[0].input},
+            {"type": "custom_tool_call_output", "call_id": calls[0].call_id, "output": "Saved."},
+        ],
+        tools=[NOTE_TOOL],
+        tool_choice="none",
+        max_output_tokens=40,
+        temperature=0,
+        store=False,
+    )
+    assert final.output_text, final
+
+
 def http(method, path, body=None, headers=None):
     """(status, JSON body) of a raw request."""
     data = body.encode() if body is not None else None

@@ -203,3 +203,82 @@ async fn bad_requests() {
         assert_eq!(r["error"]["type"], "invalid_request_error");
     }
 }
+
+#[tokio::test]
+async fn custom_tool_call_streams_and_comes_back() {
+    // Codex's freeform apply_patch tool (a lark grammar); the model calls it as a function taking `input`.
+    let grammar = "start: begin_patch hunk+ end_patch\nbegin_patch: \"*** Begin Patch\" LF\n";
+    let apply_patch = json!({"type": "custom", "name": "apply_patch",
+                             "description": "Use the `apply_patch` tool to edit files.",
+                             "format": {"type": "grammar", "syntax": "lark", "definition": grammar}});
+    let patch = "*** Begin Patch\n*** Add File: hello.txt\n+hi\n*** End Patch\n";
+    let h = harness(Options::default());
+    h.reply(&format!("<tool_call>\n{}\n</tool_call>", json!({"name": "apply_patch", "arguments": {"input": patch}})));
+    let body = json!({
+        "model": "local-model", "stream": true, "store": false,
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "write hello.txt"}]}],
+        "tools": [exec_tool(), apply_patch], "tool_choice": "auto"
+    });
+    let ev = stream(&h, &body).await;
+    let prompt = h.last_prompt_text();
+    assert!(prompt.contains("\"name\": \"apply_patch\"") && prompt.contains("matches this Lark grammar"), "{prompt}");
+    let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.custom_tool_call_input.delta",
+            "response.custom_tool_call_input.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    let added = &ev[2].1["item"];
+    assert_eq!(
+        (added["type"].as_str(), added["name"].as_str(), added["input"].as_str(), added["status"].as_str()),
+        (Some("custom_tool_call"), Some("apply_patch"), Some(""), Some("in_progress"))
+    );
+    assert_eq!(ev[3].1["delta"], patch);
+    assert_eq!(ev[4].1["input"], patch);
+    for (_, d) in &ev[3..5] {
+        assert_eq!((&d["item_id"], d["output_index"].as_u64()), (&added["id"], Some(0)));
+    }
+    let item = &ev[5].1["item"];
+    assert_eq!(
+        *item,
+        json!({"type": "custom_tool_call", "id": added["id"], "call_id": added["call_id"], "name": "apply_patch",
+               "input": patch, "status": "completed"})
+    );
+    assert_eq!(ev[6].1["response"]["output"], json!([item]));
+
+    // Not streamed: the same item.
+    h.reply(&format!("<tool_call>\n{}\n</tool_call>", json!({"name": "apply_patch", "arguments": {"input": patch}})));
+    let mut plain = body.clone();
+    plain["stream"] = json!(false);
+    let (status, r) = h.post_json(RESPONSES, &plain).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    assert_eq!(
+        (r["output"][0]["type"].as_str(), r["output"][0]["input"].as_str()),
+        (Some("custom_tool_call"), Some(patch))
+    );
+
+    // Codex sends the call and its output back.
+    h.reply("Created hello.txt.");
+    let mut body = body;
+    let input = body["input"].as_array_mut().unwrap();
+    input.push(json!({"type": "custom_tool_call", "id": item["id"], "status": "completed", "call_id": item["call_id"],
+                      "name": "apply_patch", "input": patch}));
+    input.push(json!({"type": "custom_tool_call_output", "call_id": item["call_id"],
+                      "output": "Success. Updated the following files:\nA hello.txt\n"}));
+    let ev = stream(&h, &body).await;
+    assert_eq!(ev.last().unwrap().1["response"]["output"][0]["content"][0]["text"], "Created hello.txt.");
+    let prompt = h.last_prompt_text();
+    let call = r#"{"name": "apply_patch", "arguments": {"input": "*** Begin Patch\n*** Add File: hello.txt\n+hi\n*** End Patch\n"}}"#;
+    assert!(prompt.contains(&format!("<|im_start|>assistant\n<tool_call>\n{call}\n</tool_call>")), "{prompt}");
+    assert!(
+        prompt.contains("<tool_response>\nSuccess. Updated the following files:\nA hello.txt\n\n</tool_response>"),
+        "{prompt}"
+    );
+}

@@ -1,12 +1,18 @@
 //! OpenAI Responses ⇄ the neutral [`ChatTurn`]: `input` as a string or items (message, function_call,
-//! function_call_output, reasoning — a reasoning item's `reasoning_text` content goes to the template as the next
-//! assistant turn's `reasoning_content`; without content it is dropped), `instructions`, function tools (`namespace`
-//! tools flattened into their functions; hosted tools such as `web_search` left out), `tool_choice`,
-//! `max_output_tokens`, `reasoning.effort`. Output items (`reasoning` with `reasoning_text` for thinking models,
-//! `message` with `output_text`, `function_call`) are built here; a call of a function declared inside a namespace
-//! carries that `namespace`, as clients route calls by both.
+//! function_call_output, custom_tool_call, custom_tool_call_output, reasoning — a reasoning item's `reasoning_text`
+//! content goes to the template as the next assistant turn's `reasoning_content`; without content it is dropped),
+//! `instructions`, function and custom tools (`namespace` tools flattened into their members; hosted tools such as
+//! `web_search` left out), `tool_choice`, `max_output_tokens`, `reasoning.effort`. Output items (`reasoning` with
+//! `reasoning_text` for thinking models, `message` with `output_text`, `function_call`, `custom_tool_call`) are built
+//! here; a call of a tool declared inside a namespace carries that `namespace`, as clients route calls by both.
+//!
+//! A custom tool (`{"type": "custom", "name", "description", "format"}`, e.g. Codex's freeform `apply_patch`) takes one
+//! string instead of JSON arguments. The model sees it as a function with one string parameter, `input`, whose
+//! description carries the format (`text`, or the `lark`/`regex` grammar the string must follow; the grammar is shown,
+//! not enforced). A call of it goes back to the client as a `custom_tool_call` whose `input` is that string, and a
+//! `custom_tool_call` the client sends back becomes the same function call in the conversation.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use chat::{Conversation, Message, Role, ToolCall};
 use engine::SamplingParams;
@@ -50,17 +56,22 @@ pub fn input_messages(input: Option<&Value>, out: &mut Vec<Message>) -> Result<(
                 let reasoning_content = if role == Role::Assistant { reasoning.take() } else { None };
                 out.push(Message { reasoning_content, ..Message::new(role, text) });
             }
-            "function_call" => {
+            "function_call" | "custom_tool_call" => {
                 let name = str_field(item, "name", &at)?;
                 let call_id = item.get("call_id").and_then(Value::as_str).map(str::to_owned);
-                let arguments = match item.get("arguments") {
-                    None | Some(Value::Null) => Value::Object(Map::new()),
-                    Some(a @ (Value::String(_) | Value::Object(_))) => a.clone(),
-                    Some(_) => {
-                        return Err(ApiError::invalid_param(
-                            format!("{at}.arguments"),
-                            "arguments must be a JSON string.",
-                        ));
+                let arguments = if kind == "custom_tool_call" {
+                    // The model saw the custom tool as a function taking `input`.
+                    json!({ CUSTOM_INPUT: str_field(item, "input", &at)? })
+                } else {
+                    match item.get("arguments") {
+                        None | Some(Value::Null) => Value::Object(Map::new()),
+                        Some(a @ (Value::String(_) | Value::Object(_))) => a.clone(),
+                        Some(_) => {
+                            return Err(ApiError::invalid_param(
+                                format!("{at}.arguments"),
+                                "arguments must be a JSON string.",
+                            ));
+                        }
                     }
                 };
                 let call = ToolCall { id: call_id, name: name.to_owned(), arguments };
@@ -78,7 +89,7 @@ pub fn input_messages(input: Option<&Value>, out: &mut Vec<Message>) -> Result<(
                     }),
                 }
             }
-            "function_call_output" => {
+            "function_call_output" | "custom_tool_call_output" => {
                 let call_id = str_field(item, "call_id", &at)?;
                 let output = match item.get("output") {
                     Some(Value::String(s)) => s.clone(),
@@ -167,7 +178,52 @@ fn content_text(content: Option<&Value>, param: &str) -> Result<String, ApiError
     }
 }
 
-/// Function tools, with `namespace` groups flattened; other tool types are left out.
+/// The parameter a custom tool's string goes in when the model sees the tool as a function.
+pub const CUSTOM_INPUT: &str = "input";
+
+/// A custom tool as the function the model sees: one required string parameter, [`CUSTOM_INPUT`], described by the
+/// tool's `format`.
+fn custom_tool(t: &Value, at: &str) -> Result<chat::Tool, ApiError> {
+    let name = str_field(t, "name", at)?;
+    if name.is_empty() {
+        return Err(ApiError::invalid_param(format!("{at}.name"), "A tool name must not be empty."));
+    }
+    let input = match t.get("format") {
+        None | Some(Value::Null) => "Free-form text.".to_owned(),
+        Some(format) => match format.get("type").and_then(Value::as_str) {
+            Some("text") => "Free-form text.".to_owned(),
+            Some("grammar") => {
+                let syntax = match format.get("syntax").and_then(Value::as_str) {
+                    Some(s @ ("lark" | "regex")) => s,
+                    _ => {
+                        return Err(ApiError::invalid_param(
+                            format!("{at}.format.syntax"),
+                            "A grammar format's syntax must be 'lark' or 'regex'.",
+                        ));
+                    }
+                };
+                let definition = str_field(format, "definition", &format!("{at}.format"))?;
+                let grammar = if syntax == "lark" { "Lark grammar" } else { "regular expression" };
+                format!("Free-form text (not JSON) that matches this {grammar}:\n{definition}")
+            }
+            _ => {
+                return Err(ApiError::invalid_param(
+                    format!("{at}.format.type"),
+                    "A custom tool's format.type must be 'text' or 'grammar'.",
+                ));
+            }
+        },
+    };
+    let description = t.get("description").and_then(Value::as_str).map(str::to_owned);
+    let parameters = json!({
+        "type": "object",
+        "properties": {CUSTOM_INPUT: {"type": "string", "description": input}},
+        "required": [CUSTOM_INPUT],
+    });
+    Ok(chat::Tool { name: name.to_owned(), description, parameters })
+}
+
+/// Function and custom tools, with `namespace` groups flattened; other tool types are left out.
 fn convert_tools(tools: &[Value], param: &str, out: &mut Vec<chat::Tool>) -> Result<(), ApiError> {
     for (i, t) in tools.iter().enumerate() {
         let at = format!("{param}[{i}]");
@@ -190,49 +246,90 @@ fn convert_tools(tools: &[Value], param: &str, out: &mut Vec<chat::Tool>) -> Res
                 let description = t.get("description").and_then(Value::as_str).map(str::to_owned);
                 out.push(chat::Tool { name: name.to_owned(), description, parameters });
             }
+            Some("custom") => out.push(custom_tool(t, &at)?),
             Some("namespace") => {
                 let members = t.get("tools").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
                 convert_tools(members, &format!("{at}.tools"), out)?;
             }
-            // web_search, image_generation, custom, file_search, ...: hosted or free-form tools are not offered.
+            // web_search, image_generation, file_search, ...: hosted tools are not offered.
             _ => {}
         }
     }
     Ok(())
 }
 
-/// The namespace of each function declared only inside a `namespace` tool, by function name (the model sees the
-/// functions flattened, by name alone). A name also declared at the top level, or in two namespaces, is left out:
-/// it cannot be told apart.
-pub fn tool_namespaces(tools: &[Value]) -> HashMap<String, String> {
-    fn function_name(t: &Value) -> Option<&str> {
-        (t.get("type").and_then(Value::as_str) == Some("function")).then(|| t.get("name").and_then(Value::as_str))?
-    }
-    let mut found: HashMap<String, Option<String>> = HashMap::new();
-    for t in tools {
-        if let Some(name) = function_name(t) {
-            found.insert(name.to_owned(), None);
-        } else if t.get("type").and_then(Value::as_str) == Some("namespace")
-            && let Some(namespace) = t.get("name").and_then(Value::as_str)
-        {
-            for member in t.get("tools").and_then(Value::as_array).map_or(&[][..], Vec::as_slice) {
-                if let Some(name) = function_name(member) {
-                    found
-                        .entry(name.to_owned())
-                        .and_modify(|n| *n = None)
-                        .or_insert_with(|| Some(namespace.to_owned()));
+/// What the client needs to recognise a call of each declared tool (the model sees every tool flattened, by name
+/// alone, as a function).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ToolIndex {
+    /// The namespace of each tool declared only inside a `namespace` tool. A name also declared at the top level, or
+    /// in two namespaces, is left out: it cannot be told apart.
+    pub namespaces: HashMap<String, String>,
+    /// The custom tools: their calls are `custom_tool_call` items.
+    pub custom: HashSet<String>,
+}
+
+impl ToolIndex {
+    pub fn new(tools: &[Value]) -> Self {
+        fn declared(t: &Value) -> Option<(&str, bool)> {
+            let custom = match t.get("type").and_then(Value::as_str) {
+                Some("function") => false,
+                Some("custom") => true,
+                _ => return None,
+            };
+            Some((t.get("name").and_then(Value::as_str)?, custom))
+        }
+        let mut index = ToolIndex::default();
+        let mut found: HashMap<String, Option<String>> = HashMap::new();
+        for t in tools {
+            if let Some((name, custom)) = declared(t) {
+                found.insert(name.to_owned(), None);
+                if custom {
+                    index.custom.insert(name.to_owned());
+                }
+            } else if t.get("type").and_then(Value::as_str) == Some("namespace")
+                && let Some(namespace) = t.get("name").and_then(Value::as_str)
+            {
+                for member in t.get("tools").and_then(Value::as_array).map_or(&[][..], Vec::as_slice) {
+                    if let Some((name, custom)) = declared(member) {
+                        found
+                            .entry(name.to_owned())
+                            .and_modify(|n| *n = None)
+                            .or_insert_with(|| Some(namespace.to_owned()));
+                        if custom {
+                            index.custom.insert(name.to_owned());
+                        }
+                    }
                 }
             }
         }
+        index.namespaces = found.into_iter().filter_map(|(name, namespace)| Some((name, namespace?))).collect();
+        index
     }
-    found.into_iter().filter_map(|(name, namespace)| Some((name, namespace?))).collect()
+}
+
+/// The string a custom tool gets from the arguments the model wrote (JSON text): their `input` when it is a string,
+/// else the arguments as written (the client's tool then reports what is wrong with them).
+pub fn custom_input(arguments: &str) -> String {
+    fn input_of(v: &Value) -> Option<&str> {
+        v.as_object()?.get(CUSTOM_INPUT)?.as_str()
+    }
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(v @ Value::Object(_)) => input_of(&v).map_or_else(|| arguments.to_owned(), str::to_owned),
+        // Arguments written as a JSON string: the object inside, or the string itself.
+        Ok(Value::String(inner)) => match serde_json::from_str::<Value>(&inner) {
+            Ok(v) if input_of(&v).is_some() => input_of(&v).unwrap_or_default().to_owned(),
+            _ => inner,
+        },
+        _ => arguments.to_owned(),
+    }
 }
 
 fn convert_tool_choice(choice: Option<&Value>) -> Result<ToolChoice, ApiError> {
     let bad = || {
         ApiError::invalid_param(
             "tool_choice",
-            "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", \"name\": ...}.",
+            "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\" or \"custom\", \"name\": ...}.",
         )
     };
     match choice {
@@ -245,7 +342,7 @@ fn convert_tool_choice(choice: Option<&Value>) -> Result<ToolChoice, ApiError> {
         },
         Some(Value::Object(o)) => {
             match (o.get("type").and_then(Value::as_str), o.get("name").and_then(Value::as_str)) {
-                (Some("function"), Some(name)) => Ok(ToolChoice::Named(name.to_owned())),
+                (Some("function" | "custom"), Some(name)) => Ok(ToolChoice::Named(name.to_owned())),
                 // Hosted-tool choices (`{"type": "web_search"}`, ...) and allowed_tools: let the model decide.
                 (Some(_), _) => Ok(ToolChoice::Auto),
                 _ => Err(bad()),
@@ -348,18 +445,16 @@ pub fn message_item(id: &str, text: &str, status: &str) -> Value {
     json!({"type": "message", "id": id, "status": status, "role": "assistant", "content": content})
 }
 
-/// A `function_call` output item; `namespaces` (from [`tool_namespaces`]) adds the `namespace` of a namespaced
-/// function.
-pub fn function_call_item(
-    id: &str,
-    call_id: &str,
-    name: &str,
-    arguments: &str,
-    status: &str,
-    namespaces: &HashMap<String, String>,
-) -> Value {
-    let mut item = json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status});
-    if let Some(namespace) = namespaces.get(name) {
+/// The output item of a tool call: a `custom_tool_call` (its `input` from [`custom_input`]) for a custom tool, else a
+/// `function_call`; a tool declared in a namespace adds its `namespace`. `arguments` is the JSON text the model wrote.
+pub fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str, tools: &ToolIndex) -> Value {
+    let mut item = if tools.custom.contains(name) {
+        let input = if arguments.is_empty() { String::new() } else { custom_input(arguments) };
+        json!({"type": "custom_tool_call", "id": id, "call_id": call_id, "name": name, "input": input, "status": status})
+    } else {
+        json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status})
+    };
+    if let Some(namespace) = tools.namespaces.get(name) {
         item["namespace"] = Value::from(namespace.as_str());
     }
     item
@@ -372,12 +467,7 @@ pub fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
 }
 
 /// The output items of a reply, and the same as conversation messages (for `previous_response_id`).
-pub fn output_items(
-    reasoning: &str,
-    text: &str,
-    calls: &[ToolCall],
-    namespaces: &HashMap<String, String>,
-) -> (Vec<Value>, Vec<Message>) {
+pub fn output_items(reasoning: &str, text: &str, calls: &[ToolCall], tools: &ToolIndex) -> (Vec<Value>, Vec<Message>) {
     let mut items = Vec::new();
     if !reasoning.is_empty() {
         items.push(reasoning_item(&random_id("rs_"), reasoning, "completed"));
@@ -390,7 +480,8 @@ pub fn output_items(
     for c in calls {
         let call_id = random_id("call_");
         let arguments = c.arguments.to_string();
-        items.push(function_call_item(&random_id("fc_"), &call_id, &c.name, &arguments, "completed", namespaces));
+        let prefix = if tools.custom.contains(&c.name) { "ctc_" } else { "fc_" };
+        items.push(call_item(&random_id(prefix), &call_id, &c.name, &arguments, "completed", tools));
         history_calls.push(ToolCall { id: Some(call_id), ..c.clone() });
     }
     let mut message = if history_calls.is_empty() {
@@ -462,7 +553,7 @@ mod tests {
         let reasoning: Vec<Option<&str>> = m.iter().map(|m| m.reasoning_content.as_deref()).collect();
         assert_eq!(reasoning, [None, Some("a\nb"), Some("c"), None, None]);
         assert_eq!(t.thinking, Thinking::Off);
-        let (items, history) = output_items("r", "t", &[], &HashMap::new());
+        let (items, history) = output_items("r", "t", &[], &ToolIndex::default());
         assert_eq!(items[0]["type"], "reasoning");
         assert_eq!(items[0]["content"], json!([{"type": "reasoning_text", "text": "r"}]));
         assert_eq!(items[1]["type"], "message");
@@ -480,14 +571,15 @@ mod tests {
             {"type": "namespace", "name": "b", "tools": [{"type": "function", "name": "twice"}]},
             {"type": "web_search"}
         ]);
-        let namespaces = tool_namespaces(tools.as_array().unwrap());
+        let index = ToolIndex::new(tools.as_array().unwrap());
         // Ambiguous names (top level and namespace, or two namespaces) are left out.
-        assert_eq!(namespaces, HashMap::from([("spawn_agent".to_owned(), "multi_agent_v1".to_owned())]));
+        assert_eq!(index.namespaces, HashMap::from([("spawn_agent".to_owned(), "multi_agent_v1".to_owned())]));
+        assert!(index.custom.is_empty());
         let calls = [
             ToolCall { id: None, name: "spawn_agent".into(), arguments: json!({"message": "go"}) },
             ToolCall { id: None, name: "exec_command".into(), arguments: json!({"cmd": "ls"}) },
         ];
-        let (items, history) = output_items("", "", &calls, &namespaces);
+        let (items, history) = output_items("", "", &calls, &index);
         assert_eq!(items[0]["namespace"], "multi_agent_v1");
         assert_eq!(items[0]["name"], "spawn_agent");
         assert!(items[1].get("namespace").is_none());
@@ -499,6 +591,113 @@ mod tests {
         .unwrap();
         assert_eq!(t.conversation.messages[0].tool_calls[0].name, "spawn_agent");
         assert_eq!(history[0].tool_calls.len(), 2);
+    }
+
+    const LARK: &str = "start: begin_patch hunk+ end_patch\nbegin_patch: \"*** Begin Patch\" LF\n";
+
+    fn apply_patch_tool() -> Value {
+        json!({"type": "custom", "name": "apply_patch",
+               "description": "The `apply_patch` tool can be used to edit files. This is a FREEFORM tool.",
+               "format": {"type": "grammar", "syntax": "lark", "definition": LARK}})
+    }
+
+    #[test]
+    fn custom_tools_are_functions_of_one_string_for_the_model() {
+        let t = turn(json!({"input": "x", "tools": [
+            apply_patch_tool(),
+            {"type": "custom", "name": "note"},
+            {"type": "custom", "name": "digits", "format": {"type": "grammar", "syntax": "regex", "definition": "[0-9]+"}},
+            {"type": "custom", "name": "plain", "description": "d", "format": {"type": "text"}}
+        ], "tool_choice": {"type": "custom", "name": "apply_patch"}}))
+        .unwrap();
+        let tools = &t.conversation.tools;
+        assert_eq!(tools[0].name, "apply_patch");
+        assert_eq!(tools[0].description.as_deref(), apply_patch_tool()["description"].as_str());
+        let input = |i: usize| tools[i].parameters["properties"]["input"]["description"].as_str().unwrap().to_owned();
+        assert_eq!(
+            tools[0].parameters,
+            json!({"type": "object", "required": ["input"], "properties": {"input": {"type": "string",
+                   "description": format!("Free-form text (not JSON) that matches this Lark grammar:\n{LARK}")}}})
+        );
+        assert_eq!(input(1), "Free-form text.");
+        assert_eq!(input(2), "Free-form text (not JSON) that matches this regular expression:\n[0-9]+");
+        assert_eq!(input(3), "Free-form text.");
+        assert_eq!(t.tool_choice, ToolChoice::Named("apply_patch".into()));
+        let bad = [
+            (json!({"type": "custom"}), "tools[0].name"),
+            (
+                json!({"type": "custom", "name": "a", "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"}}),
+                "tools[0].format.syntax",
+            ),
+            (
+                json!({"type": "custom", "name": "a", "format": {"type": "grammar", "syntax": "lark"}}),
+                "tools[0].format.definition",
+            ),
+            (json!({"type": "custom", "name": "a", "format": {"type": "yaml"}}), "tools[0].format.type"),
+        ];
+        for (tool, param) in bad {
+            let e = turn(json!({"input": "x", "tools": [tool]})).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{tool}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn custom_tool_calls_go_out_as_custom_tool_call_items_and_come_back() {
+        let patch = "*** Begin Patch\n*** Add File: hello.txt\n+hi\n*** End Patch\n";
+        let tools = json!([apply_patch_tool(), {"type": "function", "name": "exec_command", "parameters": {}},
+                           {"type": "namespace", "name": "ns", "tools": [{"type": "custom", "name": "inner"}]}]);
+        let index = ToolIndex::new(tools.as_array().unwrap());
+        assert_eq!(index.custom, HashSet::from(["apply_patch".to_owned(), "inner".to_owned()]));
+        let calls = [
+            ToolCall { id: None, name: "apply_patch".into(), arguments: json!({"input": patch}) },
+            ToolCall { id: None, name: "exec_command".into(), arguments: json!({"cmd": "ls"}) },
+            ToolCall { id: None, name: "inner".into(), arguments: json!({"input": "x"}) },
+        ];
+        let (items, history) = output_items("", "", &calls, &index);
+        let call_id = items[0]["call_id"].as_str().unwrap();
+        assert_eq!(
+            items[0],
+            json!({"type": "custom_tool_call", "id": items[0]["id"], "call_id": call_id, "name": "apply_patch",
+                   "input": patch, "status": "completed"})
+        );
+        assert!(items[0]["id"].as_str().unwrap().starts_with("ctc_"));
+        assert_eq!(items[1]["type"], "function_call");
+        assert_eq!((items[2]["type"].as_str(), items[2]["namespace"].as_str()), (Some("custom_tool_call"), Some("ns")));
+        assert_eq!(history[0].tool_calls[0].id.as_deref(), Some(call_id));
+        // The client sends the call and its output back: the model sees its own function call again.
+        let t = turn(json!({"tools": tools, "input": [
+            {"role": "user", "content": "write hello.txt"},
+            {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1", "name": "apply_patch", "input": patch},
+            {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Success. Updated the following files:\nA hello.txt"},
+            {"type": "custom_tool_call_output", "call_id": "call_2",
+             "output": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]}
+        ]}))
+        .unwrap();
+        let m = &t.conversation.messages;
+        assert_eq!(
+            m[1].tool_calls,
+            vec![ToolCall {
+                id: Some("call_1".into()),
+                name: "apply_patch".into(),
+                arguments: json!({"input": patch})
+            }]
+        );
+        assert_eq!((m[2].role, m[2].tool_call_id.as_deref()), (Role::Tool, Some("call_1")));
+        assert_eq!(m[2].content, Some("Success. Updated the following files:\nA hello.txt".into()));
+        assert_eq!(m[3].content, Some("a\nb".into()));
+        let e =
+            turn(json!({"input": [{"type": "custom_tool_call", "call_id": "c", "name": "apply_patch"}]})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input[0].input"));
+    }
+
+    #[test]
+    fn custom_input_is_the_input_string_or_the_arguments_as_written() {
+        assert_eq!(custom_input(r#"{"input": "a\nb"}"#), "a\nb");
+        assert_eq!(custom_input(r#""{\"input\": \"x\"}""#), "x", "arguments sent as a JSON string");
+        assert_eq!(custom_input(r#""just text""#), "just text");
+        assert_eq!(custom_input(r#"{"patch": "p"}"#), r#"{"patch": "p"}"#);
+        assert_eq!(custom_input(r#"{"input": 5}"#), r#"{"input": 5}"#);
+        assert_eq!(custom_input("{\"input\": \"cut"), "{\"input\": \"cut");
     }
 
     #[test]

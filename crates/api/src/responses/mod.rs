@@ -54,7 +54,7 @@ pub async fn create(
     let has_instructions = request.instructions.as_deref().is_some_and(|s| !s.is_empty());
     let conversation = turn.conversation.messages[usize::from(has_instructions)..].to_vec();
     let tools = request.tools.clone().unwrap_or_default();
-    let namespaces = convert::tool_namespaces(&tools);
+    let tool_index = convert::ToolIndex::new(&tools);
     let reply = generate::start(&state, turn).await?;
     let response = wire::Response {
         id: random_id("resp_"),
@@ -80,12 +80,12 @@ pub async fn create(
     };
     if request.stream.unwrap_or(false) {
         let keep_alive = state.config.keep_alive;
-        let pending = stream::Pending { state, response, conversation, namespaces };
+        let pending = stream::Pending { state, response, conversation, tools: tool_index };
         return Ok(stream::sse(reply, pending, keep_alive).into_response());
     }
     let collected = reply.collect().await?;
     let (output, history) =
-        convert::output_items(&collected.reasoning, &collected.text, &collected.tool_calls, &namespaces);
+        convert::output_items(&collected.reasoning, &collected.text, &collected.tool_calls, &tool_index);
     let mut response = response;
     response.output = output;
     response.usage = Some(usage(&collected.usage, collected.num_reasoning_tokens));

@@ -1,12 +1,13 @@
 //! A reply as a Responses event stream, in the order Codex needs: `response.created`, `response.in_progress`, then
 //! per output item `response.output_item.added`, its content events (`response.content_part.added`,
 //! `response.output_text.delta` … `.done`, `response.content_part.done`; for a thinking model's reasoning item, first,
-//! the same with `response.reasoning_text.delta` … `.done`; or `response.function_call_arguments.delta` / `.done`)
-//! and `response.output_item.done`, and finally `response.completed` (or `response.incomplete` when the
+//! the same with `response.reasoning_text.delta` … `.done`; or `response.function_call_arguments.delta` / `.done`;
+//! for a custom tool's call, `response.custom_tool_call_input.delta` / `.done` once the call is complete, as its input
+//! is a string inside the JSON arguments the model writes) and `response.output_item.done`, and finally `response.completed` (or `response.incomplete` when the
 //! output limit was hit) with usage. Every event carries `sequence_number`. A failure after the start is one
 //! `response.failed`. The finished response is stored when the request asked for it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,8 +28,8 @@ pub struct Pending {
     pub response: wire::Response,
     /// The conversation so far, stored with the response when `store` is set.
     pub conversation: Vec<Message>,
-    /// The namespace of each namespaced function ([`convert::tool_namespaces`]).
-    pub namespaces: HashMap<String, String>,
+    /// How calls of the declared tools go back ([`convert::ToolIndex`]).
+    pub tools: convert::ToolIndex,
 }
 
 struct State {
@@ -131,17 +132,52 @@ impl State {
     /// Ends the streamed call: `call` is the parsed call (its arguments as streamed), `None` when the reply ended
     /// inside it.
     fn close_call(&mut self, call: Option<ToolCall>, status: &str) {
-        let Some((id, call_id, index, name, arguments)) = self.open_call.take() else { return };
-        self.push(
-            "response.function_call_arguments.done",
-            json!({"item_id": id, "output_index": index, "name": name, "arguments": arguments}),
-        );
-        let item = convert::function_call_item(&id, &call_id, &name, &arguments, status, &self.pending.namespaces);
-        self.push("response.output_item.done", json!({"output_index": index, "item": item}));
-        self.output.push(item);
+        let Some((id, call_id, index, name, streamed)) = self.open_call.take() else { return };
+        // A custom tool's input comes from the parsed arguments when the call is complete.
+        let arguments = match &call {
+            Some(c) if self.pending.tools.custom.contains(&name) => c.arguments.to_string(),
+            _ => streamed,
+        };
+        self.finish_call_item(&id, &call_id, index, &name, &arguments, status);
         if let Some(call) = call {
             self.calls.push(ToolCall { id: Some(call_id), ..call });
         }
+    }
+
+    /// The closing events of a call item whose arguments are `arguments`: for a function, the arguments are done (their
+    /// deltas went out as they came); for a custom tool, its whole input as one delta, then done.
+    fn finish_call_item(&mut self, id: &str, call_id: &str, index: usize, name: &str, arguments: &str, status: &str) {
+        if self.pending.tools.custom.contains(name) {
+            let input = convert::custom_input(arguments);
+            if !input.is_empty() {
+                self.push(
+                    "response.custom_tool_call_input.delta",
+                    json!({"item_id": id, "output_index": index, "delta": input}),
+                );
+            }
+            self.push(
+                "response.custom_tool_call_input.done",
+                json!({"item_id": id, "output_index": index, "input": input}),
+            );
+        } else {
+            self.push(
+                "response.function_call_arguments.done",
+                json!({"item_id": id, "output_index": index, "name": name, "arguments": arguments}),
+            );
+        }
+        let item = convert::call_item(id, call_id, name, arguments, status, &self.pending.tools);
+        self.push("response.output_item.done", json!({"output_index": index, "item": item}));
+        self.output.push(item);
+    }
+
+    /// A new call item: its id (`fc_` or, for a custom tool, `ctc_`), call id and output index, after the `added`
+    /// event.
+    fn open_call_item(&mut self, name: &str) -> (String, String, usize) {
+        let prefix = if self.pending.tools.custom.contains(name) { "ctc_" } else { "fc_" };
+        let (id, call_id, index) = (random_id(prefix), random_id("call_"), self.output.len());
+        let added = convert::call_item(&id, &call_id, name, "", "in_progress", &self.pending.tools);
+        self.push("response.output_item.added", json!({"output_index": index, "item": added}));
+        (id, call_id, index)
     }
 
     async fn fill(&mut self) {
@@ -193,45 +229,31 @@ impl State {
             Some(Ok(Output::ToolCall(call))) if self.open_call.is_some() => self.close_call(Some(call), "completed"),
             Some(Ok(Output::ToolCall(call))) => {
                 self.close_text();
-                let (id, call_id, index) = (random_id("fc_"), random_id("call_"), self.output.len());
+                let (id, call_id, index) = self.open_call_item(&call.name);
                 let arguments = call.arguments.to_string();
-                let namespaces = &self.pending.namespaces;
-                let added = convert::function_call_item(&id, &call_id, &call.name, "", "in_progress", namespaces);
-                self.push("response.output_item.added", json!({"output_index": index, "item": added}));
-                self.push(
-                    "response.function_call_arguments.delta",
-                    json!({"item_id": id, "output_index": index, "delta": arguments}),
-                );
-                self.push(
-                    "response.function_call_arguments.done",
-                    json!({"item_id": id, "output_index": index, "name": call.name, "arguments": arguments}),
-                );
-                let item = convert::function_call_item(
-                    &id,
-                    &call_id,
-                    &call.name,
-                    &arguments,
-                    "completed",
-                    &self.pending.namespaces,
-                );
-                self.push("response.output_item.done", json!({"output_index": index, "item": item}));
-                self.output.push(item);
+                if !self.pending.tools.custom.contains(&call.name) {
+                    self.push(
+                        "response.function_call_arguments.delta",
+                        json!({"item_id": id, "output_index": index, "delta": arguments}),
+                    );
+                }
+                self.finish_call_item(&id, &call_id, index, &call.name, &arguments, "completed");
                 self.calls.push(ToolCall { id: Some(call_id), ..call });
             }
             Some(Ok(Output::Logprobs(_))) => {}
             Some(Ok(Output::ToolCallBegin { name })) => {
                 self.close_text();
-                let (id, call_id, index) = (random_id("fc_"), random_id("call_"), self.output.len());
-                let added =
-                    convert::function_call_item(&id, &call_id, &name, "", "in_progress", &self.pending.namespaces);
-                self.push("response.output_item.added", json!({"output_index": index, "item": added}));
+                let (id, call_id, index) = self.open_call_item(&name);
                 self.open_call = Some((id, call_id, index, name, String::new()));
             }
             Some(Ok(Output::ToolCallArgs(delta))) => {
-                if let Some((id, _, index, _, arguments)) = self.open_call.as_mut() {
+                if let Some((id, _, index, name, arguments)) = self.open_call.as_mut() {
                     arguments.push_str(&delta);
-                    let data = json!({"item_id": id, "output_index": *index, "delta": delta});
-                    self.push("response.function_call_arguments.delta", data);
+                    // A custom tool's input is a string inside these arguments: it goes out once the call is done.
+                    if !self.pending.tools.custom.contains(name.as_str()) {
+                        let data = json!({"item_id": id, "output_index": *index, "delta": delta});
+                        self.push("response.function_call_arguments.delta", data);
+                    }
                 }
             }
             Some(Ok(Output::Done { reason, usage, num_reasoning_tokens, .. })) => {

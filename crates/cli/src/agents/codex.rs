@@ -12,9 +12,25 @@
 //! every request, for sub-agents that would queue on the same local server; and the goal tools (`create_goal`, ...)
 //! fail in `codex exec` ("Goal tools require a persistent thread"). With them on, the Qwen2.5-Coder 1.5B and 0.5B
 //! answered "create a file" with `create_goal`/`wait_agent` calls and never reached the shell tool.
+//!
+//! A model catalogue entry for the served model (`-c model_catalog_json=<file>`, the file under
+//! `$SPLASH_HOME/codex/`): for a model it does not know, Codex falls back to metadata that gives the model no tool
+//! that edits files (its instructions still say to use `apply_patch`), and its only file-writing tool, `apply_patch`,
+//! is freeform (a Responses `custom` tool) in every catalogue entry. The entry is copied from the installed Codex's
+//! own bundled catalogue (`codex debug models --bundled`), so its fields and its real built-in instructions
+//! (`base_instructions`, which replace Codex's prompt when a catalogue sets them) match that Codex version: the
+//! classic-tools entry (no `tool_mode`) with the best priority, with the served model's slug and context, no reasoning
+//! levels, text input only, no hosted search, no verbosity parameter, and the skills/plugins/apps usage notes off as in
+//! Codex's own fallback. When the catalogue cannot be read the launch goes on without one (and says so); a user's own
+//! `-c model_catalog_json=...` replaces ours.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
 
 use super::server::Target;
-use super::{Launch, token};
+use super::{FileWrite, Launch, UserEnv, token};
 
 /// A TOML basic string.
 fn toml_str(s: &str) -> String {
@@ -81,11 +97,104 @@ fn split_user_overrides(user_args: &[String]) -> (Vec<String>, Vec<String>) {
     (overrides, rest)
 }
 
-pub fn build(target: &Target, user_args: &[String]) -> Launch {
+/// The installed Codex's bundled model catalogue (`{"models": [...]}`), `None` when `codex debug models --bundled`
+/// fails or prints something else (a Codex without the command).
+pub fn read_bundled_catalog(program: &Path) -> Option<Value> {
+    let out = Command::new(program)
+        .args(["debug", "models", "--bundled"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let catalog: Value = serde_json::from_slice(&out.stdout).ok().filter(|_| out.status.success())?;
+    catalog.get("models").is_some_and(Value::is_array).then_some(catalog)
+}
+
+/// Bundled-entry fields about OpenAI's own serving modes that do not apply to a local model.
+const DROPPED_FIELDS: [&str; 5] =
+    ["tool_mode", "multi_agent_version", "multi_agent_reasoning_effort", "default_service_tier", "model_specialty"];
+
+/// Our catalogue (`{"models": [entry]}`) for the served model, built from the bundled catalogue `bundled`; `None` when
+/// it has no entry with instructions to copy.
+pub fn catalog(bundled: &Value, target: &Target) -> Option<Value> {
+    let models = bundled.get("models")?.as_array()?;
+    let has_instructions =
+        |m: &&Value| m.get("base_instructions").and_then(Value::as_str).is_some_and(|s| !s.trim().is_empty());
+    let priority = |m: &&Value| m.get("priority").and_then(Value::as_i64).unwrap_or(i64::MAX);
+    let classic_tools = |m: &&Value| m.get("tool_mode").is_none_or(Value::is_null);
+    let template = models
+        .iter()
+        .filter(has_instructions)
+        .filter(classic_tools)
+        .min_by_key(priority)
+        .or_else(|| models.iter().filter(has_instructions).min_by_key(priority))?;
+    let mut entry = template.as_object()?.clone();
+    for key in DROPPED_FIELDS {
+        entry.remove(key);
+    }
+    let context_tokens = target.context_tokens;
+    let ours = json!({
+        "slug": target.model,
+        "display_name": target.model,
+        "description": "Served by Splash",
+        "context_window": context_tokens,
+        "max_context_window": context_tokens,
+        "auto_compact_token_limit": context_tokens * 9 / 10,
+        // The entry's instructions are `base_instructions`, not a persona template.
+        "model_messages": null,
+        "upgrade": null,
+        "availability_nux": null,
+        "visibility": "list",
+        "priority": 0,
+        "supported_reasoning_levels": [],
+        "default_reasoning_level": null,
+        "input_modalities": ["text"],
+        "supports_search_tool": false,
+        "additional_speed_tiers": [],
+        "service_tiers": [],
+        "support_verbosity": false,
+        "default_verbosity": null,
+        "use_responses_lite": false,
+        "include_skills_usage_instructions": false,
+        "include_plugin_usage_instructions": false,
+        "include_apps_usage_instructions": false,
+        "apply_patch_tool_type": "freeform",
+    });
+    for (key, value) in ours.as_object()? {
+        entry.insert(key.clone(), value.clone());
+    }
+    Some(json!({"models": [entry]}))
+}
+
+/// Where our catalogue for `target` is written (one file per port and model, so launches side by side do not clash).
+pub fn catalog_path(user: &UserEnv, target: &Target) -> PathBuf {
+    let model: String =
+        target.model.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+    user.splash_home.join("codex").join(format!("model-catalog-{}-{model}.json", target.port))
+}
+
+pub fn build(target: &Target, user: &UserEnv, user_args: &[String]) -> Launch {
     let mut launch = Launch::new("codex");
     launch.set("SPLASH_API_KEY", token(target));
     let (user_overrides, rest) = split_user_overrides(user_args);
-    for o in overrides(target).into_iter().chain(user_overrides) {
+    let mut ours = overrides(target);
+    let users_catalog = user_overrides.iter().any(|o| o.trim_start().starts_with("model_catalog_json"));
+    if !users_catalog {
+        match user.codex_catalog.as_ref().and_then(|bundled| catalog(bundled, target)) {
+            Some(catalog) => {
+                let path = catalog_path(user, target);
+                ours.push(format!("model_catalog_json={}", toml_str(&path.to_string_lossy())));
+                let contents = serde_json::to_string_pretty(&catalog).expect("INVARIANT: JSON values serialize");
+                launch.files.push(FileWrite { path, contents });
+            }
+            None => launch.notes.push(format!(
+                "could not read Codex's bundled model catalogue (`codex debug models --bundled`): Codex will use its \
+                 fallback metadata for `{}`, which gives the model no apply_patch tool to edit files",
+                target.model
+            )),
+        }
+    }
+    for o in ours.into_iter().chain(user_overrides) {
         launch.args.extend(["-c".into(), o]);
     }
     launch.args.extend(rest);
@@ -94,12 +203,13 @@ pub fn build(target: &Target, user_args: &[String]) -> Launch {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{args, target};
+    use super::super::tests::{args, target, user};
     use super::*;
 
     #[test]
     fn exact_arguments_and_environment() {
-        let l = build(&target(Some("k3y")), &[]);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let l = build(&target(Some("k3y")), &user(dir.path()), &[]);
         assert_eq!(l.program, "codex");
         assert_eq!(l.env, vec![("SPLASH_API_KEY".to_string(), Some("k3y".to_string()))]);
         assert_eq!(
@@ -144,7 +254,8 @@ mod tests {
             "--",
             "-c",
         ]);
-        let l = build(&target(None), &user_args);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let l = build(&target(None), &user(dir.path()), &user_args);
         let n = l.args.len();
         assert_eq!(
             &l.args[n - 11..],
@@ -164,11 +275,106 @@ mod tests {
 
     #[test]
     fn a_user_can_turn_the_tool_groups_we_turn_off_back_on() {
-        let l = build(&target(None), &args(&["-c", "features.goals=true", "exec", "hi"]));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let l = build(&target(None), &user(dir.path()), &args(&["-c", "features.goals=true", "exec", "hi"]));
         let ours = l.args.iter().position(|a| a == "features.goals=false").expect("ours");
         let theirs = l.args.iter().position(|a| a == "features.goals=true").expect("theirs");
         assert!(ours < theirs, "the later -c wins inside Codex: {:?}", l.args);
         assert!(l.args.iter().any(|a| a == "features.multi_agent=false"));
+    }
+
+    /// A bundled catalogue shaped as `codex debug models --bundled` prints it (Codex 0.171.0, entries trimmed).
+    fn bundled() -> Value {
+        json!({"models": [
+            {"slug": "gpt-6.2-sol", "priority": 1, "tool_mode": "code_mode_only", "shell_type": "unified_exec",
+             "apply_patch_tool_type": "freeform", "base_instructions": "You are Codex, an agent based on GPT-6.",
+             "multi_agent_version": "v2"},
+            {"slug": "no-prompt", "priority": 0, "base_instructions": ""},
+            {"slug": "gpt-5.5", "display_name": "GPT-5.5", "description": "Legacy coding model.",
+             "default_reasoning_level": "medium",
+             "supported_reasoning_levels": [{"effort": "low", "description": "Fast"}],
+             "shell_type": "unified_exec", "visibility": "list", "supported_in_api": true, "priority": 13,
+             "additional_speed_tiers": ["fast"], "service_tiers": [{"id": "priority", "name": "Fast"}],
+             "availability_nux": null, "upgrade": {"model": "gpt-6-sol", "migration_markdown": "Meet GPT-6 Sol"},
+             "model_messages": {"instructions_template": "You are Codex, a coding agent based on GPT-5."},
+             "include_skills_usage_instructions": true, "include_plugin_usage_instructions": true,
+             "include_apps_usage_instructions": true, "default_reasoning_summary": "none",
+             "support_verbosity": true, "default_verbosity": "low", "apply_patch_tool_type": "freeform",
+             "web_search_tool_type": "text_and_image", "truncation_policy": {"mode": "tokens", "limit": 10000},
+             "context_window": 272000, "max_context_window": 272000, "effective_context_window_percent": 95,
+             "experimental_supported_tools": [], "input_modalities": ["text", "image"], "supports_search_tool": true,
+             "use_responses_lite": false, "base_instructions": "You are Codex, a coding agent based on GPT-5."}
+        ]})
+    }
+
+    #[test]
+    fn catalogue_entry_copies_codexs_classic_entry_for_the_served_model() {
+        let t = target(None);
+        let entry = catalog(&bundled(), &t).expect("catalogue")["models"][0].clone();
+        assert_eq!(
+            entry,
+            json!({
+                "slug": "qwen2.5-coder-0.5b", "display_name": "qwen2.5-coder-0.5b", "description": "Served by Splash",
+                "default_reasoning_level": null, "supported_reasoning_levels": [],
+                "shell_type": "unified_exec", "visibility": "list", "supported_in_api": true, "priority": 0,
+                "additional_speed_tiers": [], "service_tiers": [], "availability_nux": null, "upgrade": null,
+                "model_messages": null,
+                "include_skills_usage_instructions": false, "include_plugin_usage_instructions": false,
+                "include_apps_usage_instructions": false, "default_reasoning_summary": "none",
+                "support_verbosity": false, "default_verbosity": null, "apply_patch_tool_type": "freeform",
+                "web_search_tool_type": "text_and_image", "truncation_policy": {"mode": "tokens", "limit": 10000},
+                "context_window": 32768, "max_context_window": 32768, "auto_compact_token_limit": 29491,
+                "effective_context_window_percent": 95, "experimental_supported_tools": [],
+                "input_modalities": ["text"], "supports_search_tool": false, "use_responses_lite": false,
+                "base_instructions": "You are Codex, a coding agent based on GPT-5."
+            })
+        );
+        // Only code-mode entries: the best one, without its serving mode.
+        let only_code_mode = json!({"models": [bundled()["models"][0].clone()]});
+        let entry = catalog(&only_code_mode, &t).expect("catalogue")["models"][0].clone();
+        assert_eq!(entry["base_instructions"], "You are Codex, an agent based on GPT-6.");
+        assert!(entry.get("tool_mode").is_none() && entry.get("multi_agent_version").is_none(), "{entry}");
+        assert_eq!(catalog(&json!({"models": [{"slug": "x", "base_instructions": " "}]}), &t), None);
+        assert_eq!(catalog(&json!({"error": "x"}), &t), None);
+    }
+
+    #[test]
+    fn catalogue_is_written_and_passed_before_the_users_overrides() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut u = user(dir.path());
+        u.codex_catalog = Some(bundled());
+        let l = build(&target(None), &u, &args(&["-c", "x=1", "exec", "hi"]));
+        let path = dir.path().join("splash/codex/model-catalog-8000-qwen2.5-coder-0.5b.json");
+        assert_eq!(l.files.len(), 1);
+        assert_eq!(l.files[0].path, path);
+        let written: Value = serde_json::from_str(&l.files[0].contents).expect("JSON");
+        assert_eq!(written, catalog(&bundled(), &target(None)).expect("catalogue"));
+        let n = l.args.len();
+        assert_eq!(
+            l.args[n - 6..],
+            args(&["-c", &format!("model_catalog_json=\"{}\"", path.display()), "-c", "x=1", "exec", "hi"])
+        );
+        assert!(l.notes.is_empty());
+        // A model id that is not a file name.
+        let mut t = target(None);
+        t.model = "org/model:q4".into();
+        assert_eq!(catalog_path(&u, &t), dir.path().join("splash/codex/model-catalog-8000-org_model_q4.json"));
+    }
+
+    #[test]
+    fn the_users_own_catalogue_wins_and_a_missing_one_is_said() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut u = user(dir.path());
+        u.codex_catalog = Some(bundled());
+        let l = build(&target(None), &u, &args(&["-c", "model_catalog_json=\"/mine.json\"", "exec", "hi"]));
+        assert!(l.files.is_empty());
+        let catalogues: Vec<&String> = l.args.iter().filter(|a| a.starts_with("model_catalog_json")).collect();
+        assert_eq!(catalogues, ["model_catalog_json=\"/mine.json\""]);
+        assert!(l.notes.is_empty());
+        let l = build(&target(None), &user(dir.path()), &[]);
+        assert!(l.files.is_empty() && !l.args.iter().any(|a| a.starts_with("model_catalog_json")));
+        assert_eq!(l.notes.len(), 1);
+        assert!(l.notes[0].contains("codex debug models --bundled") && l.notes[0].contains("apply_patch"));
     }
 
     #[test]

@@ -148,6 +148,8 @@ pub struct UserEnv {
     /// Splash's state root (`$SPLASH_HOME`, default `~/.cache/splash`).
     pub splash_home: PathBuf,
     pub vars: HashMap<String, String>,
+    /// The installed Codex's bundled model catalogue (`codex debug models --bundled`), read for `splash codex` only.
+    pub codex_catalog: Option<serde_json::Value>,
 }
 
 impl UserEnv {
@@ -157,6 +159,7 @@ impl UserEnv {
             home: home.unwrap_or_else(|| PathBuf::from(".")),
             splash_home: pack::home(),
             vars: std::env::vars().collect(),
+            codex_catalog: None,
         }
     }
 
@@ -267,7 +270,7 @@ pub fn build(
 ) -> Result<Launch> {
     match client {
         Client::Claude => Ok(claude::build(target, user, user_args)),
-        Client::Codex => Ok(codex::build(target, user_args)),
+        Client::Codex => Ok(codex::build(target, user, user_args)),
         Client::OpenCode => opencode::build(target, user, user_args),
         Client::Hermes => hermes::build(target, user, user_args, allow_small_context),
         Client::Pi => pi::build(target, user, user_args),
@@ -305,10 +308,13 @@ fn shell_quote(s: &str) -> String {
 
 /// `splash <client>`: find the client, find or start the server, build the launch, write its files, run it.
 pub fn main(client: Client, a: Args, allow_small_context: bool) -> Result<()> {
-    let user = UserEnv::current();
+    let mut user = UserEnv::current();
     let program =
         find_program(client.program(), user.var("PATH")).ok_or_else(|| anyhow::anyhow!(missing_client(client)))?;
     let target = find_server(&a)?;
+    if client == Client::Codex {
+        user.codex_catalog = codex::read_bundled_catalog(&program);
+    }
     let launch = build(client, &target, &user, &a.agent_args, allow_small_context)?;
     if a.dry_run {
         print!("{}", describe(&launch, target.api_key.as_deref()));
@@ -363,7 +369,7 @@ pub(crate) mod tests {
     }
 
     pub fn user(dir: &Path) -> UserEnv {
-        UserEnv { home: dir.join("home"), splash_home: dir.join("splash"), vars: HashMap::new() }
+        UserEnv { home: dir.join("home"), splash_home: dir.join("splash"), vars: HashMap::new(), codex_catalog: None }
     }
 
     pub fn args(a: &[&str]) -> Vec<String> {
