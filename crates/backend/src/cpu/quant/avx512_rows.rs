@@ -481,6 +481,13 @@ unsafe fn q6k_pair<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]
     let mut rs = [[_mm_setzero_ps(); SLOTS]; R];
     for s in 0..nsb {
         let blk = w.add(2 * s * Q6_K_BYTES);
+        if R > 1 && nsb >= 16 && prefetch_ahead_on() {
+            // As in `q4k_pair`: four block pairs (1.6 KB) ahead into L2. (For one row it costs; see NOTES.md.)
+            let ahead = blk.wrapping_add(4 * 2 * Q6_K_BYTES) as *const i8;
+            for l in 0..(2 * Q6_K_BYTES).div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64 * l));
+            }
+        }
         let (tva, sca, dwa) = q6t_unpack(blk);
         let (tvb, scb, dwb) = q6t_unpack(blk.add(Q6_K_BYTES));
         let (ta, tb) = ((tva, sca), (tvb, scb));
@@ -1014,7 +1021,14 @@ unsafe fn q4k_pair<const R: usize>(w: *const u8, nsb: usize, pa: &[*const u8; R]
         // A unit: head A, head B, then quant vector d of A and of B, d = 0..8.
         let unit = w.add(2 * g * GROUP_BYTES);
         let (wa, wb) = (unit.add(128), unit.add(192));
-        if nsb >= 16 {
+        if R > 1 && nsb >= 16 && prefetch_ahead_on() {
+            // Several activation rows make the unit compute-bound, and then the hardware prefetchers alone let
+            // memory and compute take turns: fetch two units ahead into L2 (see NOTES.md, "Prefetch for m > 1").
+            let ahead = unit.wrapping_add(2 * 2 * GROUP_BYTES) as *const i8;
+            for l in 0..2 * GROUP_BYTES / 64 {
+                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64 * l));
+            }
+        } else if nsb >= 16 {
             // Long rows: fetch the next unit while this one computes. Measured from DRAM at k = 8960 (one thread,
             // shared machine): m = 8 25 -> 20.6 ns per block-row, m = 1 6.8 -> 7.4; further ahead was no better,
             // and at k = 1536 it costs.
@@ -2011,4 +2025,11 @@ pub unsafe fn matmul_rows(
         _ => return false,
     }
     true
+}
+
+/// Whether the pairs kernels prefetch long rows ahead for several activation rows (`SPLASH_PREFETCH=0` turns it
+/// off, for A/B measurements; results are the same either way).
+fn prefetch_ahead_on() -> bool {
+    static A: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *A.get_or_init(|| std::env::var("SPLASH_PREFETCH").map_or(true, |v| v != "0"))
 }
