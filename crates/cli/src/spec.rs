@@ -37,7 +37,8 @@ pub struct SpecArgs {
     /// is unsure of its last token.
     #[arg(long)]
     pub no_draft_confidence: bool,
-    /// The draft model proposes only token ids below this (its output head shrinks to match; 0 = all ids).
+    /// The draft model's output head covers this many token ids: the most frequent in code and prose when the
+    /// tokenizer has a built-in ranking (Qwen2's does), else the lowest ids (0 = all ids).
     #[arg(long, default_value_t = SpecConfig::default().draft_vocab)]
     pub draft_vocab: usize,
     /// Measure the pass costs again instead of using the ones cached in $SPLASH_HOME/calibration (measure on a quiet

@@ -322,7 +322,7 @@ impl<R: Runner> Engine<R> {
         Ok(())
     }
 
-    /// Narrows the draft's output head to `spec.draft_vocab` ids (never past what the target can emit).
+    /// Narrows the draft's output head to `spec.draft_vocab` ids (at most as many as the target can emit).
     fn apply_draft_vocab(&mut self) {
         let target = self.runner.config().vocab_size;
         if let Some(d) = self.draft.as_mut() {

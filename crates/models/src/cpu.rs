@@ -14,7 +14,7 @@ use gguf::GgufFile;
 
 use crate::kv_cache::{self, BLOCK_TOKENS, BlockTable, KvUsage};
 use crate::prefix_store::{PrefixStore, model_identity};
-use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId, Weights};
+use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId, Weights, argmax, top_prob};
 
 fn write_f16(dst: &mut [u16], src: &[f32]) {
     for (d, &x) in dst.iter_mut().zip(src) {
@@ -43,8 +43,10 @@ struct Scratch {
     gate: Vec<f32>,
     /// [m, ffn]
     up: Vec<f32>,
-    /// [rows, vocab]
+    /// [rows, output head rows]
     logits: Vec<f32>,
+    /// [rows, logits_width()]: the head's logits by token id, when its rows are not the first ids.
+    wide: Vec<f32>,
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -61,8 +63,10 @@ pub struct CpuRunner {
     table: BlockTable,
     /// Storage of block `b`: `[layer][k | v][BLOCK_TOKENS][kv_dim]`.
     blocks: Vec<Box<[u16]>>,
-    /// The output head's first rows when [`Runner::limit_logits`] narrowed it.
+    /// The output head's rows for the ids [`Runner::limit_logits`] narrowed it to.
     output_head: Option<QMatrix>,
+    /// The token id of each row of `output_head`, when they are not its first rows.
+    head_ids: Option<Vec<u32>>,
     /// Cached prefix blocks on disk, when enabled.
     store: Option<PrefixStore>,
     scratch: Scratch,
@@ -107,6 +111,7 @@ impl CpuRunner {
             table,
             blocks: Vec::new(),
             output_head: None,
+            head_ids: None,
             store: None,
             scratch: Scratch::default(),
             _file: file,
@@ -158,24 +163,9 @@ impl CpuRunner {
         self.pool.num_threads()
     }
 
-    fn validate(&self, batch: &Batch<'_>) -> Result<()> {
-        batch.validate(&self.cfg, |seq| self.seq_len(seq))?;
-        let needed: usize =
-            batch.chunks.iter().map(|c| self.table.blocks_needed(c.seq, c.start_pos + c.tokens.len())).sum();
-        let available = self.table.num_available();
-        if needed > available {
-            return Err(Error::KvCacheFull { needed, available });
-        }
-        Ok(())
-    }
-}
-
-impl Runner for CpuRunner {
-    fn config(&self) -> &ModelConfig {
-        &self.cfg
-    }
-
-    fn forward(&mut self, batch: &Batch<'_>) -> Result<&[f32]> {
+    /// Runs the batch through the layers and the output head (narrowed or not). Returns the head's logits,
+    /// `[rows, output_rows()]`.
+    fn forward_head(&mut self, batch: &Batch<'_>) -> Result<&[f32]> {
         self.validate(batch)?;
         let cfg = &self.cfg;
         let (h, qd, kvd, ffn) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_size);
@@ -314,13 +304,84 @@ impl Runner for CpuRunner {
         Ok(&s.logits[..r * vocab])
     }
 
+    /// Rows of the output head the forward pass computes.
+    fn output_rows(&self) -> usize {
+        self.output_head.as_ref().map_or(self.weights.output.rows, |h| h.rows)
+    }
+
+    /// Runs the batch and picks from each row of the head's logits with `pick` (its index into the row, and a
+    /// value), the index mapped back to a token id.
+    fn forward_picks(&mut self, batch: &Batch<'_>, pick: fn(&[f32]) -> (u32, f32)) -> Result<Vec<(u32, f32)>> {
+        let width = self.output_rows().max(1);
+        self.forward_head(batch)?;
+        let rows = batch.num_logit_rows();
+        let picks = self.scratch.logits[..rows * width].chunks_exact(width).map(pick);
+        Ok(match &self.head_ids {
+            Some(ids) => picks.map(|(i, v)| (ids[i as usize], v)).collect(),
+            None => picks.collect(),
+        })
+    }
+
+    fn validate(&self, batch: &Batch<'_>) -> Result<()> {
+        batch.validate(&self.cfg, |seq| self.seq_len(seq))?;
+        let needed: usize =
+            batch.chunks.iter().map(|c| self.table.blocks_needed(c.seq, c.start_pos + c.tokens.len())).sum();
+        let available = self.table.num_available();
+        if needed > available {
+            return Err(Error::KvCacheFull { needed, available });
+        }
+        Ok(())
+    }
+}
+
+impl Runner for CpuRunner {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn forward(&mut self, batch: &Batch<'_>) -> Result<&[f32]> {
+        let rows = self.forward_head(batch)?.len() / self.output_rows();
+        let Some(ids) = &self.head_ids else { return Ok(&self.scratch.logits[..rows * self.output_rows()]) };
+        // Logits by token id: the head's rows scattered, -inf for the ids it does not compute.
+        let (width, head_rows) = (self.logits_width(), ids.len());
+        let s = &mut self.scratch;
+        s.wide.clear();
+        s.wide.resize(rows * width, f32::NEG_INFINITY);
+        for (wide, head) in s.wide.chunks_exact_mut(width).zip(s.logits.chunks_exact(head_rows)) {
+            for (&id, &v) in ids.iter().zip(head) {
+                wide[id as usize] = v;
+            }
+        }
+        Ok(&s.wide)
+    }
+
+    fn forward_argmax(&mut self, batch: &Batch<'_>) -> Result<Vec<u32>> {
+        Ok(self.forward_picks(batch, |row| (argmax(row), 0.0))?.into_iter().map(|(id, _)| id).collect())
+    }
+
+    fn forward_top(&mut self, batch: &Batch<'_>) -> Result<Vec<(u32, f32)>> {
+        self.forward_picks(batch, top_prob)
+    }
+
     fn logits_width(&self) -> usize {
-        self.output_head.as_ref().map_or(self.cfg.vocab_size, |h| h.rows)
+        match &self.head_ids {
+            Some(ids) => ids.last().map_or(0, |&id| id as usize + 1),
+            None => self.output_head.as_ref().map_or(self.cfg.vocab_size, |h| h.rows),
+        }
     }
 
     fn limit_logits(&mut self, n: usize) -> usize {
         let full = &self.weights.output;
-        self.output_head = (n > 0 && n < full.rows).then(|| full.first_rows(n));
+        (self.output_head, self.head_ids) = if n == 0 || n >= full.rows {
+            (None, None)
+        } else {
+            let ids = crate::draft_head::head_ids(&self._file, full.rows, n);
+            if ids.iter().enumerate().all(|(i, &id)| id as usize == i) {
+                (Some(full.first_rows(n)), None)
+            } else {
+                (Some(full.gathered(&ids, &self.pool)), Some(ids))
+            }
+        };
         self.logits_width()
     }
 

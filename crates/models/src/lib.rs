@@ -8,6 +8,7 @@ pub mod arch;
 mod config;
 pub mod cpu;
 pub mod cuda;
+pub mod draft_head;
 mod error;
 pub mod kv_cache;
 pub mod prefix_store;

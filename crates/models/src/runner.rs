@@ -129,15 +129,17 @@ pub trait Runner: Send {
         true
     }
 
-    /// Logits per row that [`Runner::forward`] returns: the vocabulary, or the prefix of it set by
+    /// Logits per row that [`Runner::forward`] returns: the vocabulary, or up to the largest id kept by
     /// [`Runner::limit_logits`].
     fn logits_width(&self) -> usize {
         self.config().vocab_size
     }
 
-    /// Computes logits only for token ids below `n` (a draft model's output head over the most common tokens;
-    /// `n` 0 or past the vocabulary means all). Returns the new [`Runner::logits_width`]. Runners that cannot
-    /// keep all of them.
+    /// Computes logits only for `n` token ids: a draft model's output head over the most common tokens
+    /// ([`crate::draft_head::head_ids`]; `n` 0 or past the vocabulary means all). [`Runner::forward`] still returns
+    /// rows indexed by token id, `-inf` for the ids left out; the picks of [`Runner::forward_argmax`] and
+    /// [`Runner::forward_top`] come from the computed ids alone. Returns the new [`Runner::logits_width`] (the largest
+    /// computed id + 1). Runners that cannot narrow the head keep all of it.
     fn limit_logits(&mut self, _n: usize) -> usize {
         self.logits_width()
     }

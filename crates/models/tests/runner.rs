@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use gguf::{GgmlType, GgufWriter, Value};
+use gguf::{GgmlType, GgufWriter, Value, ValueType};
 use models::cpu::CpuRunner;
-use models::{Batch, Error, LogitsWanted, Runner, SeqChunk, SeqId};
+use models::{Batch, Error, LogitsWanted, Runner, SeqChunk, SeqId, argmax};
 
 const HIDDEN: usize = 64;
 const FFN: usize = 128;
@@ -15,6 +15,8 @@ const HEAD_DIM: usize = HIDDEN / HEADS;
 const VOCAB: usize = 96;
 const LAYERS: usize = 2;
 const CONTEXT: usize = 48;
+/// The tiny model's control tokens.
+const CONTROL: [u32; 2] = [90, 95];
 
 /// Deterministic values in [-scale, scale).
 fn values(seed: usize, n: usize, scale: f32) -> Vec<f32> {
@@ -44,6 +46,9 @@ fn tiny_model() -> CpuRunner {
     }
     w.add("qwen2.attention.layer_norm_rms_epsilon", Value::F32(1e-6));
     w.add("qwen2.rope.freq_base", Value::F32(10000.0));
+    // Normal tokens (1) but for two control tokens (3) at the end, as a chat model's end-of-turn markers.
+    let types = (0..VOCAB).map(|i| Value::I32(if CONTROL.contains(&(i as u32)) { 3 } else { 1 })).collect();
+    w.add("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types));
     let mut seed = 0;
     let mut matrix = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize| {
         seed += 1;
@@ -181,4 +186,51 @@ fn kv_pool_serves_exactly_the_promised_sequences() {
     other[0] = 1;
     forward(&mut r, vec![chunk(10, &other, 0, LogitsWanted::Last)]);
     assert_eq!(r.seq_len(SeqId(10)), CONTEXT);
+}
+
+#[test]
+fn a_narrowed_head_gives_the_full_heads_logits_for_its_ids() {
+    let mut full = tiny_model();
+    let mut narrow = tiny_model();
+    // 16 ids: the two control tokens, then the lowest ids (the tiny vocabulary has no ranking).
+    assert_eq!(narrow.limit_logits(16), 96, "logits by token id, up to the largest id in the head");
+    let ids: Vec<usize> = (0..14).chain(CONTROL.iter().map(|&c| c as usize)).collect();
+    let long: Vec<u32> = (0..40).map(|i| (i * 13 % VOCAB) as u32).collect();
+    let prompts: [&[u32]; 3] = [&[3, 8, 1, 40, 77], &[5, 5, 60], &long];
+    let mut picked_control = false;
+    for (seq, prompt) in prompts.iter().enumerate() {
+        let c = || vec![chunk(seq as u64, prompt, 0, LogitsWanted::All)];
+        let want = forward(&mut full, c());
+        let got = forward(&mut narrow, c());
+        assert_eq!(got.len(), want.len());
+        for (row_got, row_want) in got.chunks_exact(VOCAB).zip(want.chunks_exact(VOCAB)) {
+            for id in 0..VOCAB {
+                if ids.contains(&id) {
+                    assert_eq!(row_got[id], row_want[id], "id {id}: the head's row is the full head's");
+                } else {
+                    assert_eq!(row_got[id], f32::NEG_INFINITY, "id {id} is not in the head");
+                }
+            }
+        }
+        // The greedy picks come from the narrowed rows, as token ids.
+        for r in [&mut full, &mut narrow] {
+            r.truncate(SeqId(seq as u64), 0);
+        }
+        let picks = narrow.forward_top(&Batch { chunks: c() }).expect("forward_top");
+        for (row, &(id, p)) in got.chunks_exact(VOCAB).zip(&picks) {
+            assert_eq!(id, argmax(row), "the pick is the best id in the head");
+            assert!(p > 0.0 && p <= 1.0);
+            picked_control |= CONTROL.contains(&id);
+        }
+        narrow.truncate(SeqId(seq as u64), 0);
+        let argmaxes = narrow.forward_argmax(&Batch { chunks: c() }).expect("forward_argmax");
+        assert_eq!(argmaxes, picks.iter().map(|&(id, _)| id).collect::<Vec<_>>());
+    }
+    assert!(picked_control, "some pick is a control token, whose row in the head is not its id");
+    // Back to the whole vocabulary.
+    assert_eq!(narrow.limit_logits(0), VOCAB);
+    narrow.release(SeqId(0));
+    full.release(SeqId(0));
+    let c = || vec![chunk(0, &[1, 2, 3], 0, LogitsWanted::Last)];
+    assert_eq!(forward(&mut narrow, c()), forward(&mut full, c()));
 }

@@ -71,24 +71,38 @@ impl QMatrix {
         QMatrix { rows, bytes: self.bytes.prefix(len), ..self.clone() }
     }
 
+    /// Copies row `r` in the file's (GGUF) block layout into `out` (`row_bytes()` long), whatever this matrix's layout.
+    pub fn copy_row_gguf(&self, r: usize, out: &mut [u8]) {
+        let rb = self.row_bytes();
+        match self.layout {
+            Layout::Gguf => out[..rb].copy_from_slice(&self.bytes.as_slice()[r * rb..(r + 1) * rb]),
+            Layout::Q4KPairs => q4k_pairs::unpack_row(self.bytes.as_slice(), self.cols, r, &mut out[..rb]),
+            Layout::Q6KPairs => q6k_pairs::unpack_row(self.bytes.as_slice(), self.cols, r, &mut out[..rb]),
+            Layout::Q50Quads => q50_quads::unpack_row(&self.bytes.as_slice()[r * rb..(r + 1) * rb], &mut out[..rb]),
+        }
+    }
+
+    /// The matrix of rows `rows` of this one, in that order (a copy, in the layout this machine prefers).
+    pub fn gathered(&self, rows: &[u32], pool: &ThreadPool) -> QMatrix {
+        let rb = self.row_bytes();
+        let mut bytes = vec![0u8; rows.len() * rb];
+        for (out, &r) in bytes.chunks_exact_mut(rb).zip(rows) {
+            self.copy_row_gguf(r as usize, out);
+        }
+        let m = QMatrix { rows: rows.len(), layout: Layout::Gguf, bytes: Bytes::from_vec(bytes), ..self.clone() };
+        m.repacked(pool).unwrap_or(m)
+    }
+
     /// Dequantizes row `r` into `out` (embedding lookups).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let rb = self.row_bytes();
         let mut restored = Vec::new();
-        let bytes = match self.layout {
-            Layout::Gguf => &self.bytes.as_slice()[r * rb..(r + 1) * rb],
-            Layout::Q4KPairs | Layout::Q6KPairs => {
-                restored.resize(rb, 0);
-                let unpack =
-                    if self.layout == Layout::Q4KPairs { q4k_pairs::unpack_row } else { q6k_pairs::unpack_row };
-                unpack(self.bytes.as_slice(), self.cols, r, &mut restored);
-                &restored
-            }
-            Layout::Q50Quads => {
-                restored.resize(rb, 0);
-                q50_quads::unpack_row(&self.bytes.as_slice()[r * rb..(r + 1) * rb], &mut restored);
-                &restored
-            }
+        let bytes = if self.layout == Layout::Gguf {
+            &self.bytes.as_slice()[r * rb..(r + 1) * rb]
+        } else {
+            restored.resize(rb, 0);
+            self.copy_row_gguf(r, &mut restored);
+            &restored
         };
         gguf::quant::dequantize(self.ty, bytes, &mut out[..self.cols])
             .expect("INVARIANT: supported type, exact length");
