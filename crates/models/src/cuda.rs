@@ -109,6 +109,13 @@ pub struct CudaOptions {
     /// 8-bit activation rows stored with their 16-byte chunks permuted so that the matrix-vector kernels' loads of
     /// them are coalesced (same values, same sums).
     pub xperm: bool,
+    /// The 8-bit QKV and gate/up kernels RMS-normalise and quantize their input rows themselves, in their prologue
+    /// (the same bits as the `quant_q8` launch they replace; models with hidden size up to
+    /// [`FUSE_NORM_MAX_HIDDEN`], whose rows fit the shared memory). Off: `SPLASH_CUDA_FUSE_NORM=0`.
+    pub fuse_norm: bool,
+    /// The 8-bit QKV kernel applies RoPE and writes K and V into the paged cache in its epilogue (the same bits as
+    /// the `rope_kv` launch it replaces; models without a per-head q/k norm). Off: `SPLASH_CUDA_QKV_ROPE=0`.
+    pub qkv_rope: bool,
 }
 
 impl CudaOptions {
@@ -155,6 +162,8 @@ impl Default for CudaOptions {
             stream_stages: env_usize("SPLASH_CUDA_STREAM_NS", 3).clamp(1, 8),
             stream_bps: env_usize("SPLASH_CUDA_STREAM_BPS", 0),
             xperm: std::env::var("SPLASH_CUDA_XPERM").map(|v| v != "0").unwrap_or(true),
+            fuse_norm: std::env::var("SPLASH_CUDA_FUSE_NORM").map(|v| v != "0").unwrap_or(true),
+            qkv_rope: std::env::var("SPLASH_CUDA_QKV_ROPE").map(|v| v != "0").unwrap_or(true),
         }
     }
 }
@@ -421,7 +430,15 @@ pub struct Q8Kernels {
     pub sgu: Vec<(GgmlType, usize, usize, usize, usize, bool)>,
     /// 8-bit activation rows in the permuted layout (`xpos` in kernels.cu): coalesced loads in the kernels above.
     pub xperm: bool,
+    /// QKV and gate/up (not streamed) normalise and quantize their input in the prologue (`CudaOptions::fuse_norm`).
+    pub fuse_norm: bool,
+    /// QKV applies RoPE and writes the KV cache in the epilogue (`CudaOptions::qkv_rope`).
+    pub qkv_rope: bool,
 }
+
+/// Largest hidden size whose 8 rows of 8-bit activations (with their scales) the fused-norm kernels keep in static
+/// shared memory (48 KiB per block in all).
+pub const FUSE_NORM_MAX_HIDDEN: usize = 4096;
 
 /// Bytes of one row of `k` values in the device layout of the 8-bit-activation kernels' types (0: not one of them).
 fn dev_row_bytes(ty: GgmlType, k: usize) -> usize {
@@ -612,6 +629,7 @@ pub fn kernel_source(
     s.push_str(&format!("#define RMS_EPS {:e}f\n", cfg.rms_eps));
     s.push_str(&format!("#define REPACK {}\n#define ATT_DYN {}\n", u8::from(q8.repack), u8::from(q8.att_dyn)));
     s.push_str(&format!("#define XPERM {}\n", u8::from(q8.xperm)));
+    s.push_str(&format!("#define FUSE_NORM {}\n#define QKV_ROPE {}\n", u8::from(q8.fuse_norm), u8::from(q8.qkv_rope)));
     s.push_str(&format!("#define ATT_MIN_SPLIT {ATT_MIN_SPLIT}\n"));
     s.push_str(backend::cuda::KERNELS);
     s.push('\n');
@@ -700,10 +718,11 @@ pub fn kernel_source(
     for &(ty, k, p) in &q8.gu {
         for mr in MRS {
             let (threads, fused) = if guq_fused(p) && q8.gu_fuse { (32 * p, "true") } else { (128, "false") };
+            let norm = q8.fuse_norm && k == cfg.hidden_size;
             s.push_str(&format!(
                 "extern \"C\" __global__ void __launch_bounds__({threads}) {}(const u8* Wg, const u8* Wu, const i8* Xq, \
-                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do) {{ pdl_trigger(); guq_body<{}, {k}, {mr}, \
-                 {p}, {fused}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do); }}\n",
+                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn) {{ \
+                 pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do, X, gn); }}\n",
                 guq_name(ty, k, p, mr),
                 type_id(ty)
             ));
@@ -740,8 +759,9 @@ pub fn kernel_source(
             s.push_str(&format!(
                 "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wq, const u8* Wk, const u8* Wv, \
                  const i8* Xq, const float2* Xd, const float* bq, const float* bk, const float* bv, float* q, float* k, \
-                 float* v, int m) {{ pdl_trigger(); qkvq_body<{}, {}, {}, {mr}, {p}>(Wq, Wk, Wv, Xq, Xd, bq, bk, bv, q, k, \
-                 v, m); }}\n",
+                 float* v, int m, const float* X, const float* g, const float* inv_freq, const u32* pos, const u32* slot, \
+                 const u32* table, u16* kc, u16* vc) {{ pdl_trigger(); qkvq_body<{}, {}, {}, {mr}, {p}>(Wq, Wk, Wv, Xq, \
+                 Xd, bq, bk, bv, q, k, v, m, X, g, inv_freq, pos, slot, table, kc, vc); }}\n",
                 qkvq_name(tq, tk, tv, p, mr),
                 type_id(tq),
                 type_id(tk),
@@ -812,11 +832,24 @@ impl CudaRunner {
         // Layers (and the output matrix) on the 8-bit-activation kernels, and the instantiations they need.
         let q8_on = opts.q8 && !opts.exact_activations;
         let it = opts.q8_its();
+        opts.stream &= gpu.cc.0 >= 9 && q8_on;
+        opts.fuse_norm &= q8_on
+            && !opts.stream
+            && cfg.hidden_size <= FUSE_NORM_MAX_HIDDEN
+            && cfg.hidden_size.is_multiple_of(64);
+        opts.qkv_rope &= q8_on
+            && !cfg.qk_norm
+            && cfg.q_dim().is_multiple_of(32)
+            && cfg.kv_dim().is_multiple_of(32)
+            && cfg.head_dim.is_multiple_of(2)
+            && cfg.rope_dim <= cfg.head_dim;
         let mut q8k = Q8Kernels {
             gu_fuse: opts.gu_fuse,
             repack: opts.repack,
             att_dyn: opts.att_dyn,
             xperm: opts.xperm,
+            fuse_norm: opts.fuse_norm,
+            qkv_rope: opts.qkv_rope,
             ..Q8Kernels::default()
         };
         let mut q8_layers = Vec::with_capacity(weights.layers.len());
@@ -855,7 +888,6 @@ impl CudaRunner {
             add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
         }
         // Streamed (bulk-copy) versions of the same products, Hopper and later.
-        opts.stream &= gpu.cc.0 >= 9 && q8_on;
         let sgeo = if opts.stream { (gpu.num_sms()?, gpu.max_smem_per_block()?) } else { (1, 0) };
         if opts.stream {
             let mut plain: Vec<&backend::cpu::QMatrix> = Vec::new();
@@ -1344,9 +1376,12 @@ impl CudaRunner {
             // Rows of the 8-bit activation scratch for an input of width k (this segment's rows).
             let qb = |k: usize| (s.xq8.ptr + (r0 * k) as u64, s.xds.ptr + (r0 * (k / 32) * 8) as u64);
             if q8 {
-                // Attention RMSNorm + 8-bit quantization, then Q, K, V in one launch (dp4a).
+                // Attention RMSNorm + 8-bit quantization (in the QKV kernel's prologue with `fuse_norm`), then Q, K,
+                // V in one launch (dp4a), with RoPE and the KV write in its epilogue (`qkv_rope`).
                 let (xq, xd) = qb(c.hidden_size);
-                self.quant(x, l.attn_norm.ptr, 0, xq, xd, m, c.hidden_size)?;
+                if !self.opts.fuse_norm {
+                    self.quant(x, l.attn_norm.ptr, 0, xq, xd, m, c.hidden_size)?;
+                }
                 let rows = c.q_dim() + 2 * c.kv_dim();
                 let pt = q8_threads(c.hidden_size, rows, self.opts.q8_its(), 32);
                 let mr = pick_mr(m);
@@ -1367,9 +1402,19 @@ impl CudaRunner {
                         k,
                         v,
                         i(m),
+                        x,
+                        l.attn_norm.ptr,
+                        self.inv_freq.ptr,
+                        pos,
+                        slot,
+                        s.table.ptr,
+                        self.kc[li].ptr,
+                        self.vc[li].ptr,
                     ]),
                 )?;
-                self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, s.table.ptr], mu)?;
+                if !self.opts.qkv_rope {
+                    self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, s.table.ptr], mu)?;
+                }
             } else if !fused || !self.opts.fuse_rope {
                 if fused {
                     // RMSNorm fused into one launch of the three projections.
@@ -1456,7 +1501,10 @@ impl CudaRunner {
                 }
                 self.mmvq(&l.wo, aq, ad, x, None, m, true)?;
                 let (fq, fd) = qb(c.hidden_size);
-                self.quant(x, l.ffn_norm.ptr, 0, fq, fd, m, c.hidden_size)?;
+                // The gate/up kernel normalises and quantizes its input itself with `fuse_norm`.
+                if !(self.opts.fuse_norm && l.gate.ty == l.up.ty) {
+                    self.quant(x, l.ffn_norm.ptr, 0, fq, fd, m, c.hidden_size)?;
+                }
                 let (dq, dd) =
                     (s.xq8b.ptr + (r0 * c.ffn_size) as u64, s.xdsb.ptr + (r0 * (c.ffn_size / 32) * 8) as u64);
                 let mut down_in_q8 = false;
@@ -1465,7 +1513,8 @@ impl CudaRunner {
                     let mr = pick_mr(m);
                     down_in_q8 = guq_fused(pt) && self.opts.gu_fuse;
                     let (ty, kc, n) = (l.gate.ty, l.gate.cols, l.gate.rows);
-                    let args = Args(vec![l.gate.buf.ptr, l.up.buf.ptr, fq, fd, gate, i(m), i(n), dq, dd]);
+                    let args =
+                        Args(vec![l.gate.buf.ptr, l.up.buf.ptr, fq, fd, gate, i(m), i(n), dq, dd, x, l.ffn_norm.ptr]);
                     let streamed = if self.opts.stream
                         && let Some(sp) = stream_plan(ty, kc, n, pt, 2, down_in_q8, &self.opts, self.sgeo)
                     {
@@ -1967,6 +2016,8 @@ mod tests {
             repack: true,
             att_dyn: true,
             xperm: true,
+            fuse_norm: true,
+            qkv_rope: true,
             smats: vec![
                 (Q4_K, 1536, 32, 8, 3),
                 (Q6_K, 8960, 64, 2, 3),
