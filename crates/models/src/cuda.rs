@@ -33,11 +33,10 @@ use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId, Weig
 pub const PAGE_SIZE: usize = 64;
 /// Batches of at most this many rows are captured as CUDA graphs.
 pub const MAX_GRAPH_ROWS: usize = 64;
+/// Default warps of an attention block (`CudaOptions::att_warps`).
 const ATT_WARPS: usize = 4;
 /// Threads of a `rope_kv` block; the rotation pairs of a row are spread over as many blocks as they fill.
 const ROPE_THREADS: u32 = 256;
-/// Fewest positions per attention split when the splits follow the context (`CudaOptions::att_dyn`).
-const ATT_MIN_SPLIT: usize = 32 * ATT_WARPS;
 /// Chunks of at least this many tokens run on tensor cores (weights dequantized to f16, cuBLAS GEMMs, GEMM
 /// attention); shorter ones (decode, speculative verification) on the matrix-vector kernels. Chosen per chunk, so a
 /// sequence's results never depend on what else is in its batch. Above [`MAX_GRAPH_ROWS`]: graphs hold no cuBLAS call.
@@ -95,7 +94,7 @@ pub struct CudaOptions {
     /// second halves, then the headers) so that neighbouring threads' 16-byte loads are neighbours in memory.
     pub repack: bool,
     /// Attention at short context: as many splits over the positions as the context needs (at least
-    /// `ATT_MIN_SPLIT` positions each) rather than always the launch's full count.
+    /// 32 positions per warp of a block each) rather than always the launch's full count.
     pub att_dyn: bool,
     /// Matrix-vector products on 8-bit activations stream their weights through shared memory with the bulk-copy
     /// engine (Hopper and later; same sums as without): chunks of rows of about `stream_kb` KiB per matrix,
@@ -116,6 +115,14 @@ pub struct CudaOptions {
     /// The 8-bit QKV kernel applies RoPE and writes K and V into the paged cache in its epilogue (the same bits as
     /// the `rope_kv` launch it replaces; models without a per-head q/k norm). Off: `SPLASH_CUDA_QKV_ROPE=0`.
     pub qkv_rope: bool,
+    /// The Q4_K gate/up kernels that also write the down projection's input hold the up rows' weights in shared
+    /// memory (cp.async) rather than registers, and ask for 3 blocks per multiprocessor (`SPLASH_CUDA_GU_SMEM=1`;
+    /// the same sums). Off by default: slower on the H200 (1.5B 964-979 vs 999-1001 tok/s; BENCHMARKS.md, stretch 7).
+    pub gu_smem: bool,
+    /// Warps of an attention block (1..=32; each takes 32 positions per pass, and a split covers at least one pass
+    /// of all of them): `SPLASH_CUDA_ATT_WARPS`. One split needs no second pass over partials. Default 4: 1, 2, 8
+    /// and 16 were all slower on the 1.5B at contexts 16, 512 and 2048 (BENCHMARKS.md, stretch 7).
+    pub att_warps: usize,
 }
 
 impl CudaOptions {
@@ -164,6 +171,8 @@ impl Default for CudaOptions {
             xperm: std::env::var("SPLASH_CUDA_XPERM").map(|v| v != "0").unwrap_or(true),
             fuse_norm: std::env::var("SPLASH_CUDA_FUSE_NORM").map(|v| v != "0").unwrap_or(true),
             qkv_rope: std::env::var("SPLASH_CUDA_QKV_ROPE").map(|v| v != "0").unwrap_or(true),
+            gu_smem: std::env::var("SPLASH_CUDA_GU_SMEM").is_ok_and(|v| v == "1"),
+            att_warps: env_usize("SPLASH_CUDA_ATT_WARPS", ATT_WARPS).clamp(1, 32),
         }
     }
 }
@@ -434,6 +443,11 @@ pub struct Q8Kernels {
     pub fuse_norm: bool,
     /// QKV applies RoPE and writes the KV cache in the epilogue (`CudaOptions::qkv_rope`).
     pub qkv_rope: bool,
+    /// Q4_K gate/up kernels that write the down input (up to 4 rows per block) keep the up rows' weights in shared
+    /// memory (`CudaOptions::gu_smem`).
+    pub gu_smem: bool,
+    /// Warps of an attention block (`CudaOptions::att_warps`; 0 reads as the default).
+    pub att_warps: usize,
 }
 
 /// Largest hidden size whose 8 rows of 8-bit activations (with their scales) the fused-norm kernels keep in static
@@ -608,6 +622,7 @@ pub fn kernel_source(
     q8: &Q8Kernels,
 ) -> String {
     let max_pages = cfg.max_context.div_ceil(PAGE_SIZE);
+    let att_warps = if q8.att_warps == 0 { ATT_WARPS } else { q8.att_warps };
     let mut s = String::new();
     let defs = [
         ("HIDDEN", cfg.hidden_size),
@@ -621,7 +636,7 @@ pub fn kernel_source(
         ("ROPE_NEOX", usize::from(cfg.rope_style == RopeStyle::Neox)),
         ("PAGE_SIZE", PAGE_SIZE),
         ("MAX_PAGES", max_pages),
-        ("ATT_WARPS", ATT_WARPS),
+        ("ATT_WARPS", att_warps),
     ];
     for (k, v) in defs {
         s.push_str(&format!("#define {k} {v}\n"));
@@ -630,7 +645,7 @@ pub fn kernel_source(
     s.push_str(&format!("#define REPACK {}\n#define ATT_DYN {}\n", u8::from(q8.repack), u8::from(q8.att_dyn)));
     s.push_str(&format!("#define XPERM {}\n", u8::from(q8.xperm)));
     s.push_str(&format!("#define FUSE_NORM {}\n#define QKV_ROPE {}\n", u8::from(q8.fuse_norm), u8::from(q8.qkv_rope)));
-    s.push_str(&format!("#define ATT_MIN_SPLIT {ATT_MIN_SPLIT}\n"));
+    s.push_str(&format!("#define ATT_MIN_SPLIT {}\n", 32 * att_warps));
     s.push_str(backend::cuda::KERNELS);
     s.push('\n');
     for &(ty, k) in mats {
@@ -719,10 +734,13 @@ pub fn kernel_source(
         for mr in MRS {
             let (threads, fused) = if guq_fused(p) && q8.gu_fuse { (32 * p, "true") } else { (128, "false") };
             let norm = q8.fuse_norm && k == cfg.hidden_size;
+            let us = q8.gu_smem && ty == GgmlType::Q4_K && fused == "true" && mr <= 4;
+            let bounds = if us { format!("{threads}, 3") } else { format!("{threads}") };
             s.push_str(&format!(
-                "extern \"C\" __global__ void __launch_bounds__({threads}) {}(const u8* Wg, const u8* Wu, const i8* Xq, \
+                "extern \"C\" __global__ void __launch_bounds__({bounds}) {}(const u8* Wg, const u8* Wu, const i8* Xq, \
                  const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn) {{ \
-                 pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do, X, gn); }}\n",
+                 pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}, {us}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do, X, \
+                 gn); }}\n",
                 guq_name(ty, k, p, mr),
                 type_id(ty)
             ));
@@ -833,10 +851,8 @@ impl CudaRunner {
         let q8_on = opts.q8 && !opts.exact_activations;
         let it = opts.q8_its();
         opts.stream &= gpu.cc.0 >= 9 && q8_on;
-        opts.fuse_norm &= q8_on
-            && !opts.stream
-            && cfg.hidden_size <= FUSE_NORM_MAX_HIDDEN
-            && cfg.hidden_size.is_multiple_of(64);
+        opts.fuse_norm &=
+            q8_on && !opts.stream && cfg.hidden_size <= FUSE_NORM_MAX_HIDDEN && cfg.hidden_size.is_multiple_of(64);
         opts.qkv_rope &= q8_on
             && !cfg.qk_norm
             && cfg.q_dim().is_multiple_of(32)
@@ -850,6 +866,8 @@ impl CudaRunner {
             xperm: opts.xperm,
             fuse_norm: opts.fuse_norm,
             qkv_rope: opts.qkv_rope,
+            gu_smem: opts.gu_smem,
+            att_warps: opts.att_warps,
             ..Q8Kernels::default()
         };
         let mut q8_layers = Vec::with_capacity(weights.layers.len());
@@ -1478,7 +1496,7 @@ impl CudaRunner {
             self.launch(
                 "attention",
                 (mu, c.num_heads as u32, att_splits(m) as u32),
-                (32 * ATT_WARPS) as u32,
+                (32 * self.opts.att_warps) as u32,
                 Args(vec![
                     q,
                     self.kc[li].ptr,
@@ -2018,6 +2036,8 @@ mod tests {
             xperm: true,
             fuse_norm: true,
             qkv_rope: true,
+            gu_smem: true,
+            att_warps: 16,
             smats: vec![
                 (Q4_K, 1536, 32, 8, 3),
                 (Q6_K, 8960, 64, 2, 3),
