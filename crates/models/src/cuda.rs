@@ -257,6 +257,8 @@ struct Scratch {
     logits: DevBuf,
     /// Greedy token of each logit row (`Runner::forward_argmax`).
     ids: DevBuf,
+    /// Each greedy pick's softmax probability (`Runner::forward_top`).
+    probs: DevBuf,
     tokens: DevBuf,
     pos: DevBuf,
     slot: DevBuf,
@@ -319,8 +321,8 @@ pub struct CudaRunner {
     free_pages: Vec<u32>,
     seqs: HashMap<SeqId, SeqState>,
     scratch: Option<Scratch>,
-    /// Per (rows, logit rows, greedy pick on the device).
-    graphs: HashMap<(usize, usize, bool), Graph>,
+    /// Per (rows, logit rows, pick on the device: `pick`).
+    graphs: HashMap<(usize, usize, u8), Graph>,
     /// Logits of the last forward pass (page-locked: copied straight from the device).
     logits: Option<backend::cuda::PinnedF32>,
     opts: CudaOptions,
@@ -338,7 +340,7 @@ pub struct CudaRunner {
     /// A CUDA graph is being captured (no programmatic dependent launch inside graphs).
     capturing: std::cell::Cell<bool>,
     /// The pass ends with the argmax of every logit row (`Runner::forward_argmax`).
-    greedy: std::cell::Cell<bool>,
+    pick: std::cell::Cell<u8>,
     pub stats: CudaLoadStats,
 }
 
@@ -1112,7 +1114,7 @@ impl CudaRunner {
             segs: Vec::new(),
             gemm_scratch: None,
             capturing: std::cell::Cell::new(false),
-            greedy: std::cell::Cell::new(false),
+            pick: std::cell::Cell::new(0),
             stats,
         })
     }
@@ -1182,6 +1184,7 @@ impl CudaRunner {
             counters: g.upload(&vec![0u32; m * c.num_heads])?,
             logits: g.alloc(r * c.vocab_size * f)?,
             ids: g.alloc(r * 4)?,
+            probs: g.alloc(r * 4)?,
             tokens: g.alloc(m * 4)?,
             pos: g.alloc(m * 4)?,
             slot: g.alloc(m * 4)?,
@@ -1332,10 +1335,11 @@ impl CudaRunner {
                 self.mmv(out, s.xn.ptr, s.logits.ptr, None, r, false)?;
             }
         }
-        if r > 0 && self.greedy.get() {
+        if r > 0 && self.pick.get() > 0 {
             let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
             let vocab = self.cfg.vocab_size;
-            self.launch("argmax_rows", (r as u32, 1, 1), 1024, Args(vec![s.logits.ptr, i(vocab), s.ids.ptr]))?;
+            let probs = if self.pick.get() == 2 { s.probs.ptr } else { 0 };
+            self.launch("argmax_rows", (r as u32, 1, 1), 1024, Args(vec![s.logits.ptr, i(vocab), s.ids.ptr, probs]))?;
         }
         Ok(())
     }
@@ -1599,7 +1603,7 @@ impl CudaRunner {
         Ok(())
     }
 
-    /// Runs the batch up to its logits (and their argmax with `greedy` set), enqueued on the stream without waiting;
+    /// Runs the batch up to its logits (and their argmax with `pick` 1, also its probability with 2), enqueued on the stream without waiting;
     /// the sequences' lengths are advanced. Returns the number of logit rows.
     fn run(&mut self, batch: &Batch<'_>) -> Result<usize> {
         self.validate(batch)?;
@@ -1671,7 +1675,7 @@ impl CudaRunner {
             }
         }
         if self.opts.graphs && m <= MAX_GRAPH_ROWS {
-            if !self.graphs.contains_key(&(m, r, self.greedy.get())) {
+            if !self.graphs.contains_key(&(m, r, self.pick.get())) {
                 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
                 self.gpu
                     .stream
@@ -1684,13 +1688,13 @@ impl CudaRunner {
                 res?;
                 match g {
                     Ok(Some(g)) => {
-                        self.graphs.insert((m, r, self.greedy.get()), Graph(g));
+                        self.graphs.insert((m, r, self.pick.get()), Graph(g));
                     }
                     Ok(None) => return Err(Error::Backend("graph capture produced no graph".into())),
                     Err(e) => return Err(Error::Backend(format!("graph capture: {e:?}"))),
                 }
             }
-            self.graphs[&(m, r, self.greedy.get())]
+            self.graphs[&(m, r, self.pick.get())]
                 .0
                 .launch()
                 .map_err(|e| Error::Backend(format!("graph launch: {e:?}")))?;
@@ -1847,7 +1851,7 @@ impl Runner for CudaRunner {
     }
 
     fn forward(&mut self, batch: &Batch<'_>) -> Result<&[f32]> {
-        self.greedy.set(false);
+        self.pick.set(0);
         let r = self.run(batch)?;
         let vocab = self.cfg.vocab_size;
         if self.logits.as_ref().is_none_or(|l| l.len() < r * vocab) {
@@ -1868,9 +1872,9 @@ impl Runner for CudaRunner {
     /// The greedy token of each logit row, picked on the device (`argmax_rows` at the end of the graph): one u32
     /// per row comes back instead of the row's logits.
     fn forward_argmax(&mut self, batch: &Batch<'_>) -> Result<Vec<u32>> {
-        self.greedy.set(true);
+        self.pick.set(1);
         let res = self.run(batch);
-        self.greedy.set(false);
+        self.pick.set(0);
         let r = res?;
         let mut ids = vec![0u32; r];
         if r > 0 {
@@ -1882,9 +1886,28 @@ impl Runner for CudaRunner {
         Ok(ids)
     }
 
-    /// The pick's probability is not computed on the device yet: [`Runner::forward_top`] would copy the logits.
+    /// The greedy token of each logit row and its softmax probability, both computed on the device (`argmax_rows`
+    /// with its second pass over the row): two values per row come back instead of the logits.
+    fn forward_top(&mut self, batch: &Batch<'_>) -> Result<Vec<(u32, f32)>> {
+        self.pick.set(2);
+        let res = self.run(batch);
+        self.pick.set(0);
+        let r = res?;
+        let mut ids = vec![0u32; r];
+        let mut probs = vec![0f32; r];
+        if r > 0 {
+            let s = self.scratch.as_ref().expect("INVARIANT: run ensured it");
+            self.gpu.dtoh(&mut ids, s.ids.ptr)?;
+            self.gpu.dtoh(&mut probs, s.probs.ptr)?;
+        } else {
+            self.gpu.sync()?;
+        }
+        Ok(ids.into_iter().zip(probs).collect())
+    }
+
+    /// The pick's probability is computed on the device ([`Runner::forward_top`]).
     fn top_prob_is_cheap(&self) -> bool {
-        false
+        true
     }
 
     fn seq_len(&self, seq: SeqId) -> usize {

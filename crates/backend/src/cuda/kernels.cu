@@ -1687,11 +1687,15 @@ __device__ __forceinline__ void qkvq_body(const u8* Wq, const u8* Wk, const u8* 
 }
 
 // ids[i] = index of the largest of logits[i * n .. (i + 1) * n) (the first on ties; NaN never wins; 0 when none is
-// larger than -inf), as the host's argmax over the copied logits gives. Grid (rows), 1024 threads.
+// larger than -inf), as the host's argmax over the copied logits gives. With probs set, also probs[i] = the pick's
+// softmax probability, 1 / sum(exp(logit - max)) (models::top_prob; another summation order, so not its bits).
+// Grid (rows), 1024 threads.
 extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __restrict__ logits, int n,
-                                                               u32* __restrict__ ids) { PDL_ENTER
+                                                               u32* __restrict__ ids, float* __restrict__ probs) {
+    PDL_ENTER
     __shared__ float sv[32];
     __shared__ int si[32];
+    __shared__ float smax;
     const float* x = logits + (size_t)blockIdx.x * n;
     float bv = __int_as_float(0xff800000);
     int bi = 0x7fffffff;
@@ -1718,7 +1722,24 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __re
             const int j = __shfl_xor_sync(0xffffffffu, bi, o);
             if (v > bv || (v == bv && j < bi)) { bv = v; bi = j; }
         }
-        if (lane == 0) ids[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
+        if (lane == 0) {
+            ids[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
+            smax = bi == 0x7fffffff ? x[0] : bv;
+        }
+    }
+    if (!probs) return;
+    __syncthreads();
+    const float mx = smax;
+    float se = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) se += expf(x[i] - mx);
+    se = warp_sum(se);
+    __syncthreads();
+    if (lane == 0) sv[wid] = se;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sv[w];
+        probs[blockIdx.x] = 1.f / t;
     }
 }
 
