@@ -295,7 +295,38 @@ pub fn main(a: Args) -> Result<()> {
         if dev_same { "identical" } else { "DIFFER" }
     );
 
+    // The pick's probability on the device (`forward_top`) against `models::top_prob` of the copied logits, one
+    // sequence following the host's picks.
+    let (mut top_same, mut top_diff) = (true, 0f32);
+    if let Some(p) = prompts.first() {
+        let (hs, ds) = (SeqId(500), SeqId(501));
+        let mut next = p.as_slice();
+        let mut pos = 0;
+        let mut tok = [0u32; 1];
+        for _ in 0..=a.steps {
+            let host = models::top_prob(gpu.forward(&one(hs, next, pos, LogitsWanted::Last))?);
+            let dev = gpu.forward_top(&one(ds, next, pos, LogitsWanted::Last))?.first().copied();
+            let dev = dev.unwrap_or((u32::MAX, f32::NAN));
+            top_same &= dev.0 == host.0;
+            let d = (dev.1 - host.1).abs() / host.1.abs().max(f32::MIN_POSITIVE);
+            top_diff = if d.is_nan() { f32::INFINITY } else { top_diff.max(d) };
+            pos += next.len();
+            tok[0] = host.0;
+            next = &tok;
+        }
+        gpu.release(hs);
+        gpu.release(ds);
+    }
+    println!(
+        "greedy pick's probability on the device vs host top_prob ({} steps): picks {}, max rel diff {top_diff:.3e}",
+        a.steps + 1,
+        if top_same { "identical" } else { "DIFFER" }
+    );
+
     let mut failed = Vec::new();
+    if !top_same || top_diff >= 1e-4 {
+        failed.push(format!("the device's pick probability differs from the host's (rel {top_diff:.3e})"));
+    }
     if !dev_same {
         failed.push("the device's greedy pick differs from the host argmax".into());
     }

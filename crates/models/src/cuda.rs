@@ -33,11 +33,10 @@ use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId, Weig
 pub const PAGE_SIZE: usize = 64;
 /// Batches of at most this many rows are captured as CUDA graphs.
 pub const MAX_GRAPH_ROWS: usize = 64;
+/// Default warps of an attention block (`CudaOptions::att_warps`).
 const ATT_WARPS: usize = 4;
 /// Threads of a `rope_kv` block; the rotation pairs of a row are spread over as many blocks as they fill.
 const ROPE_THREADS: u32 = 256;
-/// Fewest positions per attention split when the splits follow the context (`CudaOptions::att_dyn`).
-const ATT_MIN_SPLIT: usize = 32 * ATT_WARPS;
 /// Chunks of at least this many tokens run on tensor cores (weights dequantized to f16, cuBLAS GEMMs, GEMM
 /// attention); shorter ones (decode, speculative verification) on the matrix-vector kernels. Chosen per chunk, so a
 /// sequence's results never depend on what else is in its batch. Above [`MAX_GRAPH_ROWS`]: graphs hold no cuBLAS call.
@@ -95,7 +94,7 @@ pub struct CudaOptions {
     /// second halves, then the headers) so that neighbouring threads' 16-byte loads are neighbours in memory.
     pub repack: bool,
     /// Attention at short context: as many splits over the positions as the context needs (at least
-    /// `ATT_MIN_SPLIT` positions each) rather than always the launch's full count.
+    /// 32 positions per warp of a block each) rather than always the launch's full count.
     pub att_dyn: bool,
     /// Matrix-vector products on 8-bit activations stream their weights through shared memory with the bulk-copy
     /// engine (Hopper and later; same sums as without): chunks of rows of about `stream_kb` KiB per matrix,
@@ -109,6 +108,21 @@ pub struct CudaOptions {
     /// 8-bit activation rows stored with their 16-byte chunks permuted so that the matrix-vector kernels' loads of
     /// them are coalesced (same values, same sums).
     pub xperm: bool,
+    /// The 8-bit QKV and gate/up kernels RMS-normalise and quantize their input rows themselves, in their prologue
+    /// (the same bits as the `quant_q8` launch they replace; models with hidden size up to
+    /// [`FUSE_NORM_MAX_HIDDEN`], whose rows fit the shared memory). Off: `SPLASH_CUDA_FUSE_NORM=0`.
+    pub fuse_norm: bool,
+    /// The 8-bit QKV kernel applies RoPE and writes K and V into the paged cache in its epilogue (the same bits as
+    /// the `rope_kv` launch it replaces; models without a per-head q/k norm). Off: `SPLASH_CUDA_QKV_ROPE=0`.
+    pub qkv_rope: bool,
+    /// The Q4_K gate/up kernels that also write the down projection's input hold the up rows' weights in shared
+    /// memory (cp.async) rather than registers, and ask for 3 blocks per multiprocessor (`SPLASH_CUDA_GU_SMEM=1`;
+    /// the same sums). Off by default: slower on the H200 (1.5B 964-979 vs 999-1001 tok/s; BENCHMARKS.md, stretch 7).
+    pub gu_smem: bool,
+    /// Warps of an attention block (1..=32; each takes 32 positions per pass, and a split covers at least one pass
+    /// of all of them): `SPLASH_CUDA_ATT_WARPS`. One split needs no second pass over partials. Default 4: 1, 2, 8
+    /// and 16 were all slower on the 1.5B at contexts 16, 512 and 2048 (BENCHMARKS.md, stretch 7).
+    pub att_warps: usize,
 }
 
 impl CudaOptions {
@@ -155,6 +169,10 @@ impl Default for CudaOptions {
             stream_stages: env_usize("SPLASH_CUDA_STREAM_NS", 3).clamp(1, 8),
             stream_bps: env_usize("SPLASH_CUDA_STREAM_BPS", 0),
             xperm: std::env::var("SPLASH_CUDA_XPERM").map(|v| v != "0").unwrap_or(true),
+            fuse_norm: std::env::var("SPLASH_CUDA_FUSE_NORM").map(|v| v != "0").unwrap_or(true),
+            qkv_rope: std::env::var("SPLASH_CUDA_QKV_ROPE").map(|v| v != "0").unwrap_or(true),
+            gu_smem: std::env::var("SPLASH_CUDA_GU_SMEM").is_ok_and(|v| v == "1"),
+            att_warps: env_usize("SPLASH_CUDA_ATT_WARPS", ATT_WARPS).clamp(1, 32),
         }
     }
 }
@@ -239,6 +257,8 @@ struct Scratch {
     logits: DevBuf,
     /// Greedy token of each logit row (`Runner::forward_argmax`).
     ids: DevBuf,
+    /// Each greedy pick's softmax probability (`Runner::forward_top`).
+    probs: DevBuf,
     tokens: DevBuf,
     pos: DevBuf,
     slot: DevBuf,
@@ -301,8 +321,8 @@ pub struct CudaRunner {
     free_pages: Vec<u32>,
     seqs: HashMap<SeqId, SeqState>,
     scratch: Option<Scratch>,
-    /// Per (rows, logit rows, greedy pick on the device).
-    graphs: HashMap<(usize, usize, bool), Graph>,
+    /// Per (rows, logit rows, pick on the device: `pick`).
+    graphs: HashMap<(usize, usize, u8), Graph>,
     /// Logits of the last forward pass (page-locked: copied straight from the device).
     logits: Option<backend::cuda::PinnedF32>,
     opts: CudaOptions,
@@ -320,7 +340,7 @@ pub struct CudaRunner {
     /// A CUDA graph is being captured (no programmatic dependent launch inside graphs).
     capturing: std::cell::Cell<bool>,
     /// The pass ends with the argmax of every logit row (`Runner::forward_argmax`).
-    greedy: std::cell::Cell<bool>,
+    pick: std::cell::Cell<u8>,
     pub stats: CudaLoadStats,
 }
 
@@ -421,7 +441,20 @@ pub struct Q8Kernels {
     pub sgu: Vec<(GgmlType, usize, usize, usize, usize, bool)>,
     /// 8-bit activation rows in the permuted layout (`xpos` in kernels.cu): coalesced loads in the kernels above.
     pub xperm: bool,
+    /// QKV and gate/up (not streamed) normalise and quantize their input in the prologue (`CudaOptions::fuse_norm`).
+    pub fuse_norm: bool,
+    /// QKV applies RoPE and writes the KV cache in the epilogue (`CudaOptions::qkv_rope`).
+    pub qkv_rope: bool,
+    /// Q4_K gate/up kernels that write the down input (up to 4 rows per block) keep the up rows' weights in shared
+    /// memory (`CudaOptions::gu_smem`).
+    pub gu_smem: bool,
+    /// Warps of an attention block (`CudaOptions::att_warps`; 0 reads as the default).
+    pub att_warps: usize,
 }
+
+/// Largest hidden size whose 8 rows of 8-bit activations (with their scales) the fused-norm kernels keep in static
+/// shared memory (48 KiB per block in all).
+pub const FUSE_NORM_MAX_HIDDEN: usize = 4096;
 
 /// Bytes of one row of `k` values in the device layout of the 8-bit-activation kernels' types (0: not one of them).
 fn dev_row_bytes(ty: GgmlType, k: usize) -> usize {
@@ -591,6 +624,7 @@ pub fn kernel_source(
     q8: &Q8Kernels,
 ) -> String {
     let max_pages = cfg.max_context.div_ceil(PAGE_SIZE);
+    let att_warps = if q8.att_warps == 0 { ATT_WARPS } else { q8.att_warps };
     let mut s = String::new();
     let defs = [
         ("HIDDEN", cfg.hidden_size),
@@ -604,7 +638,7 @@ pub fn kernel_source(
         ("ROPE_NEOX", usize::from(cfg.rope_style == RopeStyle::Neox)),
         ("PAGE_SIZE", PAGE_SIZE),
         ("MAX_PAGES", max_pages),
-        ("ATT_WARPS", ATT_WARPS),
+        ("ATT_WARPS", att_warps),
     ];
     for (k, v) in defs {
         s.push_str(&format!("#define {k} {v}\n"));
@@ -612,7 +646,8 @@ pub fn kernel_source(
     s.push_str(&format!("#define RMS_EPS {:e}f\n", cfg.rms_eps));
     s.push_str(&format!("#define REPACK {}\n#define ATT_DYN {}\n", u8::from(q8.repack), u8::from(q8.att_dyn)));
     s.push_str(&format!("#define XPERM {}\n", u8::from(q8.xperm)));
-    s.push_str(&format!("#define ATT_MIN_SPLIT {ATT_MIN_SPLIT}\n"));
+    s.push_str(&format!("#define FUSE_NORM {}\n#define QKV_ROPE {}\n", u8::from(q8.fuse_norm), u8::from(q8.qkv_rope)));
+    s.push_str(&format!("#define ATT_MIN_SPLIT {}\n", 32 * att_warps));
     s.push_str(backend::cuda::KERNELS);
     s.push('\n');
     for &(ty, k) in mats {
@@ -700,10 +735,14 @@ pub fn kernel_source(
     for &(ty, k, p) in &q8.gu {
         for mr in MRS {
             let (threads, fused) = if guq_fused(p) && q8.gu_fuse { (32 * p, "true") } else { (128, "false") };
+            let norm = q8.fuse_norm && k == cfg.hidden_size;
+            let us = q8.gu_smem && ty == GgmlType::Q4_K && fused == "true" && mr <= 4;
+            let bounds = if us { format!("{threads}, 3") } else { format!("{threads}") };
             s.push_str(&format!(
-                "extern \"C\" __global__ void __launch_bounds__({threads}) {}(const u8* Wg, const u8* Wu, const i8* Xq, \
-                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do) {{ pdl_trigger(); guq_body<{}, {k}, {mr}, \
-                 {p}, {fused}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do); }}\n",
+                "extern \"C\" __global__ void __launch_bounds__({bounds}) {}(const u8* Wg, const u8* Wu, const i8* Xq, \
+                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn) {{ \
+                 pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}, {us}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do, X, \
+                 gn); }}\n",
                 guq_name(ty, k, p, mr),
                 type_id(ty)
             ));
@@ -740,8 +779,9 @@ pub fn kernel_source(
             s.push_str(&format!(
                 "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wq, const u8* Wk, const u8* Wv, \
                  const i8* Xq, const float2* Xd, const float* bq, const float* bk, const float* bv, float* q, float* k, \
-                 float* v, int m) {{ pdl_trigger(); qkvq_body<{}, {}, {}, {mr}, {p}>(Wq, Wk, Wv, Xq, Xd, bq, bk, bv, q, k, \
-                 v, m); }}\n",
+                 float* v, int m, const float* X, const float* g, const float* inv_freq, const u32* pos, const u32* slot, \
+                 const u32* table, u16* kc, u16* vc) {{ pdl_trigger(); qkvq_body<{}, {}, {}, {mr}, {p}>(Wq, Wk, Wv, Xq, \
+                 Xd, bq, bk, bv, q, k, v, m, X, g, inv_freq, pos, slot, table, kc, vc); }}\n",
                 qkvq_name(tq, tk, tv, p, mr),
                 type_id(tq),
                 type_id(tk),
@@ -812,11 +852,24 @@ impl CudaRunner {
         // Layers (and the output matrix) on the 8-bit-activation kernels, and the instantiations they need.
         let q8_on = opts.q8 && !opts.exact_activations;
         let it = opts.q8_its();
+        opts.stream &= gpu.cc.0 >= 9 && q8_on;
+        opts.fuse_norm &=
+            q8_on && !opts.stream && cfg.hidden_size <= FUSE_NORM_MAX_HIDDEN && cfg.hidden_size.is_multiple_of(64);
+        opts.qkv_rope &= q8_on
+            && !cfg.qk_norm
+            && cfg.q_dim().is_multiple_of(32)
+            && cfg.kv_dim().is_multiple_of(32)
+            && cfg.head_dim.is_multiple_of(2)
+            && cfg.rope_dim <= cfg.head_dim;
         let mut q8k = Q8Kernels {
             gu_fuse: opts.gu_fuse,
             repack: opts.repack,
             att_dyn: opts.att_dyn,
             xperm: opts.xperm,
+            fuse_norm: opts.fuse_norm,
+            qkv_rope: opts.qkv_rope,
+            gu_smem: opts.gu_smem,
+            att_warps: opts.att_warps,
             ..Q8Kernels::default()
         };
         let mut q8_layers = Vec::with_capacity(weights.layers.len());
@@ -855,7 +908,6 @@ impl CudaRunner {
             add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
         }
         // Streamed (bulk-copy) versions of the same products, Hopper and later.
-        opts.stream &= gpu.cc.0 >= 9 && q8_on;
         let sgeo = if opts.stream { (gpu.num_sms()?, gpu.max_smem_per_block()?) } else { (1, 0) };
         if opts.stream {
             let mut plain: Vec<&backend::cpu::QMatrix> = Vec::new();
@@ -1062,7 +1114,7 @@ impl CudaRunner {
             segs: Vec::new(),
             gemm_scratch: None,
             capturing: std::cell::Cell::new(false),
-            greedy: std::cell::Cell::new(false),
+            pick: std::cell::Cell::new(0),
             stats,
         })
     }
@@ -1132,6 +1184,7 @@ impl CudaRunner {
             counters: g.upload(&vec![0u32; m * c.num_heads])?,
             logits: g.alloc(r * c.vocab_size * f)?,
             ids: g.alloc(r * 4)?,
+            probs: g.alloc(r * 4)?,
             tokens: g.alloc(m * 4)?,
             pos: g.alloc(m * 4)?,
             slot: g.alloc(m * 4)?,
@@ -1282,10 +1335,11 @@ impl CudaRunner {
                 self.mmv(out, s.xn.ptr, s.logits.ptr, None, r, false)?;
             }
         }
-        if r > 0 && self.greedy.get() {
+        if r > 0 && self.pick.get() > 0 {
             let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
             let vocab = self.cfg.vocab_size;
-            self.launch("argmax_rows", (r as u32, 1, 1), 1024, Args(vec![s.logits.ptr, i(vocab), s.ids.ptr]))?;
+            let probs = if self.pick.get() == 2 { s.probs.ptr } else { 0 };
+            self.launch("argmax_rows", (r as u32, 1, 1), 1024, Args(vec![s.logits.ptr, i(vocab), s.ids.ptr, probs]))?;
         }
         Ok(())
     }
@@ -1344,9 +1398,12 @@ impl CudaRunner {
             // Rows of the 8-bit activation scratch for an input of width k (this segment's rows).
             let qb = |k: usize| (s.xq8.ptr + (r0 * k) as u64, s.xds.ptr + (r0 * (k / 32) * 8) as u64);
             if q8 {
-                // Attention RMSNorm + 8-bit quantization, then Q, K, V in one launch (dp4a).
+                // Attention RMSNorm + 8-bit quantization (in the QKV kernel's prologue with `fuse_norm`), then Q, K,
+                // V in one launch (dp4a), with RoPE and the KV write in its epilogue (`qkv_rope`).
                 let (xq, xd) = qb(c.hidden_size);
-                self.quant(x, l.attn_norm.ptr, 0, xq, xd, m, c.hidden_size)?;
+                if !self.opts.fuse_norm {
+                    self.quant(x, l.attn_norm.ptr, 0, xq, xd, m, c.hidden_size)?;
+                }
                 let rows = c.q_dim() + 2 * c.kv_dim();
                 let pt = q8_threads(c.hidden_size, rows, self.opts.q8_its(), 32);
                 let mr = pick_mr(m);
@@ -1367,9 +1424,19 @@ impl CudaRunner {
                         k,
                         v,
                         i(m),
+                        x,
+                        l.attn_norm.ptr,
+                        self.inv_freq.ptr,
+                        pos,
+                        slot,
+                        s.table.ptr,
+                        self.kc[li].ptr,
+                        self.vc[li].ptr,
                     ]),
                 )?;
-                self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, s.table.ptr], mu)?;
+                if !self.opts.qkv_rope {
+                    self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, s.table.ptr], mu)?;
+                }
             } else if !fused || !self.opts.fuse_rope {
                 if fused {
                     // RMSNorm fused into one launch of the three projections.
@@ -1433,7 +1500,7 @@ impl CudaRunner {
             self.launch(
                 "attention",
                 (mu, c.num_heads as u32, att_splits(m) as u32),
-                (32 * ATT_WARPS) as u32,
+                (32 * self.opts.att_warps) as u32,
                 Args(vec![
                     q,
                     self.kc[li].ptr,
@@ -1456,7 +1523,10 @@ impl CudaRunner {
                 }
                 self.mmvq(&l.wo, aq, ad, x, None, m, true)?;
                 let (fq, fd) = qb(c.hidden_size);
-                self.quant(x, l.ffn_norm.ptr, 0, fq, fd, m, c.hidden_size)?;
+                // The gate/up kernel normalises and quantizes its input itself with `fuse_norm`.
+                if !(self.opts.fuse_norm && l.gate.ty == l.up.ty) {
+                    self.quant(x, l.ffn_norm.ptr, 0, fq, fd, m, c.hidden_size)?;
+                }
                 let (dq, dd) =
                     (s.xq8b.ptr + (r0 * c.ffn_size) as u64, s.xdsb.ptr + (r0 * (c.ffn_size / 32) * 8) as u64);
                 let mut down_in_q8 = false;
@@ -1465,7 +1535,8 @@ impl CudaRunner {
                     let mr = pick_mr(m);
                     down_in_q8 = guq_fused(pt) && self.opts.gu_fuse;
                     let (ty, kc, n) = (l.gate.ty, l.gate.cols, l.gate.rows);
-                    let args = Args(vec![l.gate.buf.ptr, l.up.buf.ptr, fq, fd, gate, i(m), i(n), dq, dd]);
+                    let args =
+                        Args(vec![l.gate.buf.ptr, l.up.buf.ptr, fq, fd, gate, i(m), i(n), dq, dd, x, l.ffn_norm.ptr]);
                     let streamed = if self.opts.stream
                         && let Some(sp) = stream_plan(ty, kc, n, pt, 2, down_in_q8, &self.opts, self.sgeo)
                     {
@@ -1532,7 +1603,7 @@ impl CudaRunner {
         Ok(())
     }
 
-    /// Runs the batch up to its logits (and their argmax with `greedy` set), enqueued on the stream without waiting;
+    /// Runs the batch up to its logits (and their argmax with `pick` 1, also its probability with 2), enqueued on the stream without waiting;
     /// the sequences' lengths are advanced. Returns the number of logit rows.
     fn run(&mut self, batch: &Batch<'_>) -> Result<usize> {
         self.validate(batch)?;
@@ -1604,7 +1675,7 @@ impl CudaRunner {
             }
         }
         if self.opts.graphs && m <= MAX_GRAPH_ROWS {
-            if !self.graphs.contains_key(&(m, r, self.greedy.get())) {
+            if !self.graphs.contains_key(&(m, r, self.pick.get())) {
                 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
                 self.gpu
                     .stream
@@ -1617,13 +1688,13 @@ impl CudaRunner {
                 res?;
                 match g {
                     Ok(Some(g)) => {
-                        self.graphs.insert((m, r, self.greedy.get()), Graph(g));
+                        self.graphs.insert((m, r, self.pick.get()), Graph(g));
                     }
                     Ok(None) => return Err(Error::Backend("graph capture produced no graph".into())),
                     Err(e) => return Err(Error::Backend(format!("graph capture: {e:?}"))),
                 }
             }
-            self.graphs[&(m, r, self.greedy.get())]
+            self.graphs[&(m, r, self.pick.get())]
                 .0
                 .launch()
                 .map_err(|e| Error::Backend(format!("graph launch: {e:?}")))?;
@@ -1780,7 +1851,7 @@ impl Runner for CudaRunner {
     }
 
     fn forward(&mut self, batch: &Batch<'_>) -> Result<&[f32]> {
-        self.greedy.set(false);
+        self.pick.set(0);
         let r = self.run(batch)?;
         let vocab = self.cfg.vocab_size;
         if self.logits.as_ref().is_none_or(|l| l.len() < r * vocab) {
@@ -1801,9 +1872,9 @@ impl Runner for CudaRunner {
     /// The greedy token of each logit row, picked on the device (`argmax_rows` at the end of the graph): one u32
     /// per row comes back instead of the row's logits.
     fn forward_argmax(&mut self, batch: &Batch<'_>) -> Result<Vec<u32>> {
-        self.greedy.set(true);
+        self.pick.set(1);
         let res = self.run(batch);
-        self.greedy.set(false);
+        self.pick.set(0);
         let r = res?;
         let mut ids = vec![0u32; r];
         if r > 0 {
@@ -1815,9 +1886,28 @@ impl Runner for CudaRunner {
         Ok(ids)
     }
 
-    /// The pick's probability is not computed on the device yet: [`Runner::forward_top`] would copy the logits.
+    /// The greedy token of each logit row and its softmax probability, both computed on the device (`argmax_rows`
+    /// with its second pass over the row): two values per row come back instead of the logits.
+    fn forward_top(&mut self, batch: &Batch<'_>) -> Result<Vec<(u32, f32)>> {
+        self.pick.set(2);
+        let res = self.run(batch);
+        self.pick.set(0);
+        let r = res?;
+        let mut ids = vec![0u32; r];
+        let mut probs = vec![0f32; r];
+        if r > 0 {
+            let s = self.scratch.as_ref().expect("INVARIANT: run ensured it");
+            self.gpu.dtoh(&mut ids, s.ids.ptr)?;
+            self.gpu.dtoh(&mut probs, s.probs.ptr)?;
+        } else {
+            self.gpu.sync()?;
+        }
+        Ok(ids.into_iter().zip(probs).collect())
+    }
+
+    /// The pick's probability is computed on the device ([`Runner::forward_top`]).
     fn top_prob_is_cheap(&self) -> bool {
-        false
+        true
     }
 
     fn seq_len(&self, seq: SeqId) -> usize {
@@ -1967,6 +2057,10 @@ mod tests {
             repack: true,
             att_dyn: true,
             xperm: true,
+            fuse_norm: true,
+            qkv_rope: true,
+            gu_smem: true,
+            att_warps: 16,
             smats: vec![
                 (Q4_K, 1536, 32, 8, 3),
                 (Q6_K, 8960, 64, 2, 3),

@@ -701,6 +701,27 @@ extern "C" __global__ void qk_norm(float* __restrict__ q, float* __restrict__ k,
     }
 }
 
+// Rotation pair i (0 <= i < HEAD_DIM / 2) of a head: the two dimensions RoPE turns together (NEOX: i and i + half;
+// else 2i and 2i + 1); pairs past ROPE_DIM / 2 are 2i, 2i + 1 and keep their values.
+__device__ __forceinline__ void rope_pair(int i, int& ia, int& ib) {
+    const int half = ROPE_DIM / 2;
+    if (i < half && ROPE_NEOX) { ia = i; ib = i + half; } else { ia = 2 * i; ib = 2 * i + 1; }
+}
+// (x0, x1) of pair i rotated for position p (unchanged past ROPE_DIM / 2). rope_kv and the QKV kernel's fused epilogue
+// both call this, so the two give the same bits.
+__device__ __forceinline__ void rope_rot(float x0, float x1, u32 p, const float* __restrict__ inv_freq, int i,
+                                         float& a, float& b) {
+    if (i < ROPE_DIM / 2) {
+        float s, c;
+        sincosf((float)p * inv_freq[i], &s, &c);
+        a = x0 * c - x1 * s;
+        b = x0 * s + x1 * c;
+    } else {
+        a = x0;
+        b = x1;
+    }
+}
+
 // RoPE on q and k of row t (at position pos[t]), then k and v (f16) into the paged cache.
 // Cache layout per layer: [page][PAGE_SIZE][KV_DIM]; the row's page is table[slot[t] * MAX_PAGES + pos / PAGE_SIZE].
 extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
@@ -711,7 +732,6 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restric
     const u32 p = pos[t];
     const u32 page = table[(size_t)slot[t] * MAX_PAGES + p / PAGE_SIZE];
     const size_t cbase = ((size_t)page * PAGE_SIZE + p % PAGE_SIZE) * KV_DIM;
-    const int half = ROPE_DIM / 2;
     // Each thread handles one rotation pair of one head (q heads then k heads), or copies a dimension; the pairs
     // are spread over gridDim.y blocks (one pass each for the shapes the host launches).
     const int g0 = blockIdx.y * blockDim.x + threadIdx.x, gs = gridDim.y * blockDim.x;
@@ -720,21 +740,9 @@ extern "C" __global__ void rope_kv(float* __restrict__ q, const float* __restric
         const bool isq = h < NUM_HEADS;
         const float* src = isq ? q + (size_t)t * Q_DIM + h * HEAD_DIM : k + (size_t)t * KV_DIM + (h - NUM_HEADS) * HEAD_DIM;
         int ia, ib;
-        if (ROPE_NEOX) { ia = i; ib = i + half; } else { ia = 2 * i; ib = 2 * i + 1; }
+        rope_pair(i, ia, ib);
         float a, b;
-        if (i < half) {
-            float s, c;
-            sincosf((float)p * inv_freq[i], &s, &c);
-            float x0 = src[ia], x1 = src[ib];
-            a = x0 * c - x1 * s;
-            b = x0 * s + x1 * c;
-        } else {
-            // Dimensions past rope_dim keep their values.
-            ia = 2 * i;
-            ib = 2 * i + 1;
-            a = src[ia];
-            b = src[ib];
-        }
+        rope_rot(src[ia], src[ib], p, inv_freq, i, a, b);
         if (isq) {
             float* dst = q + (size_t)t * Q_DIM + h * HEAD_DIM;
             dst[ia] = a;
@@ -904,6 +912,20 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
     __syncthreads();
     float M = -1e30f;
     for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
+    if (S == 1 && out) {
+        // One split: the block's own merge is the result, written at once (no partial, no counter, no second pass;
+        // the bits the merge below gives for one partial: its factor is exp(0) = 1).
+        float L = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) L += sl[w] * __expf(sm[w] - M);
+        for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+            float a = 0.f;
+            for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][i] * __expf(sm[w] - M);
+            const size_t oi = (size_t)t * Q_DIM + h * HEAD_DIM + i;
+            out[oi] = a / L;
+            if (qo) q8_block(a / L, qo + (size_t)t * Q_DIM, (h * HEAD_DIM + i) & ~31, Q_DIM, qd + oi / 32);
+        }
+        return;
+    }
     float* o = part + ((size_t)(t * NUM_HEADS + h) * SG + z) * (HEAD_DIM + 2);
     // (partials written below; the last split of (t, h) to finish merges them all)
     for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
@@ -1080,6 +1102,83 @@ extern "C" __global__ void quant_q8(const float* __restrict__ x, const float* __
     }
 }
 
+// The same as quant_q8 with a norm, for the rows [0, m) (m <= MR) of X (width HIDDEN, RMS-normalised with weights g)
+// into shared memory (sq: MR rows of HIDDEN int8 in the xpos layout, sd: a float2 per 32 values), by a block of NT
+// threads (NT divides 256): the consumer's prologue, so no separate launch. The sum of squares is formed exactly as
+// quant_q8's 256 threads form it (thread t takes the virtual threads t, t + NT, ...: each one's values in the same
+// order, the same warp trees, the eight warp sums added in order), and the 8-bit values depend only on each 32-block's
+// values, so the results are quant_q8's to the bit. Ends with __syncthreads (the whole block must call it).
+template <int NT, int MR>
+__device__ __forceinline__ void norm_q8_smem(const float* __restrict__ X, const float* __restrict__ g, int m,
+                                             i8* __restrict__ sq, float2* __restrict__ sd) {
+    static_assert(256 % NT == 0, "the block size must divide 256");
+    __shared__ float sh[MR][8];
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int NL = (HIDDEN + 255) / 256, C = 256 / NT;
+    for (int r = 0; r < m; r++) {
+        const float* xr = X + (size_t)r * HIDDEN;
+        float xv[C][NL];
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+#pragma unroll
+            for (int j = 0; j < NL; j++) {
+                const int k = tid + NT * c + 256 * j;
+                xv[c][j] = k < HIDDEN ? xr[k] : 0.f;
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            float s = 0.f;
+#pragma unroll
+            for (int j = 0; j < NL; j++) s += xv[c][j] * xv[c][j];
+            s = warp_sum(s);
+            if (lane == 0) sh[r][(tid + NT * c) >> 5] = s;
+        }
+    }
+    __syncthreads();
+    // Eight consecutive values per thread, four threads per 32-block.
+    const int PER_ROW = HIDDEN / 8;
+    for (int base = 0; base < m * PER_ROW; base += NT) {
+        const int idx = base + tid;
+        const bool on = idx < m * PER_ROW;
+        const int r = on ? idx / PER_ROW : 0, e = on ? (idx % PER_ROW) * 8 : 0;
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) s += sh[r][w];
+        const float scale = rsqrtf(s / (float)HIDDEN + RMS_EPS);
+        const float* xr = X + (size_t)r * HIDDEN + e;
+        const float4 x0 = *(const float4*)xr, x1 = *(const float4*)(xr + 4);
+        const float4 g0 = *(const float4*)(g + e), g1 = *(const float4*)(g + e + 4);
+        const float v[8] = {x0.x * scale * g0.x, x0.y * scale * g0.y, x0.z * scale * g0.z, x0.w * scale * g0.w,
+                            x1.x * scale * g1.x, x1.y * scale * g1.y, x1.z * scale * g1.z, x1.w * scale * g1.w};
+        float amax = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) amax = fmaxf(amax, fabsf(v[w]));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const float id = amax > 0.f ? 127.f / amax : 0.f;
+        int qs = 0;
+        u32 lo = 0, hi = 0;
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            const int qi = (int)rintf(v[w] * id);
+            qs += qi;
+            if (w < 4) lo |= ((u32)qi & 0xFFu) << (8 * w);
+            else hi |= ((u32)qi & 0xFFu) << (8 * (w - 4));
+        }
+        qs += __shfl_xor_sync(0xffffffffu, qs, 1);
+        qs += __shfl_xor_sync(0xffffffffu, qs, 2);
+        if (on) {
+            *(uint2*)(sq + r * HIDDEN + xpos(e, HIDDEN)) = make_uint2(lo, hi);
+            if ((idx & 3) == 0) {
+                const float d = amax / 127.f;
+                sd[r * (HIDDEN / 32) + e / 32] = make_float2(d, d * (float)qs);
+            }
+        }
+    }
+    __syncthreads();
+}
+
 struct PQ4K { uint4 h, a, b; };
 struct PQ6K { uint4 l0, l1, h0, h1, s; u32 d; };
 struct PQ8 { u32 d0, d1; u32 q0[8], q1[8]; };
@@ -1131,6 +1230,34 @@ __device__ __forceinline__ void pload(const u8* row, int p, PQ4K& w, int nsb) {
     w.a = *(const uint4*)(b + 16 + 32 * j);
     w.b = *(const uint4*)(b + 32 + 32 * j);
 #endif
+}
+
+// 16 bytes from global memory into shared memory without passing through registers (sm_80+; cp.async.wait_all
+// before the issuing thread reads them).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// pload into shared memory (w is there): asynchronous for Q4_K, a plain load and store for the other types.
+__device__ __forceinline__ void pload_async(const u8* row, int p, PQ4K& w, int nsb) {
+#if REPACK
+    cp_async16(&w.h, row + nsb * 128 + 16 * (p >> 2));
+    cp_async16(&w.a, row + 16 * p);
+    cp_async16(&w.b, row + nsb * 64 + 16 * p);
+#else
+    const u8* b = row + (p >> 2) * 144;
+    const int j = p & 3;
+    cp_async16(&w.h, b);
+    cp_async16(&w.a, b + 16 + 32 * j);
+    cp_async16(&w.b, b + 32 + 32 * j);
+#endif
+}
+template <class W> __device__ __forceinline__ void pload_async(const u8* row, int p, W& w, int nsb) {
+    W t;
+    pload(row, p, t, nsb);
+    w = t;
 }
 // Pair p of a (repacked) Q6_K row: superblock p / 4, half hf = (p / 2) % 2, quarter pp = p % 2: positions
 // 128 hf + 32 pp + [0, 32) (low nibbles) and + 64 (high nibbles).
@@ -1304,11 +1431,32 @@ template <int T, int K, int P> struct RowQ {
 #pragma unroll
         for (int i = 0; i < IT; i++)
             if (part + P * i < NP) pdot<K, MR>(w[i], part + P * i, xq, xd, m, acc);
+        reduce<MR>(acc);
+    }
+    template <int MR> __device__ __forceinline__ static void reduce(float* acc) {
 #pragma unroll
         for (int r = 0; r < MR; r++) {
 #pragma unroll
             for (int o = (P < 32 ? P : 32) / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
         }
+    }
+    // The same pairs held in shared memory instead (sw[i * stride]: this thread's pair i, loaded with cp.async by
+    // load_smem), the same sums in the same order.
+    __device__ __forceinline__ static void load_smem(const u8* row, int part, typename Pair<T>::W* sw, int stride) {
+#pragma unroll
+        for (int i = 0; i < IT; i++)
+            if (part + P * i < NP) pload_async(row, part + P * i, sw[i * stride], K / 256);
+    }
+    template <int MR>
+    __device__ __forceinline__ static void dot_smem(int part, const typename Pair<T>::W* sw, int stride, const i8* xq,
+                                                    const float2* xd, int m, float* acc) {
+        cp_async_wait_all();
+#pragma unroll
+        for (int r = 0; r < MR; r++) acc[r] = 0.f;
+#pragma unroll
+        for (int i = 0; i < IT; i++)
+            if (part + P * i < NP) pdot<K, MR>(sw[i * stride], part + P * i, xq, xd, m, acc);
+        reduce<MR>(acc);
     }
 };
 
@@ -1360,11 +1508,16 @@ __device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __
 // Gate and up on 8-bit activations, writing silu(gate) * up (P <= 32). QOUT: blocks of 32 * P threads take 32
 // consecutive rows and also write the result quantized to 8 bits (Qo, Do: the down projection's input); else 128
 // threads.
-template <int T, int K, int MR, int P, bool QOUT>
+// NORM (K == HIDDEN): the input is X (f32 rows) RMS-normalised with weights gn and quantized in the prologue
+// (norm_q8_smem) into shared memory, instead of Xq / Xd written by quant_q8 in a launch of its own.
+// US: the up rows' weights wait in shared memory (cp.async) instead of registers, so that more blocks fit on a
+// multiprocessor (the 1.5B's 280 gate/up blocks in one wave instead of 264 + 16).
+template <int T, int K, int MR, int P, bool QOUT, bool NORM = false, bool US = false>
 __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
                                          const i8* __restrict__ Xq, const float2* __restrict__ Xd,
                                          float* __restrict__ Y, int m, int N, i8* __restrict__ Qo,
-                                         float2* __restrict__ Do) {
+                                         float2* __restrict__ Do, const float* __restrict__ X = nullptr,
+                                         const float* __restrict__ gn = nullptr) {
     const int tid = threadIdx.x;
     const int RPB = QOUT ? 32 : 128 / P;
     const int n = blockIdx.x * RPB + tid / P, part = tid % P;
@@ -1374,12 +1527,25 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
     m = min(m - (int)blockIdx.y * MR, MR);
     const size_t rb = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
     RowQ<T, K, P> g, u;
+    typedef typename Pair<T>::W PW;
+    constexpr int NT = QOUT ? 32 * P : 128;
+    __shared__ __align__(16) PW usm[US ? RowQ<T, K, P>::IT * NT : 1];
     g.load(Wg + (size_t)min(n, N - 1) * rb, part);
-    u.load(Wu + (size_t)min(n, N - 1) * rb, part);
+    if constexpr (US) RowQ<T, K, P>::load_smem(Wu + (size_t)min(n, N - 1) * rb, part, usm + tid, NT);
+    else u.load(Wu + (size_t)min(n, N - 1) * rb, part);
     pdl_wait();
+    if constexpr (NORM) {
+        static_assert(K == HIDDEN, "the fused norm is the FFN's");
+        __shared__ __align__(16) i8 sxq[MR * K];
+        __shared__ __align__(16) float2 sxd[MR * K / 32];
+        norm_q8_smem<QOUT ? 32 * P : 128, MR>(X + (size_t)blockIdx.y * MR * K, gn, m, sxq, sxd);
+        Xq = sxq;
+        Xd = sxd;
+    }
     float a[MR], c[MR];
     g.template dot<MR>(part, Xq, Xd, m, a);
-    u.template dot<MR>(part, Xq, Xd, m, c);
+    if constexpr (US) RowQ<T, K, P>::template dot_smem<MR>(part, usm + tid, NT, Xq, Xd, m, c);
+    else u.template dot<MR>(part, Xq, Xd, m, c);
     if (part == 0 && n < N) {
 #pragma unroll
         for (int r = 0; r < MR; r++)
@@ -1403,51 +1569,133 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
     }
 }
 
-template <int T, int MR, int P>
-__device__ __forceinline__ void qkvq_row(const u8* W, int n, int part, const i8* Xq, const float2* Xd, int m,
-                                         float* Y, int N, const float* bias) {
+// Rows [0, RPB) of the block's share of one projection (the block's rows all lie in one matrix). NORM: the input is
+// X RMS-normalised with g and quantized in the prologue. ROPE (q and k): the block's row slots are pairs of rows
+// that RoPE turns together (slots 2j, 2j + 1 = dimensions ia, ib of pair i of a head), rotated in the epilogue and
+// written to `Y` (q, f32) or, with KV set, to the paged cache (k); V rows (KV set, ROPE off) go to the cache too.
+// The same sums and the same rotation (rope_rot) as qkvq + rope_kv, so the same bits.
+template <int T, int MR, int P, bool NORM, bool ROPE>
+__device__ __forceinline__ void qkvq_rows(const u8* W, int n, int part, const i8* Xq, const float2* Xd, int m,
+                                          float* Y, int N, const float* bias, const float* X, const float* g,
+                                          const float* inv_freq, const u32* pos, const u32* slot, const u32* table,
+                                          u16* kv, i8* sxq, float2* sxd, float (*ys)[32]) {
+    const int lr = threadIdx.x / P;
+    int row = n, pi = 0;
+    if constexpr (ROPE) {
+        // Slot n: pair pi of its head, dimension ia (even slot) or ib (odd slot).
+        pi = (n >> 1) % (HEAD_DIM / 2);
+        int ia, ib;
+        rope_pair(pi, ia, ib);
+        row = (n >> 1) / (HEAD_DIM / 2) * HEAD_DIM + ((n & 1) ? ib : ia);
+    }
     RowQ<T, HIDDEN, P> rq;
-    rq.load(W + (size_t)n * (HIDDEN / Fmt<T>::BLOCK) * Fmt<T>::BYTES, part);
+    rq.load(W + (size_t)row * (HIDDEN / Fmt<T>::BLOCK) * Fmt<T>::BYTES, part);
     pdl_wait();
+    if constexpr (NORM) {
+        norm_q8_smem<128, MR>(X, g, m, sxq, sxd);
+        Xq = sxq;
+        Xd = sxd;
+    }
     float acc[MR];
     rq.template dot<MR>(part, Xq, Xd, m, acc);
-    if (part == 0) {
-        const float b = bias ? bias[n] : 0.f;
+    const float b = bias ? bias[row] : 0.f;
+    if (!ROPE && !kv) {
+        if (part == 0) {
 #pragma unroll
-        for (int r = 0; r < MR; r++)
-            if (r < m) Y[(size_t)r * N + n] = acc[r] + b;
+            for (int r = 0; r < MR; r++)
+                if (r < m) Y[(size_t)r * N + row] = acc[r] + b;
+        }
+        return;
+    }
+    // Epilogue into the cache (k, v) or q rotated: row r of the block is row blockIdx.y * MR + r of the launch.
+    const int t0 = blockIdx.y * MR;
+    if constexpr (ROPE) {
+        if (part == 0) {
+#pragma unroll
+            for (int r = 0; r < MR; r++) ys[r][lr] = acc[r] + b;
+        }
+        __syncthreads();
+        if (part == 0 && (n & 1) == 0) {
+            int ia, ib;
+            rope_pair(pi, ia, ib);
+            const int hb = (n >> 1) / (HEAD_DIM / 2) * HEAD_DIM;
+#pragma unroll
+            for (int r = 0; r < MR; r++) {
+                if (r >= m) continue;
+                const int t = t0 + r;
+                const u32 p = pos[t];
+                float a2, b2;
+                rope_rot(ys[r][lr], ys[r][lr + 1], p, inv_freq, pi, a2, b2);
+                if (Y) {
+                    Y[(size_t)r * N + hb + ia] = a2;
+                    Y[(size_t)r * N + hb + ib] = b2;
+                } else {
+                    const size_t crow = (size_t)table[(size_t)slot[t] * MAX_PAGES + p / PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE;
+                    kv[crow * KV_DIM + hb + ia] = f2h(a2);
+                    kv[crow * KV_DIM + hb + ib] = f2h(b2);
+                }
+            }
+        }
+    } else {
+        if (part == 0) {
+#pragma unroll
+            for (int r = 0; r < MR; r++) {
+                if (r >= m) continue;
+                const int t = t0 + r;
+                const u32 p = pos[t];
+                const size_t crow = (size_t)table[(size_t)slot[t] * MAX_PAGES + p / PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE;
+                kv[crow * KV_DIM + row] = f2h(acc[r] + b);
+            }
+        }
     }
 }
 
 // Q, K and V projections in one launch on 8-bit activations (already RMS-normalised), with their biases. Rows of
-// wq, then wk, then wv; 128 / P rows per block (P <= 32; Q_DIM and KV_DIM are multiples of 32, so no warp straddles
-// two matrices).
+// wq, then wk, then wv; 128 / P rows per block (P <= 32; Q_DIM and KV_DIM are multiples of 32, so no block straddles
+// two matrices). FUSE_NORM: the attention RMSNorm and quantization in the prologue (X, g). QKV_ROPE: RoPE and the
+// KV-cache write in the epilogue (q rotated in place in `q`; k and v only into the cache, `k` and `v` not written).
 template <int TQ, int TK, int TV, int MR, int P>
 __device__ __forceinline__ void qkvq_body(const u8* Wq, const u8* Wk, const u8* Wv, const i8* Xq, const float2* Xd,
                                           const float* bq, const float* bk, const float* bv, float* q, float* k,
-                                          float* v, int m) {
+                                          float* v, int m, const float* X, const float* g, const float* inv_freq,
+                                          const u32* pos, const u32* slot, const u32* table, u16* kc, u16* vc) {
     const int tid = threadIdx.x;
     int n = blockIdx.x * (128 / P) + tid / P;
     const int part = tid % P;
     Xq += (size_t)blockIdx.y * MR * HIDDEN;
     Xd += (size_t)blockIdx.y * MR * (HIDDEN / 32);
+    X += (size_t)blockIdx.y * MR * HIDDEN;
     const size_t r0 = (size_t)blockIdx.y * MR;
     m = min(m - (int)blockIdx.y * MR, MR);
-    if (n < Q_DIM) {
-        qkvq_row<TQ, MR, P>(Wq, n, part, Xq, Xd, m, q + r0 * Q_DIM, Q_DIM, bq);
-    } else if (n < Q_DIM + KV_DIM) {
-        qkvq_row<TK, MR, P>(Wk, n - Q_DIM, part, Xq, Xd, m, k + r0 * KV_DIM, KV_DIM, bk);
-    } else if (n < Q_DIM + 2 * KV_DIM) {
-        qkvq_row<TV, MR, P>(Wv, n - Q_DIM - KV_DIM, part, Xq, Xd, m, v + r0 * KV_DIM, KV_DIM, bv);
+    constexpr bool NORM = FUSE_NORM != 0, ROPE = QKV_ROPE != 0;
+    // Shared by the three branches (one copy per block).
+    __shared__ __align__(16) i8 sxq[NORM ? MR * HIDDEN : 16];
+    __shared__ __align__(16) float2 sxd[NORM ? MR * HIDDEN / 32 : 2];
+    __shared__ float ys[ROPE ? MR : 1][32];
+    // Every block lies in one matrix (see above): the branch is the same for all its threads.
+    const int nb = blockIdx.x * (128 / P);
+    if (nb < Q_DIM) {
+        qkvq_rows<TQ, MR, P, NORM, ROPE>(Wq, n, part, Xq, Xd, m, q + r0 * Q_DIM, Q_DIM, bq, X, g, inv_freq, pos, slot,
+                                         table, nullptr, sxq, sxd, ys);
+    } else if (nb < Q_DIM + KV_DIM) {
+        qkvq_rows<TK, MR, P, NORM, ROPE>(Wk, n - Q_DIM, part, Xq, Xd, m, ROPE ? nullptr : k + r0 * KV_DIM, KV_DIM, bk, X,
+                                         g, inv_freq, pos, slot, table, ROPE ? kc : nullptr, sxq, sxd, ys);
+    } else if (nb < Q_DIM + 2 * KV_DIM) {
+        qkvq_rows<TV, MR, P, NORM, false>(Wv, n - Q_DIM - KV_DIM, part, Xq, Xd, m, v + r0 * KV_DIM, KV_DIM, bv, X, g,
+                                          inv_freq, pos, slot, table, ROPE ? vc : nullptr, sxq, sxd, ys);
     }
 }
 
 // ids[i] = index of the largest of logits[i * n .. (i + 1) * n) (the first on ties; NaN never wins; 0 when none is
-// larger than -inf), as the host's argmax over the copied logits gives. Grid (rows), 1024 threads.
+// larger than -inf), as the host's argmax over the copied logits gives. With probs set, also probs[i] = the pick's
+// softmax probability, 1 / sum(exp(logit - max)) (models::top_prob; another summation order, so not its bits).
+// Grid (rows), 1024 threads.
 extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __restrict__ logits, int n,
-                                                               u32* __restrict__ ids) { PDL_ENTER
+                                                               u32* __restrict__ ids, float* __restrict__ probs) {
+    PDL_ENTER
     __shared__ float sv[32];
     __shared__ int si[32];
+    __shared__ float smax;
     const float* x = logits + (size_t)blockIdx.x * n;
     float bv = __int_as_float(0xff800000);
     int bi = 0x7fffffff;
@@ -1474,7 +1722,24 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __re
             const int j = __shfl_xor_sync(0xffffffffu, bi, o);
             if (v > bv || (v == bv && j < bi)) { bv = v; bi = j; }
         }
-        if (lane == 0) ids[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
+        if (lane == 0) {
+            ids[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
+            smax = bi == 0x7fffffff ? x[0] : bv;
+        }
+    }
+    if (!probs) return;
+    __syncthreads();
+    const float mx = smax;
+    float se = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) se += expf(x[i] - mx);
+    se = warp_sum(se);
+    __syncthreads();
+    if (lane == 0) sv[wid] = se;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sv[w];
+        probs[blockIdx.x] = 1.f / t;
     }
 }
 
