@@ -11,18 +11,31 @@
 //! the `multi_agent_v1` namespace (spawn/wait/close agents) is ~11K characters of schema, a tenth of a 32K context on
 //! every request, for sub-agents that would queue on the same local server; and the goal tools (`create_goal`, ...)
 //! fail in `codex exec` ("Goal tools require a persistent thread"). With them on, the Qwen2.5-Coder 1.5B and 0.5B
-//! answered "create a file" with `create_goal`/`wait_agent` calls and never reached the shell tool.
+//! answered "create a file" with `create_goal`/`wait_agent` calls and never reached the shell tool. Also off:
+//! `view_image` (the catalogue entry below says text input only, yet Codex 0.171 still sends the tool) and the skills
+//! listing (`skills.include_instructions`: ~5K characters naming OpenAI's bundled skills, imagegen and openai-docs, in
+//! a second developer message); `-c skills.include_instructions=true` brings a user's skills back.
 //!
 //! A model catalogue entry for the served model (`-c model_catalog_json=<file>`, the file under
 //! `$SPLASH_HOME/codex/`): for a model it does not know, Codex falls back to metadata that gives the model no tool
-//! that edits files (its instructions still say to use `apply_patch`), and its only file-writing tool, `apply_patch`,
-//! is freeform (a Responses `custom` tool) in every catalogue entry. The entry is copied from the installed Codex's
-//! own bundled catalogue (`codex debug models --bundled`), so its fields and its real built-in instructions
-//! (`base_instructions`, which replace Codex's prompt when a catalogue sets them) match that Codex version: the
-//! classic-tools entry (no `tool_mode`) with the best priority, with the served model's slug and context, no reasoning
-//! levels, text input only, no hosted search, no verbosity parameter, and the skills/plugins/apps usage notes off as in
-//! Codex's own fallback. When the catalogue cannot be read the launch goes on without one (and says so); a user's own
-//! `-c model_catalog_json=...` replaces ours.
+//! that edits files, and its only file-writing tool, `apply_patch`, is freeform (a Responses `custom` tool) in every
+//! catalogue entry. The entry is copied from the installed Codex's own bundled catalogue (`codex debug models
+//! --bundled`), so its fields match that Codex version: the classic-tools entry (no `tool_mode`) with the best
+//! priority, with the served model's slug and context, no reasoning levels, text input only, no hosted search, no
+//! verbosity parameter, and the skills/plugins/apps usage notes off as in Codex's own fallback. Its instructions
+//! (`base_instructions`, which replace Codex's prompt) are [`INSTRUCTIONS`], a short prompt for a small local model,
+//! not the copied entry's ~21K-character prompt written for OpenAI's GPT-5 models (which also forbids writing files
+//! with shell commands). Measured with `codex exec` on "Create a file named hello.txt containing the word hi" (the
+//! server samples at temperature 0.7, so tries differ), the Qwen2.5-Coder 1.5B wrote the file in: 0 of 5 tries with
+//! the GPT-5 prompt (it called `write_stdin` before any `exec_command`, or printed the tool list as text), 0 of 2 with
+//! Codex's own fallback prompt, 2 of 6 with a short prompt that pointed at `apply_patch` (otherwise it copied
+//! `apply_patch`'s Lark grammar as the patch), and 3 of 4 with [`INSTRUCTIONS`] (`printf 'hi\n' > hello.txt`). The
+//! 0.5B wrote it in none (0 of 4 with these). Codex 0.171 has no simpler shell tool to offer: every catalogue
+//! `shell_type` (`default`, `local`, `shell_command`, `unified_exec`) and `features.unified_exec=false` still give
+//! `exec_command` + `write_stdin`, and `apply_patch_tool_type` accepts only `freeform`. A user's
+//! `-c model_instructions_file=...` replaces our instructions (Codex reads it over the catalogue's), and a user's own
+//! `-c model_catalog_json=...` replaces the whole catalogue. When the catalogue cannot be read the launch goes on
+//! without one (and says so).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -67,6 +80,9 @@ pub fn overrides(target: &Target) -> Vec<String> {
         "features.unbounded_connection_retries=false".into(),
         "features.multi_agent=false".into(),
         "features.goals=false".into(),
+        // Text-only models (our catalogue says so; Codex 0.171 sends the tool anyway).
+        "features.view_image=false".into(),
+        "skills.include_instructions=false".into(),
     ]
 }
 
@@ -114,8 +130,22 @@ pub fn read_bundled_catalog(program: &Path) -> Option<Value> {
 const DROPPED_FIELDS: [&str; 5] =
     ["tool_mode", "multi_agent_version", "multi_agent_reasoning_effort", "default_service_tier", "model_specialty"];
 
+/// The instructions our catalogue entry gives the model (Codex's `base_instructions`): what Codex 0.171's tools do,
+/// in a few lines a small local model follows, steering file creation to a shell command (which the Qwen2.5-Coder
+/// models write well) rather than `apply_patch`'s patch format (which they garble); see the module docs.
+pub const INSTRUCTIONS: &str = concat!(
+    "You are Codex, a coding agent running in the user's terminal, working in the current directory. Do what the user ",
+    "asks with your tools, then reply briefly.\n",
+    r#"- Run shell commands with exec_command: {"cmd": "<command>"}. Its output comes back to you."#,
+    "\n",
+    r#"- To create a file, run a shell command with exec_command, for example {"cmd": "printf 'first line\\n' > notes.txt"}. "#,
+    "Edit files with apply_patch or with a shell command.\n",
+    "- write_stdin only sends input to a process that exec_command left running (it returned a session_id); never call ",
+    "it first.\n",
+);
+
 /// Our catalogue (`{"models": [entry]}`) for the served model, built from the bundled catalogue `bundled`; `None` when
-/// it has no entry with instructions to copy.
+/// it has no entry with instructions to copy from (an entry without them is not a real model's).
 pub fn catalog(bundled: &Value, target: &Target) -> Option<Value> {
     let models = bundled.get("models")?.as_array()?;
     let has_instructions =
@@ -159,6 +189,7 @@ pub fn catalog(bundled: &Value, target: &Target) -> Option<Value> {
         "include_plugin_usage_instructions": false,
         "include_apps_usage_instructions": false,
         "apply_patch_tool_type": "freeform",
+        "base_instructions": INSTRUCTIONS,
     });
     for (key, value) in ours.as_object()? {
         entry.insert(key.clone(), value.clone());
@@ -189,7 +220,7 @@ pub fn build(target: &Target, user: &UserEnv, user_args: &[String]) -> Launch {
             }
             None => launch.notes.push(format!(
                 "could not read Codex's bundled model catalogue (`codex debug models --bundled`): Codex will use its \
-                 fallback metadata for `{}`, which gives the model no apply_patch tool to edit files",
+                 fallback metadata for `{}`, which gives the model no apply_patch tool to edit files and instructions written for OpenAI's models",
                 target.model
             )),
         }
@@ -237,6 +268,10 @@ mod tests {
                 "features.multi_agent=false",
                 "-c",
                 "features.goals=false",
+                "-c",
+                "features.view_image=false",
+                "-c",
+                "skills.include_instructions=false",
             ])
         );
     }
@@ -326,13 +361,14 @@ mod tests {
                 "context_window": 32768, "max_context_window": 32768, "auto_compact_token_limit": 29491,
                 "effective_context_window_percent": 95, "experimental_supported_tools": [],
                 "input_modalities": ["text"], "supports_search_tool": false, "use_responses_lite": false,
-                "base_instructions": "You are Codex, a coding agent based on GPT-5."
+                "base_instructions": INSTRUCTIONS
             })
         );
         // Only code-mode entries: the best one, without its serving mode.
         let only_code_mode = json!({"models": [bundled()["models"][0].clone()]});
         let entry = catalog(&only_code_mode, &t).expect("catalogue")["models"][0].clone();
-        assert_eq!(entry["base_instructions"], "You are Codex, an agent based on GPT-6.");
+        assert_eq!(entry["slug"], "qwen2.5-coder-0.5b");
+        assert_eq!(entry["shell_type"], "unified_exec");
         assert!(entry.get("tool_mode").is_none() && entry.get("multi_agent_version").is_none(), "{entry}");
         assert_eq!(catalog(&json!({"models": [{"slug": "x", "base_instructions": " "}]}), &t), None);
         assert_eq!(catalog(&json!({"error": "x"}), &t), None);
@@ -375,6 +411,23 @@ mod tests {
         assert!(l.files.is_empty() && !l.args.iter().any(|a| a.starts_with("model_catalog_json")));
         assert_eq!(l.notes.len(), 1);
         assert!(l.notes[0].contains("codex debug models --bundled") && l.notes[0].contains("apply_patch"));
+    }
+
+    #[test]
+    fn instructions_name_the_tools_codex_sends_and_their_example_is_a_valid_call() {
+        // Codex 0.171.0 with our overrides sends exactly these tools (captured from a real `codex exec` request).
+        for tool in ["exec_command", "write_stdin", "apply_patch"] {
+            assert!(INSTRUCTIONS.contains(tool), "{tool}");
+        }
+        // The example call is exec_command's JSON arguments (`cmd`: a string) and decodes to a real shell command.
+        let start = INSTRUCTIONS.find("for example {").expect("example") + "for example ".len();
+        let mut example = serde_json::Deserializer::from_str(&INSTRUCTIONS[start..]).into_iter::<Value>();
+        let example = example.next().expect("a JSON value").expect("valid JSON");
+        assert_eq!(example, json!({"cmd": "printf 'first line\\n' > notes.txt"}));
+        assert_eq!(example["cmd"].as_str().map(|c| c.contains("\\n")), Some(true));
+        // Lines joined as meant: no doubled spaces, one instruction per line.
+        assert!(!INSTRUCTIONS.contains("  ") && INSTRUCTIONS.ends_with("never call it first.\n"), "{INSTRUCTIONS}");
+        assert_eq!(INSTRUCTIONS.lines().count(), 4, "{INSTRUCTIONS}");
     }
 
     #[test]

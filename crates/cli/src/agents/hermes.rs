@@ -6,6 +6,14 @@
 //! environment repeats the endpoint (`CUSTOM_BASE_URL`, and `OPENAI_BASE_URL` for the interactive first-run guard) and
 //! selects provider and model. Hermes refuses contexts under 64,000 tokens: we report the server's real context and,
 //! when it is smaller, refuse plainly instead of inflating it, unless the user asks for `--allow-small-context`.
+//!
+//! The profile's `SOUL.md` (Hermes's identity, the first part of its system prompt) is Hermes's own default identity
+//! plus [`WORKDIR_NOTE`]. Hermes's prompt names "User home directory" before "Current working directory", and the
+//! Qwen2.5-Coder 0.5B and 1.5B answered "create hello.txt" with `write_file` on `<home>/hello.txt`, an absolute path
+//! they chose: Hermes resolves relative paths in the right place (for its local terminal backend it sets
+//! `TERMINAL_CWD` to its own working directory), so there is no directory to pass, only the model to point at it. A
+//! `SOUL.md` the user wrote into our profile is kept: we write it only when it is missing, Hermes's seeded default, or
+//! ours.
 
 use anyhow::{Result, bail};
 
@@ -14,6 +22,28 @@ use super::{FileWrite, Launch, UserEnv, max_output_tokens};
 
 /// The smallest context Hermes Agent accepts.
 pub const MIN_CONTEXT_TOKENS: usize = 64_000;
+
+/// Hermes Agent 0.19.0's default identity (`agent/prompt_builder.py`, `DEFAULT_AGENT_IDENTITY`), which it also seeds
+/// into a new profile's `SOUL.md`.
+pub const HERMES_DEFAULT_IDENTITY: &str = "You are Hermes Agent, an intelligent AI assistant created by Nous Research. \
+You are helpful, knowledgeable, and direct. You assist users with a wide range of tasks including answering questions, \
+writing and editing code, analyzing information, creative work, and executing actions via your tools. You communicate \
+clearly, admit uncertainty when appropriate, and prioritize being genuinely useful over being verbose unless \
+otherwise directed below. Be targeted and efficient in your exploration and investigations.";
+
+/// What our `SOUL.md` adds to Hermes's identity.
+pub const WORKDIR_NOTE: &str = "Work in the current working directory named below: give the files you create or edit \
+paths relative to it (for example notes.txt or src/main.py), not paths under the user's home directory.";
+
+/// Our profile's `SOUL.md`.
+pub fn soul() -> String {
+    format!("{HERMES_DEFAULT_IDENTITY}\n\n{WORKDIR_NOTE}\n")
+}
+
+/// Whether a `SOUL.md` with `existing` contents (`None`: no file) may be replaced by ours.
+fn soul_is_replaceable(existing: Option<&str>) -> bool {
+    existing.is_none_or(|s| s.trim().is_empty() || s.trim() == HERMES_DEFAULT_IDENTITY || s.trim() == soul().trim())
+}
 
 /// A YAML double-quoted scalar (JSON strings are valid YAML).
 fn yaml_str(s: &str) -> String {
@@ -58,6 +88,15 @@ pub fn build(target: &Target, user: &UserEnv, user_args: &[String], allow_small_
         config.push_str(&format!("  api_key: {}\n", yaml_str(k)));
     }
     launch.files.push(FileWrite { path: profile.join("config.yaml"), contents: config });
+    let soul_path = profile.join("SOUL.md");
+    let existing = match std::fs::read_to_string(&soul_path) {
+        Ok(s) => Some(s),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(_) => Some(String::from("unreadable: keep it")),
+    };
+    if soul_is_replaceable(existing.as_deref()) {
+        launch.files.push(FileWrite { path: soul_path, contents: soul() });
+    }
     launch.set("HERMES_HOME", profile.to_string_lossy());
     launch.set("CUSTOM_BASE_URL", base.clone());
     launch.set("OPENAI_BASE_URL", base);
@@ -103,8 +142,10 @@ mod tests {
         assert_eq!(l.env_value("OPENAI_BASE_URL"), Some("http://127.0.0.1:8000/v1"));
         assert_eq!(l.env_value("HERMES_INFERENCE_PROVIDER"), Some("custom"));
         assert_eq!(l.env_value("HERMES_INFERENCE_MODEL"), Some("qwen2.5-coder-0.5b"));
-        assert_eq!(l.files.len(), 1);
+        assert_eq!(l.files.len(), 2);
         assert_eq!(l.files[0].path, profile.join("config.yaml"));
+        assert_eq!(l.files[1].path, profile.join("SOUL.md"));
+        assert_eq!(l.files[1].contents, soul());
         let body: Vec<&str> = l.files[0].contents.lines().skip(1).collect();
         assert_eq!(
             body,
@@ -131,5 +172,31 @@ mod tests {
         let l = build(&t, &u, &[], false).expect("builds");
         assert_eq!(l.env_value("HERMES_HOME"), Some("/opt/hermes/profiles/splash"));
         assert!(!l.files[0].contents.contains("api_key"), "no key when the server is open");
+    }
+
+    #[test]
+    fn soul_is_hermes_identity_plus_the_working_directory_note_and_a_users_own_is_kept() {
+        // Hermes 0.19.0 seeds a new profile's SOUL.md with exactly its default identity (a file from a real run).
+        let seeded = "You are Hermes Agent, an intelligent AI assistant created by Nous Research. You are helpful, \
+                      knowledgeable, and direct. You assist users with a wide range of tasks including answering \
+                      questions, writing and editing code, analyzing information, creative work, and executing \
+                      actions via your tools. You communicate clearly, admit uncertainty when appropriate, and \
+                      prioritize being genuinely useful over being verbose unless otherwise directed below. Be \
+                      targeted and efficient in your exploration and investigations.";
+        assert_eq!(HERMES_DEFAULT_IDENTITY, seeded);
+        assert!(soul().starts_with(seeded) && soul().contains("relative to it") && !soul().contains("  "));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let profile = dir.path().join("home/.hermes/profiles/splash");
+        std::fs::create_dir_all(&profile).expect("mkdir");
+        let mut t = target(None);
+        t.context_tokens = 65536;
+        for (existing, replaced) in
+            [(seeded.to_string(), true), (soul(), true), ("\n".into(), true), ("Be a pirate.".into(), false)]
+        {
+            std::fs::write(profile.join("SOUL.md"), &existing).expect("write");
+            let l = build(&t, &user(dir.path()), &[], false).expect("builds");
+            let ours = l.files.iter().any(|f| f.path == profile.join("SOUL.md"));
+            assert_eq!(ours, replaced, "{existing:?}");
+        }
     }
 }
