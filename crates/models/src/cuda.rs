@@ -96,15 +96,6 @@ pub struct CudaOptions {
     /// Attention at short context: as many splits over the positions as the context needs (at least
     /// 32 positions per warp of a block each) rather than always the launch's full count.
     pub att_dyn: bool,
-    /// Matrix-vector products on 8-bit activations stream their weights through shared memory with the bulk-copy
-    /// engine (Hopper and later; same sums as without): chunks of rows of about `stream_kb` KiB per matrix,
-    /// `stream_stages` chunks in flight per block, persistent blocks (at most `stream_bps` per multiprocessor; 0:
-    /// as many as fit). Off unless `SPLASH_CUDA_STREAM=1`: slower than the register-loading kernels on the H200
-    /// (32B 104.6 vs 111.5 tok/s, 1.5B 718-732 vs 752-812; BENCHMARKS.md, stretch 6).
-    pub stream: bool,
-    pub stream_kb: usize,
-    pub stream_stages: usize,
-    pub stream_bps: usize,
     /// 8-bit activation rows stored with their 16-byte chunks permuted so that the matrix-vector kernels' loads of
     /// them are coalesced (same values, same sums).
     pub xperm: bool,
@@ -164,10 +155,6 @@ impl Default for CudaOptions {
             att_q8: std::env::var("SPLASH_CUDA_ATT_Q8").map(|v| v != "0").unwrap_or(true),
             repack: std::env::var("SPLASH_CUDA_REPACK").map(|v| v != "0").unwrap_or(true),
             att_dyn: std::env::var("SPLASH_CUDA_ATT_DYN").map(|v| v != "0").unwrap_or(true),
-            stream: std::env::var("SPLASH_CUDA_STREAM").is_ok_and(|v| v == "1"),
-            stream_kb: env_usize("SPLASH_CUDA_STREAM_KB", 16).clamp(1, 200),
-            stream_stages: env_usize("SPLASH_CUDA_STREAM_NS", 3).clamp(1, 8),
-            stream_bps: env_usize("SPLASH_CUDA_STREAM_BPS", 0),
             xperm: std::env::var("SPLASH_CUDA_XPERM").map(|v| v != "0").unwrap_or(true),
             fuse_norm: std::env::var("SPLASH_CUDA_FUSE_NORM").map(|v| v != "0").unwrap_or(true),
             qkv_rope: std::env::var("SPLASH_CUDA_QKV_ROPE").map(|v| v != "0").unwrap_or(true),
@@ -177,6 +164,7 @@ impl Default for CudaOptions {
     }
 }
 
+/// The environment variable `name` as a number, or `default` when unset or not a number.
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -330,10 +318,6 @@ pub struct CudaRunner {
     q8_layers: Vec<bool>,
     /// The output matrix runs on 8-bit activations.
     q8_out: bool,
-    /// Streamed kernels by name: (dynamic shared memory, most blocks at once).
-    sfuncs: HashMap<String, (u32, u32)>,
-    /// (multiprocessors, most dynamic shared memory per block) for [`stream_plan`].
-    sgeo: (usize, usize),
     blas: Option<Blas>,
     segs: Vec<Seg>,
     gemm_scratch: Option<GemmScratch>,
@@ -435,13 +419,9 @@ pub struct Q8Kernels {
     pub repack: bool,
     /// The attention kernel uses only as many of its splits as the context needs.
     pub att_dyn: bool,
-    /// Streamed (bulk-copy) products: (type, row length, threads per row, rows per chunk, stages) ...
-    pub smats: Vec<(GgmlType, usize, usize, usize, usize)>,
-    /// ... and gate/up, with whether it writes the down projection's 8-bit input.
-    pub sgu: Vec<(GgmlType, usize, usize, usize, usize, bool)>,
     /// 8-bit activation rows in the permuted layout (`xpos` in kernels.cu): coalesced loads in the kernels above.
     pub xperm: bool,
-    /// QKV and gate/up (not streamed) normalise and quantize their input in the prologue (`CudaOptions::fuse_norm`).
+    /// QKV and gate/up normalise and quantize their input in the prologue (`CudaOptions::fuse_norm`).
     pub fuse_norm: bool,
     /// QKV applies RoPE and writes the KV cache in the epilogue (`CudaOptions::qkv_rope`).
     pub qkv_rope: bool,
@@ -455,66 +435,6 @@ pub struct Q8Kernels {
 /// Largest hidden size whose 8 rows of 8-bit activations (with their scales) the fused-norm kernels keep in static
 /// shared memory (48 KiB per block in all).
 pub const FUSE_NORM_MAX_HIDDEN: usize = 4096;
-
-/// Bytes of one row of `k` values in the device layout of the 8-bit-activation kernels' types (0: not one of them).
-fn dev_row_bytes(ty: GgmlType, k: usize) -> usize {
-    use GgmlType::*;
-    match ty {
-        Q4_K => k / 256 * 144,
-        Q6_K => k / 256 * 224,
-        Q8_0 => k / 32 * 36,
-        Q5_0 => k / 32 * 24,
-        _ => 0,
-    }
-}
-
-/// How a streamed product moves a matrix of `n` rows of `k` values: rows per chunk and stages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct StreamPlan {
-    rows: usize,
-    stages: usize,
-    /// Dynamic shared memory per block.
-    smem: usize,
-}
-
-/// The chunking of a streamed product (`nm` matrices side by side, `p` threads per row, `qout`: chunks of whole
-/// 32-row blocks), or None where the rows cannot be bulk-copied (not a multiple of 16 bytes) or do not fit.
-#[allow(clippy::too_many_arguments)]
-fn stream_plan(
-    ty: GgmlType,
-    k: usize,
-    n: usize,
-    p: usize,
-    nm: usize,
-    qout: bool,
-    opts: &CudaOptions,
-    (sms, max_smem): (usize, usize),
-) -> Option<StreamPlan> {
-    let rb = dev_row_bytes(ty, k);
-    if rb == 0 || !rb.is_multiple_of(16) || p > 128 {
-        return None;
-    }
-    let rpp = 128 / p;
-    let unit = if qout { 32 } else { rpp };
-    // About stream_kb KiB per matrix and chunk, but at least two chunks per multiprocessor where the matrix has them.
-    let per = (opts.stream_kb * 1024 / (unit * rb)).max(1).min((n / (unit * 2 * sms)).max(1));
-    let rows = unit * per;
-    let sb = (rows * rb).div_ceil(128) * 128;
-    let mut stages = opts.stream_stages;
-    // Static shared memory of the kernels is at most 4 KiB.
-    while stages > 1 && stages * (nm * sb + 8) + 4096 > max_smem {
-        stages -= 1;
-    }
-    let smem = stages * (nm * sb + 8);
-    (smem + 4096 <= max_smem).then_some(StreamPlan { rows, stages, smem })
-}
-
-fn mmvs_name(ty: GgmlType, k: usize, p: usize, sp: StreamPlan, mr: usize, mode: u32) -> String {
-    format!("mmvs_{}_{k}_{p}_{}_{}_{mr}_{mode}", type_id(ty), sp.rows, sp.stages)
-}
-fn gus_name(ty: GgmlType, k: usize, p: usize, sp: StreamPlan, mr: usize, qout: bool) -> String {
-    format!("gus_{}_{k}_{p}_{}_{}_{mr}_{}", type_id(ty), sp.rows, sp.stages, u8::from(qout))
-}
 
 /// The device layout of a matrix's bytes (rows of `cols` values): Q6_K blocks padded from 210 to 224 bytes (every
 /// block 16-byte aligned); Q8_0 and Q5_0 blocks with two zero bytes after the f16 scale (36 and 24 bytes: the rest
@@ -748,32 +668,6 @@ pub fn kernel_source(
             ));
         }
     }
-    for &(ty, k, p, cr, ns) in &q8.smats {
-        let sp = StreamPlan { rows: cr, stages: ns, smem: 0 };
-        for mr in MRS {
-            for mode in 0..2 {
-                s.push_str(&format!(
-                    "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* W, const i8* Xq, const float2* Xd, \
-                     float* Y, const float* bias, int m, int N) {{ pdl_trigger(); mmvs_body<{}, {k}, {mr}, {mode}, {p}, \
-                     {cr}, {ns}>(W, Xq, Xd, Y, bias, m, N); }}\n",
-                    mmvs_name(ty, k, p, sp, mr, mode),
-                    type_id(ty)
-                ));
-            }
-        }
-    }
-    for &(ty, k, p, cr, ns, qout) in &q8.sgu {
-        let sp = StreamPlan { rows: cr, stages: ns, smem: 0 };
-        for mr in MRS {
-            s.push_str(&format!(
-                "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* Wg, const u8* Wu, const i8* Xq, \
-                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do) {{ pdl_trigger(); gus_body<{}, {k}, {mr}, \
-                 {p}, {cr}, {ns}, {qout}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do); }}\n",
-                gus_name(ty, k, p, sp, mr, qout),
-                type_id(ty)
-            ));
-        }
-    }
     for &(tq, tk, tv, p) in &q8.qkv {
         for mr in MRS {
             s.push_str(&format!(
@@ -852,9 +746,7 @@ impl CudaRunner {
         // Layers (and the output matrix) on the 8-bit-activation kernels, and the instantiations they need.
         let q8_on = opts.q8 && !opts.exact_activations;
         let it = opts.q8_its();
-        opts.stream &= gpu.cc.0 >= 9 && q8_on;
-        opts.fuse_norm &=
-            q8_on && !opts.stream && cfg.hidden_size <= FUSE_NORM_MAX_HIDDEN && cfg.hidden_size.is_multiple_of(64);
+        opts.fuse_norm &= q8_on && cfg.hidden_size <= FUSE_NORM_MAX_HIDDEN && cfg.hidden_size.is_multiple_of(64);
         opts.qkv_rope &= q8_on
             && !cfg.qk_norm
             && cfg.q_dim().is_multiple_of(32)
@@ -907,39 +799,6 @@ impl CudaRunner {
             let m = &weights.output;
             add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
         }
-        // Streamed (bulk-copy) versions of the same products, Hopper and later.
-        let sgeo = if opts.stream { (gpu.num_sms()?, gpu.max_smem_per_block()?) } else { (1, 0) };
-        if opts.stream {
-            let mut plain: Vec<&backend::cpu::QMatrix> = Vec::new();
-            for (l, _) in weights.layers.iter().zip(&q8_layers).filter(|(_, on)| **on) {
-                plain.extend([&l.wo, &l.w_down]);
-                if l.w_gate.ty == l.w_up.ty {
-                    let p = q8_threads(l.w_gate.cols, l.w_gate.rows, it, 32);
-                    let qout = guq_fused(p) && opts.gu_fuse;
-                    let (ty, k, n) = (l.w_gate.ty, l.w_gate.cols, l.w_gate.rows);
-                    if let Some(sp) = stream_plan(ty, k, n, p, 2, qout, &opts, sgeo) {
-                        let e = (ty, k, p, sp.rows, sp.stages, qout);
-                        if !q8k.sgu.contains(&e) {
-                            q8k.sgu.push(e);
-                        }
-                    }
-                } else {
-                    plain.extend([&l.w_gate, &l.w_up]);
-                }
-            }
-            if q8_out {
-                plain.push(&weights.output);
-            }
-            for m in plain {
-                let p = q8_threads(m.cols, m.rows, it, 128);
-                if let Some(sp) = stream_plan(m.ty, m.cols, m.rows, p, 1, false, &opts, sgeo) {
-                    let e = (m.ty, m.cols, p, sp.rows, sp.stages);
-                    if !q8k.smats.contains(&e) {
-                        q8k.smats.push(e);
-                    }
-                }
-            }
-        }
         let src = kernel_source(&cfg, &mats, &gu, &qkv, (weights.token_embd.ty, cfg.hidden_size), &q8k);
         let (module, compile_s, hit) = gpu.compile(&src, opts.cache_dir.clone())?;
         stats.compile_s = compile_s;
@@ -984,32 +843,6 @@ impl CudaRunner {
         for n in names {
             let f = module.load_function(&n).map_err(|e| Error::Backend(format!("kernel {n}: {e:?}")))?;
             funcs.insert(n, f);
-        }
-        // Streamed kernels: their shared memory and how many blocks run at once (the persistent grid).
-        let mut sfuncs = HashMap::new();
-        let mut snames: Vec<(String, usize)> = Vec::new();
-        for &(ty, k, p, cr, ns) in &q8k.smats {
-            let nm = 1;
-            let smem = ns * (nm * (cr * dev_row_bytes(ty, k)).div_ceil(128) * 128 + 8);
-            let sp = StreamPlan { rows: cr, stages: ns, smem };
-            for mr in MRS {
-                snames.push((mmvs_name(ty, k, p, sp, mr, 0), smem));
-                snames.push((mmvs_name(ty, k, p, sp, mr, 1), smem));
-            }
-        }
-        for &(ty, k, p, cr, ns, qout) in &q8k.sgu {
-            let smem = ns * (2 * (cr * dev_row_bytes(ty, k)).div_ceil(128) * 128 + 8);
-            let sp = StreamPlan { rows: cr, stages: ns, smem };
-            snames.extend(MRS.map(|mr| (gus_name(ty, k, p, sp, mr, qout), smem)));
-        }
-        for (n, smem) in snames {
-            let f = module.load_function(&n).map_err(|e| Error::Backend(format!("kernel {n}: {e:?}")))?;
-            let occ = gpu.allow_smem(&f, 128, smem as u32)? as usize;
-            let bps = if opts.stream_bps > 0 { occ.min(opts.stream_bps) } else { occ };
-            if bps > 0 {
-                sfuncs.insert(n.clone(), (smem as u32, (bps * sgeo.0) as u32));
-                funcs.insert(n, f);
-            }
         }
 
         let t0 = std::time::Instant::now();
@@ -1108,8 +941,6 @@ impl CudaRunner {
             opts,
             q8_layers,
             q8_out,
-            sfuncs,
-            sgeo,
             blas,
             segs: Vec::new(),
             gemm_scratch: None,
@@ -1194,26 +1025,15 @@ impl CudaRunner {
         Ok(())
     }
 
-    fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: Args) -> Result<()> {
-        self.launch_smem(name, grid, block, 0, args)
-    }
-
-    fn launch_smem(&self, name: &str, grid: (u32, u32, u32), block: u32, smem: u32, mut args: Args) -> Result<()> {
+    fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, mut args: Args) -> Result<()> {
         let f = self.funcs.get(name).ok_or_else(|| Error::Backend(format!("kernel {name} was not compiled")))?;
         if !self.opts.skip.is_empty() && self.opts.skip.iter().any(|s| name.contains(s.as_str())) {
             return Ok(());
         }
         let mut p = args.ptrs();
         let pdl = self.opts.pdl && (!self.capturing.get() || self.opts.graph_pdl);
-        self.gpu.launch_pdl(f, grid, block, smem, &mut p, pdl)?;
+        self.gpu.launch_pdl(f, grid, block, &mut p, pdl)?;
         Ok(())
-    }
-
-    /// The streamed kernel `name` for a matrix of `n` rows (chunks of `sp.rows`), if it was compiled: its shared
-    /// memory and grid width (persistent blocks, never more than chunks).
-    fn streamed(&self, name: &str, n: usize, sp: StreamPlan) -> Option<(u32, u32)> {
-        let &(smem, cap) = self.sfuncs.get(name)?;
-        Some((smem, cap.min(n.div_ceil(sp.rows) as u32)))
     }
 
     /// The activations to multiply `w` with: `x` itself, or `x` rounded as the CPU backend would (into `xq`, reused
@@ -1292,19 +1112,10 @@ impl CudaRunner {
     fn mmvq(&self, w: &GMat, xq: u64, xd: u64, y: u64, bias: Option<&DevBuf>, m: usize, residual: bool) -> Result<()> {
         let pt = q8_threads(w.cols, w.rows, self.opts.q8_its(), 128);
         let mr = pick_mr(m);
-        let b = bias.map_or(0, |b| b.ptr);
-        let args = Args(vec![w.buf.ptr, xq, xd, y, b, i(m), i(w.rows)]);
-        if self.opts.stream
-            && let Some(sp) = stream_plan(w.ty, w.cols, w.rows, pt, 1, false, &self.opts, self.sgeo)
-        {
-            let name = mmvs_name(w.ty, w.cols, pt, sp, mr, u32::from(residual));
-            if let Some((smem, gx)) = self.streamed(&name, w.rows, sp) {
-                return self.launch_smem(&name, (gx, m.div_ceil(mr) as u32, 1), 128, smem, args);
-            }
-        }
         let name = mmvq_name(w.ty, w.cols, pt, mr, u32::from(residual));
         let grid = (w.rows.div_ceil((128 / pt).max(1)) as u32, m.div_ceil(mr) as u32, 1);
-        self.launch(&name, grid, 128, args)
+        let b = bias.map_or(0, |b| b.ptr);
+        self.launch(&name, grid, 128, Args(vec![w.buf.ptr, xq, xd, y, b, i(m), i(w.rows)]))
     }
 
     /// Enqueues the whole forward pass for the batch's segments (`self.segs`, covering `m` rows) and `r` logit rows
@@ -1537,25 +1348,13 @@ impl CudaRunner {
                     let (ty, kc, n) = (l.gate.ty, l.gate.cols, l.gate.rows);
                     let args =
                         Args(vec![l.gate.buf.ptr, l.up.buf.ptr, fq, fd, gate, i(m), i(n), dq, dd, x, l.ffn_norm.ptr]);
-                    let streamed = if self.opts.stream
-                        && let Some(sp) = stream_plan(ty, kc, n, pt, 2, down_in_q8, &self.opts, self.sgeo)
-                    {
-                        let name = gus_name(ty, kc, pt, sp, mr, down_in_q8);
-                        self.streamed(&name, n, sp).map(|g| (name, g))
-                    } else {
-                        None
-                    };
-                    if let Some((name, (smem, gx))) = streamed {
-                        self.launch_smem(&name, (gx, m.div_ceil(mr) as u32, 1), 128, smem, args)?;
-                    } else {
-                        let (rows_per_block, threads) = if down_in_q8 { (32, 32 * pt) } else { (128 / pt, 128) };
-                        self.launch(
-                            &guq_name(ty, kc, pt, mr),
-                            (n.div_ceil(rows_per_block) as u32, m.div_ceil(mr) as u32, 1),
-                            threads as u32,
-                            args,
-                        )?;
-                    }
+                    let (rows_per_block, threads) = if down_in_q8 { (32, 32 * pt) } else { (128 / pt, 128) };
+                    self.launch(
+                        &guq_name(ty, kc, pt, mr),
+                        (n.div_ceil(rows_per_block) as u32, m.div_ceil(mr) as u32, 1),
+                        threads as u32,
+                        args,
+                    )?;
                 } else {
                     self.mmvq(&l.gate, fq, fd, gate, None, m, false)?;
                     self.mmvq(&l.up, fq, fd, up, None, m, false)?;
@@ -2061,13 +1860,6 @@ mod tests {
             qkv_rope: true,
             gu_smem: true,
             att_warps: 16,
-            smats: vec![
-                (Q4_K, 1536, 32, 8, 3),
-                (Q6_K, 8960, 64, 2, 3),
-                (Q6_K, 27648, 128, 1, 3),
-                (Q8_0, 1536, 8, 16, 2),
-            ],
-            sgu: vec![(Q4_K, 1536, 8, 32, 3, true), (Q4_K, 5120, 32, 4, 3, false), (Q5_0, 1536, 8, 16, 3, false)],
         };
         let src = kernel_source(&cfg, &mats, &[(Q4_K, 1536), (Q5_0, 1536)], &[(Q4_K, Q4_K, Q6_K)], (Q6_K, 1536), &q8);
         if let Ok(p) = std::env::var("SPLASH_DUMP_KERNEL_SOURCE") {

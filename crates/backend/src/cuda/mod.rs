@@ -146,46 +146,8 @@ impl Gpu {
 
     /// Launches `f` with the given raw kernel arguments (pointers to each argument's value).
     pub fn launch(&self, f: &CudaFunction, grid: (u32, u32, u32), block: u32, args: &mut [*mut c_void]) -> Result<()> {
-        self.launch_smem(f, grid, block, 0, args)
-    }
-
-    /// Launches `f` with `smem` bytes of dynamic shared memory (see [`Gpu::allow_smem`] above 48 KiB).
-    pub fn launch_smem(
-        &self,
-        f: &CudaFunction,
-        grid: (u32, u32, u32),
-        block: u32,
-        smem: u32,
-        args: &mut [*mut c_void],
-    ) -> Result<()> {
-        unsafe { dres::launch_kernel(f.cu_function(), grid, (block, 1, 1), smem, self.stream.cu_stream(), args) }
+        unsafe { dres::launch_kernel(f.cu_function(), grid, (block, 1, 1), 0, self.stream.cu_stream(), args) }
             .map_err(drv("launching a kernel"))
-    }
-
-    /// Lets `f` take `smem` bytes of dynamic shared memory and answers how many of its blocks of `block` threads fit
-    /// on one multiprocessor at once.
-    pub fn allow_smem(&self, f: &CudaFunction, block: u32, smem: u32) -> Result<u32> {
-        use cudarc::driver::sys::CUfunction_attribute_enum as A;
-        f.set_attribute(A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-            .map_err(drv("raising a kernel's shared memory"))?;
-        f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None).map_err(drv("occupancy"))
-    }
-
-    /// The number of multiprocessors.
-    pub fn num_sms(&self) -> Result<usize> {
-        use cudarc::driver::sys::CUdevice_attribute as A;
-        let n = self.ctx.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(drv("device attribute"))?;
-        Ok(n.max(1) as usize)
-    }
-
-    /// The most dynamic shared memory one block may ask for (opt-in).
-    pub fn max_smem_per_block(&self) -> Result<usize> {
-        use cudarc::driver::sys::CUdevice_attribute as A;
-        let n = self
-            .ctx
-            .attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .map_err(drv("device attribute"))?;
-        Ok(n.max(0) as usize)
     }
 
     /// Launches `f` like [`Gpu::launch`], with programmatic dependent launch when `pdl` (the kernel may start
@@ -195,12 +157,11 @@ impl Gpu {
         f: &CudaFunction,
         grid: (u32, u32, u32),
         block: u32,
-        smem: u32,
         args: &mut [*mut c_void],
         pdl: bool,
     ) -> Result<()> {
         if !pdl {
-            return self.launch_smem(f, grid, block, smem, args);
+            return self.launch(f, grid, block, args);
         }
         use cudarc::driver::sys as ds;
         let mut attr: ds::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -213,7 +174,7 @@ impl Gpu {
             blockDimX: block,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: smem,
+            sharedMemBytes: 0,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: 1,
