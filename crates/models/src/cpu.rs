@@ -372,7 +372,12 @@ impl Runner for CpuRunner {
 
     fn limit_logits(&mut self, n: usize) -> usize {
         let full = &self.weights.output;
-        (self.output_head, self.head_ids) = if n == 0 || n >= full.rows {
+        let rows = (n > 0 && n < full.rows).then_some(n);
+        if self.output_head.as_ref().map(|h| h.rows) == rows {
+            // Already this wide (the same `n` always picks the same ids): no second gather.
+            return self.logits_width();
+        }
+        (self.output_head, self.head_ids) = if rows.is_none() {
             (None, None)
         } else {
             let ids = crate::draft_head::head_ids(&self._file, full.rows, n);
