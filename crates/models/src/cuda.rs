@@ -121,6 +121,12 @@ pub struct CudaOptions {
     /// chunks a Q6_K pair multiplies, which are not consecutive, sit where one load instruction of a warp reads 512
     /// contiguous bytes: see `xpos6` in kernels.cu). `SPLASH_CUDA_X6`; same values, same sums.
     pub x6: bool,
+    /// Weights are loaded with `ld.global.cg` (cached in L2 only), so that they do not evict from L1 the activation
+    /// rows that every block re-reads (`SPLASH_CUDA_WCG`; same bytes, same sums).
+    pub wcg: bool,
+    /// Gate/up kernels without the fused 8-bit output (the 32B's): the last block to finish each 32 rows quantizes
+    /// them for the down projection, instead of a `quant_q8` launch (`SPLASH_CUDA_GU_LASTQ`; the same bits).
+    pub gu_lastq: bool,
 }
 
 impl CudaOptions {
@@ -169,6 +175,8 @@ impl Default for CudaOptions {
             att_warps: env_usize("SPLASH_CUDA_ATT_WARPS", ATT_WARPS).clamp(1, 32),
             gu_dot2: std::env::var("SPLASH_CUDA_GU_DOT2").is_ok_and(|v| v == "1"),
             x6: std::env::var("SPLASH_CUDA_X6").is_ok_and(|v| v == "1"),
+            wcg: std::env::var("SPLASH_CUDA_WCG").is_ok_and(|v| v == "1"),
+            gu_lastq: std::env::var("SPLASH_CUDA_GU_LASTQ").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -251,6 +259,9 @@ struct Scratch {
     part: DevBuf,
     /// Per (row, head): splits finished (the last one merges); zero between launches.
     counters: DevBuf,
+    /// Per (block row, 32 gate/up rows): blocks finished (the last one quantizes the down input, `gu_lastq`); zero
+    /// between launches.
+    gu_counters: DevBuf,
     logits: DevBuf,
     /// Greedy token of each logit row (`Runner::forward_argmax`).
     ids: DevBuf,
@@ -447,6 +458,8 @@ pub struct Q8Kernels {
     pub gu_dot2: bool,
     /// `CudaOptions::x6` (needs `xperm`).
     pub x6: bool,
+    /// `CudaOptions::wcg`.
+    pub wcg: bool,
 }
 
 /// Largest hidden size whose 8 rows of 8-bit activations (with their scales) the fused-norm kernels keep in static
@@ -585,7 +598,7 @@ pub fn kernel_source(
     s.push_str(&format!("#define XPERM {}\n", u8::from(q8.xperm)));
     s.push_str(&format!("#define FUSE_NORM {}\n#define QKV_ROPE {}\n", u8::from(q8.fuse_norm), u8::from(q8.qkv_rope)));
     s.push_str(&format!("#define ATT_MIN_SPLIT {}\n", 32 * att_warps));
-    s.push_str(&format!("#define GU_DOT2 {}\n", u8::from(q8.gu_dot2)));
+    s.push_str(&format!("#define GU_DOT2 {}\n#define WCG {}\n", u8::from(q8.gu_dot2), u8::from(q8.wcg)));
     s.push_str(backend::cuda::KERNELS);
     s.push('\n');
     for &(ty, k) in mats {
@@ -687,9 +700,9 @@ pub fn kernel_source(
             let bounds = if us { format!("{threads}, 3") } else { format!("{threads}") };
             s.push_str(&format!(
                 "extern \"C\" __global__ void __launch_bounds__({bounds}) {}(const u8* Wg, const u8* Wu, const i8* Xq, \
-                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn, int l6) \
-                 {{ pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}, {us}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do, \
-                 X, gn, l6); }}\n",
+                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn, int l6, \
+                 int* cnt) {{ pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}, {us}>(Wg, Wu, Xq, Xd, Y, m, N, \
+                 Qo, Do, X, gn, l6, cnt); }}\n",
                 guq_name(ty, k, p, mr),
                 type_id(ty)
             ));
@@ -792,6 +805,7 @@ impl CudaRunner {
             att_warps: opts.att_warps,
             gu_dot2: opts.gu_dot2,
             x6: opts.x6,
+            wcg: opts.wcg,
             ..Q8Kernels::default()
         };
         let mut q8_layers = Vec::with_capacity(weights.layers.len());
@@ -1047,6 +1061,7 @@ impl CudaRunner {
             part: g
                 .alloc((1..=m).map(|k| k * att_splits(k)).max().unwrap_or(1) * c.num_heads * (c.head_dim + 2) * f)?,
             counters: g.upload(&vec![0u32; m * c.num_heads])?,
+            gu_counters: g.upload(&vec![0u32; m * c.ffn_size.div_ceil(32)])?,
             logits: g.alloc(r * c.vocab_size * f)?,
             ids: g.alloc(r * 4)?,
             probs: g.alloc(r * 4)?,
@@ -1407,6 +1422,8 @@ impl CudaRunner {
                     let pt = q8_threads(l.gate.cols, l.gate.rows, self.opts.q8_its(), 32);
                     let mr = pick_mr(m);
                     down_in_q8 = guq_fused(pt) && self.opts.gu_fuse;
+                    // Without the fused output, the last block of each 32 rows quantizes them (`gu_lastq`).
+                    let lastq = !down_in_q8 && self.opts.gu_lastq && pt >= 4;
                     let (ty, kc, n) = (l.gate.ty, l.gate.cols, l.gate.rows);
                     let args = Args(vec![
                         l.gate.buf.ptr,
@@ -1421,6 +1438,7 @@ impl CudaRunner {
                         x,
                         l.ffn_norm.ptr,
                         u64::from(l6),
+                        if lastq { s.gu_counters.ptr } else { 0 },
                     ]);
                     let (rows_per_block, threads) = if down_in_q8 { (32, 32 * pt) } else { (128 / pt, 128) };
                     self.launch(
@@ -1429,6 +1447,7 @@ impl CudaRunner {
                         threads as u32,
                         args,
                     )?;
+                    down_in_q8 |= lastq;
                 } else {
                     self.mmvq(&l.gate, fq, fd, gate, None, m, false)?;
                     self.mmvq(&l.up, fq, fd, up, None, m, false)?;
@@ -1936,6 +1955,7 @@ mod tests {
             att_warps: 16,
             gu_dot2: true,
             x6: true,
+            wcg: true,
         };
         let src = kernel_source(&cfg, &mats, &[(Q4_K, 1536), (Q5_0, 1536)], &[(Q4_K, Q4_K, Q6_K)], (Q6_K, 1536), &q8);
         if let Ok(p) = std::env::var("SPLASH_DUMP_KERNEL_SOURCE") {

@@ -1198,27 +1198,36 @@ template <> struct Pair<T_Q6_K> { typedef PQ6K W; };
 template <> struct Pair<T_Q8_0> { typedef PQ8 W; };
 template <> struct Pair<T_Q5_0> { typedef PQ5 W; };
 
+// A weight load. WCG: cached in L2 only (ld.global.cg), so that the streamed weights do not evict the activation
+// rows, which every block re-reads, from L1. Same bytes.
+template <class T> __device__ __forceinline__ T wld(const u8* p) {
+#if WCG
+    return __ldcg((const T*)p);
+#else
+    return *(const T*)p;
+#endif
+}
 // Pair p of a (repacked) Q8_0 / Q5_0 row: blocks 2p and 2p + 1.
 __device__ __forceinline__ void pload(const u8* row, int p, PQ8& w, int nsb) {
     const u8* b = row + p * 72;
-    w.d0 = ld16(b);
-    w.d1 = ld16(b + 36);
+    w.d0 = wld<u16>(b);
+    w.d1 = wld<u16>(b + 36);
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        w.q0[i] = *(const u32*)(b + 4 + 4 * i);
-        w.q1[i] = *(const u32*)(b + 40 + 4 * i);
+        w.q0[i] = wld<u32>(b + 4 + 4 * i);
+        w.q1[i] = wld<u32>(b + 40 + 4 * i);
     }
 }
 __device__ __forceinline__ void pload(const u8* row, int p, PQ5& w, int nsb) {
     const u8* b = row + p * 48;
-    w.d0 = ld16(b);
-    w.d1 = ld16(b + 24);
-    w.h0 = *(const u32*)(b + 4);
-    w.h1 = *(const u32*)(b + 28);
-    w.q0[0] = *(const uint2*)(b + 8);
-    w.q0[1] = *(const uint2*)(b + 16);
-    w.q1[0] = *(const uint2*)(b + 32);
-    w.q1[1] = *(const uint2*)(b + 40);
+    w.d0 = wld<u16>(b);
+    w.d1 = wld<u16>(b + 24);
+    w.h0 = wld<u32>(b + 4);
+    w.h1 = wld<u32>(b + 28);
+    w.q0[0] = wld<uint2>(b + 8);
+    w.q0[1] = wld<uint2>(b + 16);
+    w.q1[0] = wld<uint2>(b + 32);
+    w.q1[1] = wld<uint2>(b + 40);
 }
 // Bits 0..3 of x to bit 0 of bytes 0..3.
 __device__ __forceinline__ u32 spread4(u32 x) { return ((x & 0xFu) * 0x00204081u) & 0x01010101u; }
@@ -1229,15 +1238,15 @@ __device__ __forceinline__ int sub16x4(u32 v) { return (int)(((v | 0x80808080u) 
 // 32 bytes of nibbles.
 __device__ __forceinline__ void pload(const u8* row, int p, PQ4K& w, int nsb) {
 #if REPACK
-    w.h = *(const uint4*)(row + nsb * 128 + 16 * (p >> 2));
-    w.a = *(const uint4*)(row + 16 * p);
-    w.b = *(const uint4*)(row + nsb * 64 + 16 * p);
+    w.h = wld<uint4>(row + nsb * 128 + 16 * (p >> 2));
+    w.a = wld<uint4>(row + 16 * p);
+    w.b = wld<uint4>(row + nsb * 64 + 16 * p);
 #else
     const u8* b = row + (p >> 2) * 144;
     const int j = p & 3;
-    w.h = *(const uint4*)b;
-    w.a = *(const uint4*)(b + 16 + 32 * j);
-    w.b = *(const uint4*)(b + 32 + 32 * j);
+    w.h = wld<uint4>(b);
+    w.a = wld<uint4>(b + 16 + 32 * j);
+    w.b = wld<uint4>(b + 32 + 32 * j);
 #endif
 }
 
@@ -1272,21 +1281,21 @@ template <class W> __device__ __forceinline__ void pload_async(const u8* row, in
 // 128 hf + 32 pp + [0, 32) (low nibbles) and + 64 (high nibbles).
 __device__ __forceinline__ void pload(const u8* row, int p, PQ6K& w, int nsb) {
 #if REPACK
-    w.l0 = *(const uint4*)(row + 16 * p);
-    w.l1 = *(const uint4*)(row + nsb * 64 + 16 * p);
-    w.h0 = *(const uint4*)(row + nsb * 128 + 16 * (p >> 1));
-    w.h1 = *(const uint4*)(row + nsb * 160 + 16 * (p >> 1));
-    w.s = *(const uint4*)(row + nsb * 192 + 16 * (p >> 2));
-    w.d = *(const u16*)(row + nsb * 208 + 2 * (p >> 2));
+    w.l0 = wld<uint4>(row + 16 * p);
+    w.l1 = wld<uint4>(row + nsb * 64 + 16 * p);
+    w.h0 = wld<uint4>(row + nsb * 128 + 16 * (p >> 1));
+    w.h1 = wld<uint4>(row + nsb * 160 + 16 * (p >> 1));
+    w.s = wld<uint4>(row + nsb * 192 + 16 * (p >> 2));
+    w.d = wld<u16>(row + nsb * 208 + 2 * (p >> 2));
 #else
     const u8* b = row + (p >> 2) * 224;
     const int hf = (p >> 1) & 1, pp = p & 1;
-    w.l0 = *(const uint4*)(b + 64 * hf + 32 * pp);
-    w.l1 = *(const uint4*)(b + 64 * hf + 32 * pp + 16);
-    w.h0 = *(const uint4*)(b + 128 + 32 * hf);
-    w.h1 = *(const uint4*)(b + 128 + 32 * hf + 16);
-    w.s = *(const uint4*)(b + 192);
-    w.d = *(const u16*)(b + 208);
+    w.l0 = wld<uint4>(b + 64 * hf + 32 * pp);
+    w.l1 = wld<uint4>(b + 64 * hf + 32 * pp + 16);
+    w.h0 = wld<uint4>(b + 128 + 32 * hf);
+    w.h1 = wld<uint4>(b + 128 + 32 * hf + 16);
+    w.s = wld<uint4>(b + 192);
+    w.d = wld<u16>(b + 208);
 #endif
 }
 
@@ -1589,12 +1598,16 @@ __device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __
 // US: the up rows' weights wait in shared memory (cp.async) instead of registers, so that more blocks fit on a
 // multiprocessor (the 1.5B's 280 gate/up blocks in one wave instead of 264 + 16).
 // l6: the 8-bit output in the xpos6 layout (the down matrix is Q6_K).
+// cnt (without QOUT; zeros, one per 32 rows and block row): the last block to finish a group of 32 rows quantizes
+// them to 8 bits (Qo, Do) as quant_q8 would (the same q8_block on the same values: the same bits), instead of a
+// quant_q8 launch of its own; it sets the counter back to zero for the next launch.
 template <int T, int K, int MR, int P, bool QOUT, bool NORM = false, bool US = false>
 __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
                                          const i8* __restrict__ Xq, const float2* __restrict__ Xd,
                                          float* __restrict__ Y, int m, int N, i8* __restrict__ Qo,
                                          float2* __restrict__ Do, const float* __restrict__ X = nullptr,
-                                         const float* __restrict__ gn = nullptr, int l6 = 0) {
+                                         const float* __restrict__ gn = nullptr, int l6 = 0,
+                                         int* __restrict__ cnt = nullptr) {
     const int tid = threadIdx.x;
     const int RPB = QOUT ? 32 : 128 / P;
     const int n = blockIdx.x * RPB + tid / P, part = tid % P;
@@ -1636,6 +1649,27 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
                 a[r] = a[r] / (1.f + __expf(-a[r])) * c[r];
                 Y[(size_t)r * N + n] = a[r];
             }
+    }
+    if constexpr (!QOUT) {
+        if (cnt) {
+            __shared__ int last;
+            __threadfence();
+            __syncthreads();
+            const int grp = blockIdx.x * RPB / 32;
+            int* c = cnt + (size_t)blockIdx.y * (N / 32) + grp;
+            if (tid == 0) last = atomicAdd(c, 1) == 32 / RPB - 1;
+            __syncthreads();
+            if (last) {
+                __threadfence();
+                const int n0 = grp * 32;
+                Qo += (size_t)blockIdx.y * MR * N;
+                Do += (size_t)blockIdx.y * MR * (N / 32);
+                for (int r = tid >> 5; r < m; r += NT / 32)
+                    q8_block(__ldcg(Y + (size_t)r * N + n0 + (tid & 31)), Qo + (size_t)r * N, n0, N,
+                             Do + ((size_t)r * N + n0) / 32, l6);
+                if (tid == 0) *c = 0;
+            }
+        }
     }
     if (QOUT) {
         __shared__ float ys[MR][32];
