@@ -115,7 +115,8 @@ pub struct CudaOptions {
     /// and 16 were all slower on the 1.5B at contexts 16, 512 and 2048 (BENCHMARKS.md, stretch 7).
     pub att_warps: usize,
     /// The gate/up kernels take pair i of the gate and the up row in turn and load the activations they share once
-    /// (`SPLASH_CUDA_GU_DOT2`; the same sums in the same order).
+    /// (`SPLASH_CUDA_GU_DOT2`, default on; the same sums in the same order). 32B 138.3 vs 133.0-135.3 tok/s, 1.5B
+    /// 1,013-1,022 vs 999-1,008 (BENCHMARKS.md, stretch 8).
     pub gu_dot2: bool,
     /// The 8-bit input of a Q6_K down projection or output matrix is written in a layout of its own (the
     /// chunks a Q6_K pair multiplies, which are not consecutive, sit where one load instruction of a warp reads 512
@@ -124,9 +125,6 @@ pub struct CudaOptions {
     /// Weights are loaded with `ld.global.cg` (cached in L2 only), so that they do not evict from L1 the activation
     /// rows that every block re-reads (`SPLASH_CUDA_WCG`; same bytes, same sums).
     pub wcg: bool,
-    /// Gate/up kernels without the fused 8-bit output (the 32B's): the last block to finish each 32 rows quantizes
-    /// them for the down projection, instead of a `quant_q8` launch (`SPLASH_CUDA_GU_LASTQ`; the same bits).
-    pub gu_lastq: bool,
 }
 
 impl CudaOptions {
@@ -173,10 +171,9 @@ impl Default for CudaOptions {
             qkv_rope: std::env::var("SPLASH_CUDA_QKV_ROPE").map(|v| v != "0").unwrap_or(true),
             gu_smem: std::env::var("SPLASH_CUDA_GU_SMEM").is_ok_and(|v| v == "1"),
             att_warps: env_usize("SPLASH_CUDA_ATT_WARPS", ATT_WARPS).clamp(1, 32),
-            gu_dot2: std::env::var("SPLASH_CUDA_GU_DOT2").is_ok_and(|v| v == "1"),
+            gu_dot2: std::env::var("SPLASH_CUDA_GU_DOT2").map(|v| v != "0").unwrap_or(true),
             x6: std::env::var("SPLASH_CUDA_X6").is_ok_and(|v| v == "1"),
             wcg: std::env::var("SPLASH_CUDA_WCG").is_ok_and(|v| v == "1"),
-            gu_lastq: std::env::var("SPLASH_CUDA_GU_LASTQ").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -259,9 +256,6 @@ struct Scratch {
     part: DevBuf,
     /// Per (row, head): splits finished (the last one merges); zero between launches.
     counters: DevBuf,
-    /// Per (block row, 32 gate/up rows): blocks finished (the last one quantizes the down input, `gu_lastq`); zero
-    /// between launches.
-    gu_counters: DevBuf,
     logits: DevBuf,
     /// Greedy token of each logit row (`Runner::forward_argmax`).
     ids: DevBuf,
@@ -700,9 +694,9 @@ pub fn kernel_source(
             let bounds = if us { format!("{threads}, 3") } else { format!("{threads}") };
             s.push_str(&format!(
                 "extern \"C\" __global__ void __launch_bounds__({bounds}) {}(const u8* Wg, const u8* Wu, const i8* Xq, \
-                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn, int l6, \
-                 int* cnt) {{ pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}, {us}>(Wg, Wu, Xq, Xd, Y, m, N, \
-                 Qo, Do, X, gn, l6, cnt); }}\n",
+                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn, int l6) \
+                 {{ pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}, {us}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do, \
+                 X, gn, l6); }}\n",
                 guq_name(ty, k, p, mr),
                 type_id(ty)
             ));
@@ -1061,7 +1055,6 @@ impl CudaRunner {
             part: g
                 .alloc((1..=m).map(|k| k * att_splits(k)).max().unwrap_or(1) * c.num_heads * (c.head_dim + 2) * f)?,
             counters: g.upload(&vec![0u32; m * c.num_heads])?,
-            gu_counters: g.upload(&vec![0u32; m * c.ffn_size.div_ceil(32)])?,
             logits: g.alloc(r * c.vocab_size * f)?,
             ids: g.alloc(r * 4)?,
             probs: g.alloc(r * 4)?,
@@ -1422,8 +1415,6 @@ impl CudaRunner {
                     let pt = q8_threads(l.gate.cols, l.gate.rows, self.opts.q8_its(), 32);
                     let mr = pick_mr(m);
                     down_in_q8 = guq_fused(pt) && self.opts.gu_fuse;
-                    // Without the fused output, the last block of each 32 rows quantizes them (`gu_lastq`).
-                    let lastq = !down_in_q8 && self.opts.gu_lastq && pt >= 4;
                     let (ty, kc, n) = (l.gate.ty, l.gate.cols, l.gate.rows);
                     let args = Args(vec![
                         l.gate.buf.ptr,
@@ -1438,7 +1429,6 @@ impl CudaRunner {
                         x,
                         l.ffn_norm.ptr,
                         u64::from(l6),
-                        if lastq { s.gu_counters.ptr } else { 0 },
                     ]);
                     let (rows_per_block, threads) = if down_in_q8 { (32, 32 * pt) } else { (128 / pt, 128) };
                     self.launch(
@@ -1447,7 +1437,6 @@ impl CudaRunner {
                         threads as u32,
                         args,
                     )?;
-                    down_in_q8 |= lastq;
                 } else {
                     self.mmvq(&l.gate, fq, fd, gate, None, m, false)?;
                     self.mmvq(&l.up, fq, fd, up, None, m, false)?;

@@ -1198,14 +1198,15 @@ template <> struct Pair<T_Q6_K> { typedef PQ6K W; };
 template <> struct Pair<T_Q8_0> { typedef PQ8 W; };
 template <> struct Pair<T_Q5_0> { typedef PQ5 W; };
 
-// A weight load. WCG: cached in L2 only (ld.global.cg), so that the streamed weights do not evict the activation
-// rows, which every block re-reads, from L1. Same bytes.
+// A weight load. WCG: 16-byte loads (the Q4_K / Q6_K quants and headers) cached in L2 only (ld.global.cg), so that
+// the streamed weights do not evict from L1 the activation rows that every block re-reads. Same bytes. Not for the
+// narrower loads (Q5_0 / Q8_0 blocks, Q6_K's d): without L1 each of them is an L2 request of its own (the 0.5B ran
+// 24% slower with them all in L2, call B).
 template <class T> __device__ __forceinline__ T wld(const u8* p) {
 #if WCG
-    return __ldcg((const T*)p);
-#else
-    return *(const T*)p;
+    if constexpr (sizeof(T) == 16) return __ldcg((const T*)p);
 #endif
+    return *(const T*)p;
 }
 // Pair p of a (repacked) Q8_0 / Q5_0 row: blocks 2p and 2p + 1.
 __device__ __forceinline__ void pload(const u8* row, int p, PQ8& w, int nsb) {
@@ -1598,16 +1599,12 @@ __device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __
 // US: the up rows' weights wait in shared memory (cp.async) instead of registers, so that more blocks fit on a
 // multiprocessor (the 1.5B's 280 gate/up blocks in one wave instead of 264 + 16).
 // l6: the 8-bit output in the xpos6 layout (the down matrix is Q6_K).
-// cnt (without QOUT; zeros, one per 32 rows and block row): the last block to finish a group of 32 rows quantizes
-// them to 8 bits (Qo, Do) as quant_q8 would (the same q8_block on the same values: the same bits), instead of a
-// quant_q8 launch of its own; it sets the counter back to zero for the next launch.
 template <int T, int K, int MR, int P, bool QOUT, bool NORM = false, bool US = false>
 __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
                                          const i8* __restrict__ Xq, const float2* __restrict__ Xd,
                                          float* __restrict__ Y, int m, int N, i8* __restrict__ Qo,
                                          float2* __restrict__ Do, const float* __restrict__ X = nullptr,
-                                         const float* __restrict__ gn = nullptr, int l6 = 0,
-                                         int* __restrict__ cnt = nullptr) {
+                                         const float* __restrict__ gn = nullptr, int l6 = 0) {
     const int tid = threadIdx.x;
     const int RPB = QOUT ? 32 : 128 / P;
     const int n = blockIdx.x * RPB + tid / P, part = tid % P;
@@ -1649,27 +1646,6 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
                 a[r] = a[r] / (1.f + __expf(-a[r])) * c[r];
                 Y[(size_t)r * N + n] = a[r];
             }
-    }
-    if constexpr (!QOUT) {
-        if (cnt) {
-            __shared__ int last;
-            __threadfence();
-            __syncthreads();
-            const int grp = blockIdx.x * RPB / 32;
-            int* c = cnt + (size_t)blockIdx.y * (N / 32) + grp;
-            if (tid == 0) last = atomicAdd(c, 1) == 32 / RPB - 1;
-            __syncthreads();
-            if (last) {
-                __threadfence();
-                const int n0 = grp * 32;
-                Qo += (size_t)blockIdx.y * MR * N;
-                Do += (size_t)blockIdx.y * MR * (N / 32);
-                for (int r = tid >> 5; r < m; r += NT / 32)
-                    q8_block(__ldcg(Y + (size_t)r * N + n0 + (tid & 31)), Qo + (size_t)r * N, n0, N,
-                             Do + ((size_t)r * N + n0) / 32, l6);
-                if (tid == 0) *c = 0;
-            }
-        }
     }
     if (QOUT) {
         __shared__ float ys[MR][32];
