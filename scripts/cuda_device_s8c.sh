@@ -2,7 +2,7 @@
 # Stretch-8 device run C (final binary): SPLASH_CUDA_GU_DOT2 now on by default (=0: the stretch-7 gate/up); WCG now
 # applies to the 16-byte (Q4_K / Q6_K) weight loads only (call B: the 0.5B's narrow Q5_0 / Q8_0 loads ran 24% slower
 # through L2 alone); GU_LASTQ removed (call B: 32B 118-120 vs 138). cuda-check of the defaults (same figures
-# expected), speculation identity, then timed runs alternated after one warm-up: off / default / default + WCG.
+# expected; speculation identity was run in calls A and B with the same sums), then timed runs alternated after one warm-up: off / default / default + WCG.
 set -u
 R=$(pwd); D=${D:-$R/.dev/cuda/s8cc}; B=$D/splash; OUT=${OUT:-$R/cuda-out}; mkdir -p $OUT
 export SPLASH_HOME=${SPLASH_HOME:-/tmp/splash-home}; mkdir -p $SPLASH_HOME
@@ -38,8 +38,6 @@ log "q15 ctx 16, $NEW"; PT=16 tg $NEW
 for r in 1 2; do
   for v in "$OFF" "$NEW" "$NW"; do log "q05 ctx 512, $v [$r]"; M=q05 tg $v; done
 done
-log "spec on/off identity, q15 + q05 draft (defaults)"
-timeout 100 $B bench -m /tmp/q15.gguf --device cuda --spec --draft /tmp/q05.gguf --gen-tokens 96 2>&1 | grep -oE "identical (true|false)|rror" | sort | uniq -c | tee -a $S
 wait $CPID
 log "q32 compiled"; grep -h -E "rror|anic" $OUT/w_q32* | head -3 | tee -a $S
 for v in "$OFF" "$NEW" "$NW" "$NEW" "$NW"; do log "q32 ctx 512, $v"; M=q32 REPS=2 TO=100 tg $v; done
