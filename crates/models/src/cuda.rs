@@ -120,10 +120,12 @@ pub struct CudaOptions {
     pub gu_dot2: bool,
     /// The 8-bit input of a Q6_K down projection or output matrix is written in a layout of its own (the
     /// chunks a Q6_K pair multiplies, which are not consecutive, sit where one load instruction of a warp reads 512
-    /// contiguous bytes: see `xpos6` in kernels.cu). `SPLASH_CUDA_X6`; same values, same sums.
+    /// contiguous bytes: see `xpos6` in kernels.cu). `SPLASH_CUDA_X6=1`; same values, same sums. Off by default: no
+    /// measurable gain on the H200 (32B 138.1-138.4 vs 138.3 tok/s, 1.5B equal; BENCHMARKS.md, stretch 8).
     pub x6: bool,
     /// Weights are loaded with `ld.global.cg` (cached in L2 only), so that they do not evict from L1 the activation
-    /// rows that every block re-reads (`SPLASH_CUDA_WCG`; same bytes, same sums).
+    /// rows that every block re-reads (`SPLASH_CUDA_WCG=1`; 16-byte loads only; same bytes, same sums). Off by
+    /// default: slower on the H200 (1.5B 1,002-1,015 vs 1,015-1,023, 32B 136.4 vs 137.8; BENCHMARKS.md, stretch 8).
     pub wcg: bool,
 }
 
