@@ -114,6 +114,19 @@ pub struct CudaOptions {
     /// of all of them): `SPLASH_CUDA_ATT_WARPS`. One split needs no second pass over partials. Default 4: 1, 2, 8
     /// and 16 were all slower on the 1.5B at contexts 16, 512 and 2048 (BENCHMARKS.md, stretch 7).
     pub att_warps: usize,
+    /// The gate/up kernels take pair i of the gate and the up row in turn and load the activations they share once
+    /// (`SPLASH_CUDA_GU_DOT2`, default on; the same sums in the same order). 32B 138.3 vs 133.0-135.3 tok/s, 1.5B
+    /// 1,013-1,022 vs 999-1,008 (BENCHMARKS.md, stretch 8).
+    pub gu_dot2: bool,
+    /// The 8-bit input of a Q6_K down projection or output matrix is written in a layout of its own (the
+    /// chunks a Q6_K pair multiplies, which are not consecutive, sit where one load instruction of a warp reads 512
+    /// contiguous bytes: see `xpos6` in kernels.cu). `SPLASH_CUDA_X6=1`; same values, same sums. Off by default: no
+    /// measurable gain on the H200 (32B 138.1-138.4 vs 138.3 tok/s, 1.5B equal; BENCHMARKS.md, stretch 8).
+    pub x6: bool,
+    /// Weights are loaded with `ld.global.cg` (cached in L2 only), so that they do not evict from L1 the activation
+    /// rows that every block re-reads (`SPLASH_CUDA_WCG=1`; 16-byte loads only; same bytes, same sums). Off by
+    /// default: slower on the H200 (1.5B 1,002-1,015 vs 1,015-1,023, 32B 136.4 vs 137.8; BENCHMARKS.md, stretch 8).
+    pub wcg: bool,
 }
 
 impl CudaOptions {
@@ -160,6 +173,9 @@ impl Default for CudaOptions {
             qkv_rope: std::env::var("SPLASH_CUDA_QKV_ROPE").map(|v| v != "0").unwrap_or(true),
             gu_smem: std::env::var("SPLASH_CUDA_GU_SMEM").is_ok_and(|v| v == "1"),
             att_warps: env_usize("SPLASH_CUDA_ATT_WARPS", ATT_WARPS).clamp(1, 32),
+            gu_dot2: std::env::var("SPLASH_CUDA_GU_DOT2").map(|v| v != "0").unwrap_or(true),
+            x6: std::env::var("SPLASH_CUDA_X6").is_ok_and(|v| v == "1"),
+            wcg: std::env::var("SPLASH_CUDA_WCG").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -393,6 +409,10 @@ fn q8_threads(k: usize, n: usize, (large, small): (usize, usize), cap: usize) ->
 fn mmvq_name(ty: GgmlType, k: usize, p: usize, mr: usize, mode: u32) -> String {
     format!("mmvq_{}_{k}_{p}_{mr}_{mode}", type_id(ty))
 }
+/// A Q6_K matrix (the down projection, the output matrix) on its input in the xpos6 layout (`CudaOptions::x6`).
+fn mmvq6_name(k: usize, p: usize, mr: usize, mode: u32) -> String {
+    format!("mmvq6_{k}_{p}_{mr}_{mode}")
+}
 fn guq_name(ty: GgmlType, k: usize, p: usize, mr: usize) -> String {
     format!("guq_{}_{k}_{p}_{mr}", type_id(ty))
 }
@@ -430,6 +450,12 @@ pub struct Q8Kernels {
     pub gu_smem: bool,
     /// Warps of an attention block (`CudaOptions::att_warps`; 0 reads as the default).
     pub att_warps: usize,
+    /// `CudaOptions::gu_dot2`.
+    pub gu_dot2: bool,
+    /// `CudaOptions::x6` (needs `xperm`).
+    pub x6: bool,
+    /// `CudaOptions::wcg`.
+    pub wcg: bool,
 }
 
 /// Largest hidden size whose 8 rows of 8-bit activations (with their scales) the fused-norm kernels keep in static
@@ -568,6 +594,7 @@ pub fn kernel_source(
     s.push_str(&format!("#define XPERM {}\n", u8::from(q8.xperm)));
     s.push_str(&format!("#define FUSE_NORM {}\n#define QKV_ROPE {}\n", u8::from(q8.fuse_norm), u8::from(q8.qkv_rope)));
     s.push_str(&format!("#define ATT_MIN_SPLIT {}\n", 32 * att_warps));
+    s.push_str(&format!("#define GU_DOT2 {}\n#define WCG {}\n", u8::from(q8.gu_dot2), u8::from(q8.wcg)));
     s.push_str(backend::cuda::KERNELS);
     s.push('\n');
     for &(ty, k) in mats {
@@ -649,6 +676,15 @@ pub fn kernel_source(
                     mmvq_name(ty, k, p, mr, mode),
                     type_id(ty)
                 ));
+                if q8.x6 && ty == GgmlType::Q6_K {
+                    s.push_str(&format!(
+                        "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* W, const i8* Xq, const float2* \
+                         Xd, float* Y, const float* bias, int m, int N) {{ pdl_trigger(); mmvq_body<{}, {k}, {mr}, {mode}, \
+                         {p}, true>(W, Xq, Xd, Y, bias, m, N); }}\n",
+                        mmvq6_name(k, p, mr, mode),
+                        type_id(ty)
+                    ));
+                }
             }
         }
     }
@@ -660,9 +696,9 @@ pub fn kernel_source(
             let bounds = if us { format!("{threads}, 3") } else { format!("{threads}") };
             s.push_str(&format!(
                 "extern \"C\" __global__ void __launch_bounds__({bounds}) {}(const u8* Wg, const u8* Wu, const i8* Xq, \
-                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn) {{ \
-                 pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}, {us}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do, X, \
-                 gn); }}\n",
+                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn, int l6) \
+                 {{ pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}, {us}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do, \
+                 X, gn, l6); }}\n",
                 guq_name(ty, k, p, mr),
                 type_id(ty)
             ));
@@ -746,6 +782,7 @@ impl CudaRunner {
         // Layers (and the output matrix) on the 8-bit-activation kernels, and the instantiations they need.
         let q8_on = opts.q8 && !opts.exact_activations;
         let it = opts.q8_its();
+        opts.x6 &= opts.xperm;
         opts.fuse_norm &= q8_on && cfg.hidden_size <= FUSE_NORM_MAX_HIDDEN && cfg.hidden_size.is_multiple_of(64);
         opts.qkv_rope &= q8_on
             && !cfg.qk_norm
@@ -762,6 +799,9 @@ impl CudaRunner {
             qkv_rope: opts.qkv_rope,
             gu_smem: opts.gu_smem,
             att_warps: opts.att_warps,
+            gu_dot2: opts.gu_dot2,
+            x6: opts.x6,
+            wcg: opts.wcg,
             ..Q8Kernels::default()
         };
         let mut q8_layers = Vec::with_capacity(weights.layers.len());
@@ -832,6 +872,10 @@ impl CudaRunner {
             for mr in MRS {
                 names.push(mmvq_name(ty, k, p, mr, 0));
                 names.push(mmvq_name(ty, k, p, mr, 1));
+                if q8k.x6 && ty == GgmlType::Q6_K {
+                    names.push(mmvq6_name(k, p, mr, 0));
+                    names.push(mmvq6_name(k, p, mr, 1));
+                }
             }
         }
         for &(ty, k, p) in &q8k.gu {
@@ -1082,7 +1126,13 @@ impl CudaRunner {
     /// that table names) quantized to 8 bits into `xq` (int8) and `xd` (a float2 per 32 values).
     #[allow(clippy::too_many_arguments)]
     fn quant(&self, x: u64, norm: u64, rows: u64, xq: u64, xd: u64, m: usize, k: usize) -> Result<()> {
-        self.launch("quant_q8", (m as u32, k.div_ceil(256) as u32, 1), 256, Args(vec![x, norm, rows, xq, xd, i(k)]))
+        self.quant_l(x, norm, rows, xq, xd, m, k, false)
+    }
+    /// `quant`, in the xpos6 layout with `l6` (the input of a Q6_K down projection, `CudaOptions::x6`).
+    #[allow(clippy::too_many_arguments)]
+    fn quant_l(&self, x: u64, norm: u64, rows: u64, xq: u64, xd: u64, m: usize, k: usize, l6: bool) -> Result<()> {
+        let args = Args(vec![x, norm, rows, xq, xd, i(k), u64::from(l6)]);
+        self.launch("quant_q8", (m as u32, k.div_ceil(256) as u32, 1), 256, args)
     }
 
     /// The per-head q/k RMSNorm where the layer has one (Qwen3), then RoPE and the K/V write into layer `li`'s cache,
@@ -1110,9 +1160,28 @@ impl CudaRunner {
     /// Y[m, N] (+)= W X[m, K] (+ bias) on 8-bit activations (`quant` output).
     #[allow(clippy::too_many_arguments)]
     fn mmvq(&self, w: &GMat, xq: u64, xd: u64, y: u64, bias: Option<&DevBuf>, m: usize, residual: bool) -> Result<()> {
+        self.mmvq_l(w, xq, xd, y, bias, m, residual, false)
+    }
+    /// `mmvq` on an input in the xpos6 layout with `l6` (a Q6_K down projection, `CudaOptions::x6`).
+    #[allow(clippy::too_many_arguments)]
+    fn mmvq_l(
+        &self,
+        w: &GMat,
+        xq: u64,
+        xd: u64,
+        y: u64,
+        bias: Option<&DevBuf>,
+        m: usize,
+        residual: bool,
+        l6: bool,
+    ) -> Result<()> {
         let pt = q8_threads(w.cols, w.rows, self.opts.q8_its(), 128);
         let mr = pick_mr(m);
-        let name = mmvq_name(w.ty, w.cols, pt, mr, u32::from(residual));
+        let name = if l6 {
+            mmvq6_name(w.cols, pt, mr, u32::from(residual))
+        } else {
+            mmvq_name(w.ty, w.cols, pt, mr, u32::from(residual))
+        };
         let grid = (w.rows.div_ceil((128 / pt).max(1)) as u32, m.div_ceil(mr) as u32, 1);
         let b = bias.map_or(0, |b| b.ptr);
         self.launch(&name, grid, 128, Args(vec![w.buf.ptr, xq, xd, y, b, i(m), i(w.rows)]))
@@ -1127,8 +1196,10 @@ impl CudaRunner {
         if r > 0 && self.q8_out && !(r >= GEMM_MIN_ROWS && self.blas.is_some() && self.opts.gemm) {
             let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
             let out = self.output.as_ref().unwrap_or(&self.embd);
-            self.quant(s.x.ptr, self.output_norm.ptr, s.out_rows.ptr, s.xq8.ptr, s.xds.ptr, r, self.cfg.hidden_size)?;
-            self.mmvq(out, s.xq8.ptr, s.xds.ptr, s.logits.ptr, None, r, false)?;
+            let l6 = self.opts.x6 && out.ty == GgmlType::Q6_K;
+            let h = self.cfg.hidden_size;
+            self.quant_l(s.x.ptr, self.output_norm.ptr, s.out_rows.ptr, s.xq8.ptr, s.xds.ptr, r, h, l6)?;
+            self.mmvq_l(out, s.xq8.ptr, s.xds.ptr, s.logits.ptr, None, r, false, l6)?;
         } else if r > 0 {
             let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
             self.launch(
@@ -1341,13 +1412,26 @@ impl CudaRunner {
                 let (dq, dd) =
                     (s.xq8b.ptr + (r0 * c.ffn_size) as u64, s.xdsb.ptr + (r0 * (c.ffn_size / 32) * 8) as u64);
                 let mut down_in_q8 = false;
+                let l6 = self.opts.x6 && l.down.ty == GgmlType::Q6_K && l.down.cols == c.ffn_size;
                 if l.gate.ty == l.up.ty {
                     let pt = q8_threads(l.gate.cols, l.gate.rows, self.opts.q8_its(), 32);
                     let mr = pick_mr(m);
                     down_in_q8 = guq_fused(pt) && self.opts.gu_fuse;
                     let (ty, kc, n) = (l.gate.ty, l.gate.cols, l.gate.rows);
-                    let args =
-                        Args(vec![l.gate.buf.ptr, l.up.buf.ptr, fq, fd, gate, i(m), i(n), dq, dd, x, l.ffn_norm.ptr]);
+                    let args = Args(vec![
+                        l.gate.buf.ptr,
+                        l.up.buf.ptr,
+                        fq,
+                        fd,
+                        gate,
+                        i(m),
+                        i(n),
+                        dq,
+                        dd,
+                        x,
+                        l.ffn_norm.ptr,
+                        u64::from(l6),
+                    ]);
                     let (rows_per_block, threads) = if down_in_q8 { (32, 32 * pt) } else { (128 / pt, 128) };
                     self.launch(
                         &guq_name(ty, kc, pt, mr),
@@ -1362,9 +1446,9 @@ impl CudaRunner {
                     self.launch("silu_mul", (n.div_ceil(256) as u32, 1, 1), 256, Args(vec![gate, up, i(n)]))?;
                 }
                 if !down_in_q8 {
-                    self.quant(gate, 0, 0, dq, dd, m, c.ffn_size)?;
+                    self.quant_l(gate, 0, 0, dq, dd, m, c.ffn_size, l6)?;
                 }
-                self.mmvq(&l.down, dq, dd, x, None, m, true)?;
+                self.mmvq_l(&l.down, dq, dd, x, None, m, true, l6)?;
                 continue;
             }
             self.mmv(&l.wo, att, x, None, m, true)?;
@@ -1860,6 +1944,9 @@ mod tests {
             qkv_rope: true,
             gu_smem: true,
             att_warps: 16,
+            gu_dot2: true,
+            x6: true,
+            wcg: true,
         };
         let src = kernel_source(&cfg, &mats, &[(Q4_K, 1536), (Q5_0, 1536)], &[(Q4_K, Q4_K, Q6_K)], (Q6_K, 1536), &q8);
         if let Ok(p) = std::env::var("SPLASH_DUMP_KERNEL_SOURCE") {

@@ -72,6 +72,15 @@ __device__ __forceinline__ int xpos(int a, int K) {
     return a;
 #endif
 }
+// The Q6_K consumers' layout (X6: the down projection's input where the down matrix is Q6_K). A Q6_K pair p
+// multiplies chunks cb, cb + 1, cb + 4, cb + 5 (cb = 4p - 2 (p & 1)), which xpos puts at two positions in each of
+// two regions, 16 bytes apart: a load instruction of a warp (consecutive pairs) then touches 8 lines for 512 bytes.
+// Here the k-th chunk of pair p sits at k * (K / 64) + p, so each of the four loads reads 512 contiguous bytes.
+__device__ __forceinline__ int xpos6(int a, int K) {
+    const int c = a >> 4, o = c & 7;
+    const int k = (o & 1) | ((o >> 2) << 1), p = 2 * (c >> 3) + ((o >> 1) & 1);
+    return (k * (K >> 6) + p) * 16 + (a & 15);
+}
 // 16-byte chunk c (values 16c .. 16c + 15) of an activation row of K values.
 template <int K> __device__ __forceinline__ int4 xchunk(const i8* xr, int c) {
 #if XPERM
@@ -83,7 +92,7 @@ template <int K> __device__ __forceinline__ int4 xchunk(const i8* xr, int c) {
 
 // Quantizes v (element `lane` of the 32-block starting at value a0 of the activation row qrow of K values) into
 // that row (layout: xpos) and ds.
-__device__ __forceinline__ void q8_block(float v, i8* qrow, int a0, int K, float2* ds) {
+__device__ __forceinline__ void q8_block(float v, i8* qrow, int a0, int K, float2* ds, int l6 = 0) {
     const int lane = threadIdx.x & 31;
     const float amax = warp_max(fabsf(v));
     const float id = amax > 0.f ? 127.f / amax : 0.f;
@@ -91,7 +100,7 @@ __device__ __forceinline__ void q8_block(float v, i8* qrow, int a0, int K, float
     int s = qi;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    qrow[xpos(a0 + lane, K)] = (i8)qi;
+    qrow[l6 ? xpos6(a0 + lane, K) : xpos(a0 + lane, K)] = (i8)qi;
     if (lane == 0) {
         const float d = amax / 127.f;
         *ds = make_float2(d, d * (float)s);
@@ -1072,7 +1081,7 @@ extern "C" __global__ void softmax_causal(const float* __restrict__ S, u16* __re
 // arithmetic as rms_norm; every block sums the squares of the whole row), quantized to q[i * K ..],
 // ds[i * K / 32 ..]. Grid (rows, ceil(K / 256)), 256 threads: one 32-block per warp.
 extern "C" __global__ void quant_q8(const float* __restrict__ x, const float* __restrict__ g, const u32* __restrict__ rows,
-                                    i8* __restrict__ q, float2* __restrict__ ds, int K) { PDL_ENTER
+                                    i8* __restrict__ q, float2* __restrict__ ds, int K, int l6) { PDL_ENTER
     __shared__ float sh[32];
     const int i = blockIdx.x;
     const float* xr = x + (size_t)(rows ? rows[i] : i) * K;
@@ -1098,7 +1107,7 @@ extern "C" __global__ void quant_q8(const float* __restrict__ x, const float* __
     const int k = blockIdx.y * 256 + threadIdx.x;
     if (k - (threadIdx.x & 31) < K) {
         const float v = g ? xr[k] * scale * g[k] : xr[k];
-        q8_block(v, q + (size_t)i * K, k & ~31, K, ds + ((size_t)i * K + k) / 32);
+        q8_block(v, q + (size_t)i * K, k & ~31, K, ds + ((size_t)i * K + k) / 32, l6);
     }
 }
 
@@ -1189,27 +1198,37 @@ template <> struct Pair<T_Q6_K> { typedef PQ6K W; };
 template <> struct Pair<T_Q8_0> { typedef PQ8 W; };
 template <> struct Pair<T_Q5_0> { typedef PQ5 W; };
 
+// A weight load. WCG: 16-byte loads (the Q4_K / Q6_K quants and headers) cached in L2 only (ld.global.cg), so that
+// the streamed weights do not evict from L1 the activation rows that every block re-reads. Same bytes. Not for the
+// narrower loads (Q5_0 / Q8_0 blocks, Q6_K's d): without L1 each of them is an L2 request of its own (the 0.5B ran
+// 24% slower with them all in L2, call B).
+template <class T> __device__ __forceinline__ T wld(const u8* p) {
+#if WCG
+    if constexpr (sizeof(T) == 16) return __ldcg((const T*)p);
+#endif
+    return *(const T*)p;
+}
 // Pair p of a (repacked) Q8_0 / Q5_0 row: blocks 2p and 2p + 1.
 __device__ __forceinline__ void pload(const u8* row, int p, PQ8& w, int nsb) {
     const u8* b = row + p * 72;
-    w.d0 = ld16(b);
-    w.d1 = ld16(b + 36);
+    w.d0 = wld<u16>(b);
+    w.d1 = wld<u16>(b + 36);
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        w.q0[i] = *(const u32*)(b + 4 + 4 * i);
-        w.q1[i] = *(const u32*)(b + 40 + 4 * i);
+        w.q0[i] = wld<u32>(b + 4 + 4 * i);
+        w.q1[i] = wld<u32>(b + 40 + 4 * i);
     }
 }
 __device__ __forceinline__ void pload(const u8* row, int p, PQ5& w, int nsb) {
     const u8* b = row + p * 48;
-    w.d0 = ld16(b);
-    w.d1 = ld16(b + 24);
-    w.h0 = *(const u32*)(b + 4);
-    w.h1 = *(const u32*)(b + 28);
-    w.q0[0] = *(const uint2*)(b + 8);
-    w.q0[1] = *(const uint2*)(b + 16);
-    w.q1[0] = *(const uint2*)(b + 32);
-    w.q1[1] = *(const uint2*)(b + 40);
+    w.d0 = wld<u16>(b);
+    w.d1 = wld<u16>(b + 24);
+    w.h0 = wld<u32>(b + 4);
+    w.h1 = wld<u32>(b + 28);
+    w.q0[0] = wld<uint2>(b + 8);
+    w.q0[1] = wld<uint2>(b + 16);
+    w.q1[0] = wld<uint2>(b + 32);
+    w.q1[1] = wld<uint2>(b + 40);
 }
 // Bits 0..3 of x to bit 0 of bytes 0..3.
 __device__ __forceinline__ u32 spread4(u32 x) { return ((x & 0xFu) * 0x00204081u) & 0x01010101u; }
@@ -1220,15 +1239,15 @@ __device__ __forceinline__ int sub16x4(u32 v) { return (int)(((v | 0x80808080u) 
 // 32 bytes of nibbles.
 __device__ __forceinline__ void pload(const u8* row, int p, PQ4K& w, int nsb) {
 #if REPACK
-    w.h = *(const uint4*)(row + nsb * 128 + 16 * (p >> 2));
-    w.a = *(const uint4*)(row + 16 * p);
-    w.b = *(const uint4*)(row + nsb * 64 + 16 * p);
+    w.h = wld<uint4>(row + nsb * 128 + 16 * (p >> 2));
+    w.a = wld<uint4>(row + 16 * p);
+    w.b = wld<uint4>(row + nsb * 64 + 16 * p);
 #else
     const u8* b = row + (p >> 2) * 144;
     const int j = p & 3;
-    w.h = *(const uint4*)b;
-    w.a = *(const uint4*)(b + 16 + 32 * j);
-    w.b = *(const uint4*)(b + 32 + 32 * j);
+    w.h = wld<uint4>(b);
+    w.a = wld<uint4>(b + 16 + 32 * j);
+    w.b = wld<uint4>(b + 32 + 32 * j);
 #endif
 }
 
@@ -1263,66 +1282,103 @@ template <class W> __device__ __forceinline__ void pload_async(const u8* row, in
 // 128 hf + 32 pp + [0, 32) (low nibbles) and + 64 (high nibbles).
 __device__ __forceinline__ void pload(const u8* row, int p, PQ6K& w, int nsb) {
 #if REPACK
-    w.l0 = *(const uint4*)(row + 16 * p);
-    w.l1 = *(const uint4*)(row + nsb * 64 + 16 * p);
-    w.h0 = *(const uint4*)(row + nsb * 128 + 16 * (p >> 1));
-    w.h1 = *(const uint4*)(row + nsb * 160 + 16 * (p >> 1));
-    w.s = *(const uint4*)(row + nsb * 192 + 16 * (p >> 2));
-    w.d = *(const u16*)(row + nsb * 208 + 2 * (p >> 2));
+    w.l0 = wld<uint4>(row + 16 * p);
+    w.l1 = wld<uint4>(row + nsb * 64 + 16 * p);
+    w.h0 = wld<uint4>(row + nsb * 128 + 16 * (p >> 1));
+    w.h1 = wld<uint4>(row + nsb * 160 + 16 * (p >> 1));
+    w.s = wld<uint4>(row + nsb * 192 + 16 * (p >> 2));
+    w.d = wld<u16>(row + nsb * 208 + 2 * (p >> 2));
 #else
     const u8* b = row + (p >> 2) * 224;
     const int hf = (p >> 1) & 1, pp = p & 1;
-    w.l0 = *(const uint4*)(b + 64 * hf + 32 * pp);
-    w.l1 = *(const uint4*)(b + 64 * hf + 32 * pp + 16);
-    w.h0 = *(const uint4*)(b + 128 + 32 * hf);
-    w.h1 = *(const uint4*)(b + 128 + 32 * hf + 16);
-    w.s = *(const uint4*)(b + 192);
-    w.d = *(const u16*)(b + 208);
+    w.l0 = wld<uint4>(b + 64 * hf + 32 * pp);
+    w.l1 = wld<uint4>(b + 64 * hf + 32 * pp + 16);
+    w.h0 = wld<uint4>(b + 128 + 32 * hf);
+    w.h1 = wld<uint4>(b + 128 + 32 * hf + 16);
+    w.s = wld<uint4>(b + 192);
+    w.d = wld<u16>(b + 208);
 #endif
 }
+
+// A Q4_K pair decoded: the nibbles as bytes, the two sub-blocks' scales and mins, d and dmin.
+struct DQ4K {
+    int lo[8], hi[8];
+    int s0, m0, s1, m1;
+    float d, dmin;
+    __device__ __forceinline__ DQ4K(const PQ4K& w, int p) {
+        const int j = p & 3;
+        const u32 a[8] = {w.a.x, w.a.y, w.a.z, w.a.w, w.b.x, w.b.y, w.b.z, w.b.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            lo[i] = (int)(a[i] & 0x0F0F0F0Fu);
+            hi[i] = (int)((a[i] >> 4) & 0x0F0F0F0Fu);
+        }
+        const int k0 = (2 * j) & 3, k1 = (2 * j + 1) & 3;
+        if (j < 2) {
+            s0 = byte_of(w.h.y, k0) & 63; m0 = byte_of(w.h.z, k0) & 63;
+            s1 = byte_of(w.h.y, k1) & 63; m1 = byte_of(w.h.z, k1) & 63;
+        } else {
+            s0 = (byte_of(w.h.w, k0) & 0xF) | ((byte_of(w.h.y, k0) >> 6) << 4);
+            m0 = (byte_of(w.h.w, k0) >> 4) | ((byte_of(w.h.z, k0) >> 6) << 4);
+            s1 = (byte_of(w.h.w, k1) & 0xF) | ((byte_of(w.h.y, k1) >> 6) << 4);
+            m1 = (byte_of(w.h.w, k1) >> 4) | ((byte_of(w.h.z, k1) >> 6) << 4);
+        }
+        d = h2f((u16)(w.h.x & 0xFFFF));
+        dmin = h2f((u16)(w.h.x >> 16));
+    }
+    // This pair's share of one activation row (its four 16-byte chunks and the float4 of its two 32-blocks' {d, s}).
+    __device__ __forceinline__ float dot(int4 x0, int4 x1, int4 x2, int4 x3, float4 dd) const {
+        int sa = 0, sc = 0;
+        sa = dp4a(lo[0], x0.x, sa); sa = dp4a(lo[1], x0.y, sa); sa = dp4a(lo[2], x0.z, sa); sa = dp4a(lo[3], x0.w, sa);
+        sa = dp4a(lo[4], x1.x, sa); sa = dp4a(lo[5], x1.y, sa); sa = dp4a(lo[6], x1.z, sa); sa = dp4a(lo[7], x1.w, sa);
+        sc = dp4a(hi[0], x2.x, sc); sc = dp4a(hi[1], x2.y, sc); sc = dp4a(hi[2], x2.z, sc); sc = dp4a(hi[3], x2.w, sc);
+        sc = dp4a(hi[4], x3.x, sc); sc = dp4a(hi[5], x3.y, sc); sc = dp4a(hi[6], x3.z, sc); sc = dp4a(hi[7], x3.w, sc);
+        return d * (dd.x * (float)(s0 * sa) + dd.z * (float)(s1 * sc)) - dmin * ((float)m0 * dd.y + (float)m1 * dd.w);
+    }
+};
 
 // Sums of pair p against MR activation rows (row r at xq + r * K, xd + r * K / 32), added to acc[r] for r < m.
 template <int K, int MR>
 __device__ __forceinline__ void pdot(const PQ4K& w, int p, const i8* __restrict__ xq, const float2* __restrict__ xd,
                                      int m, float* acc) {
-    const int sb = p >> 2, j = p & 3;
-    int lo[8], hi[8];
-    const u32 a[8] = {w.a.x, w.a.y, w.a.z, w.a.w, w.b.x, w.b.y, w.b.z, w.b.w};
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        lo[i] = (int)(a[i] & 0x0F0F0F0Fu);
-        hi[i] = (int)((a[i] >> 4) & 0x0F0F0F0Fu);
-    }
-    const int k0 = (2 * j) & 3, k1 = (2 * j + 1) & 3;
-    int s0, m0, s1, m1;
-    if (j < 2) {
-        s0 = byte_of(w.h.y, k0) & 63; m0 = byte_of(w.h.z, k0) & 63;
-        s1 = byte_of(w.h.y, k1) & 63; m1 = byte_of(w.h.z, k1) & 63;
-    } else {
-        s0 = (byte_of(w.h.w, k0) & 0xF) | ((byte_of(w.h.y, k0) >> 6) << 4);
-        m0 = (byte_of(w.h.w, k0) >> 4) | ((byte_of(w.h.z, k0) >> 6) << 4);
-        s1 = (byte_of(w.h.w, k1) & 0xF) | ((byte_of(w.h.y, k1) >> 6) << 4);
-        m1 = (byte_of(w.h.w, k1) >> 4) | ((byte_of(w.h.z, k1) >> 6) << 4);
-    }
-    const float d = h2f((u16)(w.h.x & 0xFFFF)), dmin = h2f((u16)(w.h.x >> 16));
+    const DQ4K q(w, p);
 #pragma unroll
     for (int r = 0; r < MR; r++) {
         if (r < m) {
             const i8* xr = xq + (size_t)r * K;
             const int4 x0 = xchunk<K>(xr, 4 * p), x1 = xchunk<K>(xr, 4 * p + 1), x2 = xchunk<K>(xr, 4 * p + 2),
                        x3 = xchunk<K>(xr, 4 * p + 3);
-            const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + sb * 8 + 2 * j);
-            int sa = 0, sc = 0;
-            sa = dp4a(lo[0], x0.x, sa); sa = dp4a(lo[1], x0.y, sa); sa = dp4a(lo[2], x0.z, sa); sa = dp4a(lo[3], x0.w, sa);
-            sa = dp4a(lo[4], x1.x, sa); sa = dp4a(lo[5], x1.y, sa); sa = dp4a(lo[6], x1.z, sa); sa = dp4a(lo[7], x1.w, sa);
-            sc = dp4a(hi[0], x2.x, sc); sc = dp4a(hi[1], x2.y, sc); sc = dp4a(hi[2], x2.z, sc); sc = dp4a(hi[3], x2.w, sc);
-            sc = dp4a(hi[4], x3.x, sc); sc = dp4a(hi[5], x3.y, sc); sc = dp4a(hi[6], x3.z, sc); sc = dp4a(hi[7], x3.w, sc);
-            acc[r] += d * (dd.x * (float)(s0 * sa) + dd.z * (float)(s1 * sc)) -
-                      dmin * ((float)m0 * dd.y + (float)m1 * dd.w);
+            const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + 2 * p);
+            acc[r] += q.dot(x0, x1, x2, x3, dd);
         }
     }
 }
+// Pair p of two rows (gate wg into a, up wu into c) against the same activations, loaded once. The same sums in
+// the same order as two pdot calls.
 template <int K, int MR>
+__device__ __forceinline__ void pdot2(const PQ4K& wg, const PQ4K& wu, int p, const i8* __restrict__ xq,
+                                      const float2* __restrict__ xd, int m, float* a, float* c) {
+    const DQ4K qg(wg, p), qu(wu, p);
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r < m) {
+            const i8* xr = xq + (size_t)r * K;
+            const int4 x0 = xchunk<K>(xr, 4 * p), x1 = xchunk<K>(xr, 4 * p + 1), x2 = xchunk<K>(xr, 4 * p + 2),
+                       x3 = xchunk<K>(xr, 4 * p + 3);
+            const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + 2 * p);
+            a[r] += qg.dot(x0, x1, x2, x3, dd);
+            c[r] += qu.dot(x0, x1, x2, x3, dd);
+        }
+    }
+}
+// Other types: two pdot calls.
+template <int K, int MR, class W>
+__device__ __forceinline__ void pdot2(const W& wg, const W& wu, int p, const i8* __restrict__ xq,
+                                      const float2* __restrict__ xd, int m, float* a, float* c) {
+    pdot<K, MR>(wg, p, xq, xd, m, a);
+    pdot<K, MR>(wu, p, xq, xd, m, c);
+}
+template <int K, int MR, bool L6 = false>
 __device__ __forceinline__ void pdot(const PQ6K& w, int p, const i8* __restrict__ xq, const float2* __restrict__ xd,
                                      int m, float* acc) {
     const int sb = p >> 2, hf = (p >> 1) & 1, pp = p & 1;
@@ -1345,8 +1401,19 @@ __device__ __forceinline__ void pdot(const PQ6K& w, int p, const i8* __restrict_
         if (r < m) {
             const i8* xr = xq + (size_t)r * K;
             const int cb = base >> 4;
-            const int4 a0 = xchunk<K>(xr, cb), a1 = xchunk<K>(xr, cb + 1), c0 = xchunk<K>(xr, cb + 4),
-                       c1 = xchunk<K>(xr, cb + 5);
+            int4 a0, a1, c0, c1;
+            if constexpr (L6) {
+                const int4* xp = (const int4*)xr + p;
+                a0 = xp[0];
+                a1 = xp[K / 64];
+                c0 = xp[2 * (K / 64)];
+                c1 = xp[3 * (K / 64)];
+            } else {
+                a0 = xchunk<K>(xr, cb);
+                a1 = xchunk<K>(xr, cb + 1);
+                c0 = xchunk<K>(xr, cb + 4);
+                c1 = xchunk<K>(xr, cb + 5);
+            }
             const float2* dr = xd + (size_t)r * (K / 32) + sb * 8 + 4 * hf + pp;
             const float dl = dr[0].x, dh = dr[2].x;
             int il0 = 0, il1 = 0, ih0 = 0, ih1 = 0;
@@ -1424,14 +1491,33 @@ template <int T, int K, int P> struct RowQ {
             if (part + P * i < NP) pload(row, part + P * i, w[i], K / 256);
     }
     // acc[r] = this thread's share of row r, reduced over the min(P, 32) lanes of its group.
-    template <int MR>
+    // L6: the activations are in the xpos6 layout (Q6_K only).
+    template <int MR, bool L6 = false>
     __device__ __forceinline__ void dot(int part, const i8* xq, const float2* xd, int m, float* acc) const {
+        static_assert(!L6 || T == T_Q6_K, "the xpos6 layout is the Q6_K kernels'");
 #pragma unroll
         for (int r = 0; r < MR; r++) acc[r] = 0.f;
 #pragma unroll
         for (int i = 0; i < IT; i++)
-            if (part + P * i < NP) pdot<K, MR>(w[i], part + P * i, xq, xd, m, acc);
+            if (part + P * i < NP) {
+                if constexpr (L6) pdot<K, MR, true>(w[i], part + P * i, xq, xd, m, acc);
+                else pdot<K, MR>(w[i], part + P * i, xq, xd, m, acc);
+            }
         reduce<MR>(acc);
+    }
+    // Gate (this) and up (u) together: pair i of both in turn, so that the activations they share are loaded once
+    // (GU_DOT2; two dot calls load them twice: the compiler does not merge the loads across the shuffles of the first
+    // reduction). Each accumulator takes the same sums in the same order as dot.
+    template <int MR>
+    __device__ __forceinline__ void dot2(const RowQ& u, int part, const i8* xq, const float2* xd, int m, float* a,
+                                         float* c) const {
+#pragma unroll
+        for (int r = 0; r < MR; r++) a[r] = c[r] = 0.f;
+#pragma unroll
+        for (int i = 0; i < IT; i++)
+            if (part + P * i < NP) pdot2<K, MR>(w[i], u.w[i], part + P * i, xq, xd, m, a, c);
+        reduce<MR>(a);
+        reduce<MR>(c);
     }
     template <int MR> __device__ __forceinline__ static void reduce(float* acc) {
 #pragma unroll
@@ -1461,7 +1547,7 @@ template <int T, int K, int P> struct RowQ {
 };
 
 // Y[r, n] (+)= W[n, :] . X[r, :] (+ bias[n]) on 8-bit activations. 128 threads, 128 / P rows per block.
-template <int T, int K, int MR, int MODE, int P>
+template <int T, int K, int MR, int MODE, int P, bool L6 = false>
 __device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __restrict__ Xq,
                                           const float2* __restrict__ Xd, float* __restrict__ Y,
                                           const float* __restrict__ bias, int m, int N) {
@@ -1475,7 +1561,7 @@ __device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __
     rq.load(W + (size_t)min(n, N - 1) * (K / Fmt<T>::BLOCK) * Fmt<T>::BYTES, part);
     pdl_wait();
     float acc[MR];
-    rq.template dot<MR>(part, Xq, Xd, m, acc);
+    rq.template dot<MR, L6>(part, Xq, Xd, m, acc);
     if (P > 32) {
         __shared__ float red[4][MR];
         const int wid = tid >> 5;
@@ -1512,12 +1598,13 @@ __device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __
 // (norm_q8_smem) into shared memory, instead of Xq / Xd written by quant_q8 in a launch of its own.
 // US: the up rows' weights wait in shared memory (cp.async) instead of registers, so that more blocks fit on a
 // multiprocessor (the 1.5B's 280 gate/up blocks in one wave instead of 264 + 16).
+// l6: the 8-bit output in the xpos6 layout (the down matrix is Q6_K).
 template <int T, int K, int MR, int P, bool QOUT, bool NORM = false, bool US = false>
 __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
                                          const i8* __restrict__ Xq, const float2* __restrict__ Xd,
                                          float* __restrict__ Y, int m, int N, i8* __restrict__ Qo,
                                          float2* __restrict__ Do, const float* __restrict__ X = nullptr,
-                                         const float* __restrict__ gn = nullptr) {
+                                         const float* __restrict__ gn = nullptr, int l6 = 0) {
     const int tid = threadIdx.x;
     const int RPB = QOUT ? 32 : 128 / P;
     const int n = blockIdx.x * RPB + tid / P, part = tid % P;
@@ -1543,9 +1630,15 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
         Xd = sxd;
     }
     float a[MR], c[MR];
-    g.template dot<MR>(part, Xq, Xd, m, a);
-    if constexpr (US) RowQ<T, K, P>::template dot_smem<MR>(part, usm + tid, NT, Xq, Xd, m, c);
-    else u.template dot<MR>(part, Xq, Xd, m, c);
+    if constexpr (US) {
+        g.template dot<MR>(part, Xq, Xd, m, a);
+        RowQ<T, K, P>::template dot_smem<MR>(part, usm + tid, NT, Xq, Xd, m, c);
+    } else if (GU_DOT2) {
+        g.template dot2<MR>(u, part, Xq, Xd, m, a, c);
+    } else {
+        g.template dot<MR>(part, Xq, Xd, m, a);
+        u.template dot<MR>(part, Xq, Xd, m, c);
+    }
     if (part == 0 && n < N) {
 #pragma unroll
         for (int r = 0; r < MR; r++)
@@ -1565,7 +1658,7 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
         Qo += (size_t)blockIdx.y * MR * N;
         Do += (size_t)blockIdx.y * MR * (N / 32);
         for (int r = tid >> 5; r < m; r += P)
-            if (n0 < N) q8_block(ys[r][tid & 31], Qo + (size_t)r * N, n0, N, Do + ((size_t)r * N + n0) / 32);
+            if (n0 < N) q8_block(ys[r][tid & 31], Qo + (size_t)r * N, n0, N, Do + ((size_t)r * N + n0) / 32, l6);
     }
 }
 
