@@ -8,7 +8,7 @@
 # Usage: D=$PWD/.dev/cuda/s8f bash scripts/cuda_device_s8final.sh   (carry .dev/cuda/s8f and .dev/cuda/llama.tar.xz)
 set -u
 R=$(pwd); D=${D:-$R/.dev/cuda/s8f}; B=$D/splash; OUT=${OUT:-$R/cuda-out}; mkdir -p $OUT
-LLAMA_TAR=${LLAMA_TAR:-$R/.dev/cuda/llama.tar.xz}; BUILD_S=${BUILD_S:-400}
+LLAMA_TAR=${LLAMA_TAR:-$R/.dev/cuda/llama.tar.xz}; BUILD_S=${BUILD_S:-380}
 export SPLASH_HOME=${SPLASH_HOME:-/tmp/splash-home}; mkdir -p $SPLASH_HOME
 S=$OUT/summary.txt
 log() { echo "== [$SECONDS s] $*" | tee -a $S; }
@@ -16,7 +16,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 (mkdir -p /tmp/l && cd /tmp/l && tar xJf $LLAMA_TAR && cd llama.cpp && \
  cmake -S . -B b -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DLLAMA_BUILD_TESTS=OFF \
    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-   -DGGML_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release && cmake --build b --target llama-bench -j 12) > $OUT/llama_build.log 2>&1 &
+   -DGGML_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release && cmake --build b --target llama-bench -j 14) > $OUT/llama_build.log 2>&1 &
 LPID=$!
 log synth
 $B synth --like qwen2.5-coder-1.5b -o /tmp/q15.gguf > /dev/null 2>&1
