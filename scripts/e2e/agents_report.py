@@ -83,7 +83,9 @@ print(f"{'client':9} {'cold':>5} {'warm':>5} {'TTFT cold':>9} {'TTFT warm':>9} {
 for c, row in rows.items():
     cold, warm, tool, rst = row.get("cold", {}), row.get("warm", {}), row.get("tool", {}), row.get("restart", {})
     file = tool.get("file")
-    wrote = "-" if not tool or tool.get("skipped") else ("no" if file is None else ("hi" if "hi" in file.lower() else f"{file[:8]!r}"))
+    # The word asked for, alone (a file holding a command that mentions it, as the 0.5B once wrote, is not it).
+    is_hi = file is not None and file.strip().strip(".!'\"").lower() == "hi"
+    wrote = "-" if not tool or tool.get("skipped") else ("no" if file is None else ("hi" if is_hi else f"{file[:8]!r}"))
     wrote += tool.get("where", "") + (" (stopped)" if tool.get("stopped") else "")
     state = lambda t: "-" if not t else ("skip" if t.get("skipped") else ("ok" if t.get("printed") else "FAIL"))
     print(f"{c:9} {state(cold):>5} {state(warm):>5} "

@@ -181,7 +181,15 @@ fn grammars(tools: &[(String, Value)], xml: bool, loose: bool) -> [String; 3] {
     let call = format!("call: %json {schema}\nWS: /[ \\t\\r\\n]{{0,8}}/\n");
     let tag =
         if xml { xml_call_rules(tools) } else { format!("start: \"<tool_call>\" WS call WS \"</tool_call>\"\n{call}") };
-    [tag, format!("start: call /[ \\t]*\\n```/\n{call}"), format!("start: call /[ \\t]*\\n/\n{call}")]
+    // After a fenced call, the closing fence; after a bare one, the end of its line or the end of the reply (the
+    // output parser reads a bare call that ends the reply). The blanks before either are bounded: with `[ \t]*` a
+    // model that wanted to end its reply right after a bare call's `}` could only write blanks, and did, for
+    // thousands of tokens (Codex on the 0.5B, until the loop guard stopped it).
+    [
+        tag,
+        format!("start: call /[ \\t]{{0,8}}\\n```/\n{call}"),
+        format!("start: call line_end?\nline_end: /[ \\t]{{0,8}}\\n/\n{call}"),
+    ]
 }
 
 impl LazyToolCalls {
@@ -444,13 +452,38 @@ impl engine::TokenConstraint for LazyToolCalls {
         let Some(m) = self.active.as_mut() else { return Ok(()) };
         let mask = m.compute_mask().map_err(|e| e.to_string())?;
         let words = mask.as_slice();
+        // Where the grammar may end (a bare call's closing brace), every end-of-generation token may end the reply,
+        // not only the one the grammar knows as its end (for Qwen the turn ends with `<|im_end|>`).
+        let can_end = self
+            .tokenizer
+            .eos()
+            .or_else(|| self.tokenizer.eog_ids().first().copied())
+            .is_some_and(|e| mask.is_allowed(e));
         for (i, w) in allowed.iter_mut().enumerate() {
             *w &= words.get(i).copied().unwrap_or(0);
+        }
+        if can_end {
+            for &e in self.tokenizer.eog_ids() {
+                if let Some(w) = allowed.get_mut(e as usize / 32) {
+                    *w |= 1 << (e % 32);
+                }
+            }
         }
         Ok(())
     }
 
     fn commit(&mut self, token: u32) -> Result<(), String> {
+        if self.tokenizer.is_eog(token)
+            && let Some(mut m) = self.active.take()
+        {
+            // The reply ends inside a call: it is complete if its grammar may end here (the mask allowed an end only
+            // there).
+            if m.is_accepting().unwrap_or(false) {
+                self.num_calls += 1;
+                self.finished = !self.parallel;
+            }
+            return Ok(());
+        }
         let piece = self.tokenizer.piece(token, false);
         self.text.extend_from_slice(piece);
         if let Some(m) = self.active.as_mut() {
@@ -704,6 +737,60 @@ mod tests {
         assert!(!is_allowed(&mut c, tokenizer().eos().expect("eos")));
         assert_eq!(write_text(&mut c, "\n```", &[]), Ok(()));
         assert!(c.is_dormant());
+    }
+
+    /// The id of the token whose text is exactly `text` (control tokens included).
+    fn token_of(text: &str) -> u32 {
+        let t = tokenizer();
+        (0..t.vocab_size() as u32).find(|&id| t.token_bytes(id) == text.as_bytes()).expect("token exists")
+    }
+
+    #[test]
+    fn a_bare_call_may_end_the_reply_and_its_blanks_are_bounded() {
+        // Codex on the 0.5B wrote a bare call and then wanted to end its turn; the grammar allowed only blanks or a
+        // newline after the `}`, and the model wrote 2,000 tokens of spaces. The chat template ends a turn with
+        // `<|im_end|>`, and the output parser reads a bare call that ends the output.
+        let im_end = token_of("<|im_end|>");
+        let call = "{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}";
+        let mut c = lazy(true);
+        assert_eq!(write_text(&mut c, call, &[]), Ok(()));
+        assert!(!c.is_dormant(), "the line may still end with blanks and a newline");
+        assert!(is_allowed(&mut c, im_end), "the reply may end after the call");
+        assert!(is_allowed(&mut c, tokenizer().eos().expect("eos")));
+        assert!(!is_allowed(&mut c, token(",")));
+        c.commit(im_end).expect("commit");
+        assert_eq!(c.num_calls(), 1);
+        assert!(c.is_dormant() && !c.is_finished());
+        // One call wanted: the end completes it and finishes the grammar.
+        let mut c = lazy(false);
+        assert_eq!(write_text(&mut c, call, &[]), Ok(()));
+        c.commit(im_end).expect("commit");
+        assert!(c.num_calls() == 1 && c.is_finished());
+        // Blanks: at most 8, then the newline.
+        let space = token(" ");
+        let mut c = lazy(true);
+        assert_eq!(write_text(&mut c, call, &[]), Ok(()));
+        for i in 0..8 {
+            assert!(is_allowed(&mut c, space), "blank {i}");
+            c.commit(space).expect("commit");
+        }
+        assert!(!is_allowed(&mut c, space), "a 9th blank");
+        assert!(is_allowed(&mut c, token("\n")), "then the newline");
+        c.commit(token("\n")).expect("commit");
+        assert!(c.is_dormant() && c.num_calls() == 1);
+        // An unfinished call cannot end the reply.
+        let mut c = lazy(true);
+        assert_eq!(write_text(&mut c, "{\"name\": \"Bash\", \"arguments\": {", &[]), Ok(()));
+        assert!(!is_allowed(&mut c, im_end));
+        // Inside a fence, blanks before the closing fence are bounded the same way.
+        let mut c = lazy(true);
+        assert_eq!(write_text(&mut c, &format!("```json\n{call}"), &[]), Ok(()));
+        for _ in 0..8 {
+            c.commit(space).expect("commit");
+        }
+        assert!(!is_allowed(&mut c, space) && !is_allowed(&mut c, im_end));
+        assert_eq!(write_text(&mut c, "\n```", &[]), Ok(()));
+        assert!(c.is_dormant() && c.num_calls() == 1);
     }
 
     #[test]

@@ -24,6 +24,15 @@
 //! and the agent-type list are ~23K characters, about 5K tokens of every request on a 32K server, for sub-agents that
 //! would queue on the same local server with prompts of their own; with them on, the 0.5B (auto-memory off) answered
 //! "create a file" with an `Agent` call whose fields were copied from the tool's description.
+//!
+//! And one note appended to Claude Code's system prompt ([`APPEND_SYSTEM_PROMPT`], via `--append-system-prompt-file`,
+//! a file of ours next to the settings): new files are created with `Write`, `Edit` only changes a file that exists.
+//! The Qwen2.5-Coder 0.5B answered "create a file" with `Edit` on the missing file (old text "hi", new text "hello")
+//! and repeated it after every "File does not exist" result until the client gave up; with the note its first call
+//! was no longer `Edit` (replays of a captured request: 0 of 4 `Edit` against 2 of 3 without). Claude Code 2.1.332
+//! joins the file's text with a user's own `--append-system-prompt` text (ours first) and also appends it after a
+//! user's `--system-prompt`; a user's own `--append-system-prompt-file` replaces ours (Claude Code keeps only the last
+//! file), so then we pass none.
 
 use serde_json::{Map, Value};
 
@@ -78,6 +87,10 @@ pub fn soft_env_vars(target: &Target, user: &UserEnv) -> Vec<(&'static str, Stri
 pub const SMALL_CONTEXT_DISALLOWED_TOOLS: [&str; 5] =
     ["Agent", "Workflow", "ListAgents", "ReportFindings", "ScheduleWakeup"];
 
+/// What `splash claude` appends to Claude Code's system prompt (see the module docs).
+pub const APPEND_SYSTEM_PROMPT: &str =
+    "To create a new file, use the Write tool. The Edit tool only changes a file that already exists (Read it first).";
+
 /// The smallest `CLAUDE_CODE_AUTO_COMPACT_WINDOW` Claude Code 2.1 accepts.
 pub const MIN_AUTO_COMPACT_WINDOW: usize = 100_000;
 
@@ -107,6 +120,11 @@ pub fn build(target: &Target, user: &UserEnv, user_args: &[String]) -> Launch {
         launch.args.extend(["--disallowedTools".into(), SMALL_CONTEXT_DISALLOWED_TOOLS.join(",")]);
     }
     launch.args.extend(["--settings".into(), path.to_string_lossy().into_owned()]);
+    if !has_flag(user_args, &["--append-system-prompt-file"]) {
+        let path = user.splash_home.join("agents").join("claude").join("append-system-prompt.md");
+        launch.files.push(FileWrite { path: path.clone(), contents: format!("{APPEND_SYSTEM_PROMPT}\n") });
+        launch.args.extend(["--append-system-prompt-file".into(), path.to_string_lossy().into_owned()]);
+    }
     launch.args.extend(user_args.iter().cloned());
     launch
 }
@@ -122,6 +140,7 @@ mod tests {
         let u = user(dir.path());
         let l = build(&target(Some("k3y")), &u, &[]);
         let settings_path = dir.path().join("splash/agents/claude/settings-8000.json");
+        let append_path = dir.path().join("splash/agents/claude/append-system-prompt.md");
         assert_eq!(l.program, "claude");
         assert_eq!(
             l.args,
@@ -133,7 +152,9 @@ mod tests {
                 "--disallowedTools",
                 "Agent,Workflow,ListAgents,ReportFindings,ScheduleWakeup",
                 "--settings",
-                settings_path.to_str().expect("utf8")
+                settings_path.to_str().expect("utf8"),
+                "--append-system-prompt-file",
+                append_path.to_str().expect("utf8"),
             ])
         );
         let expect = [
@@ -154,8 +175,14 @@ mod tests {
             assert_eq!(l.env_value(k), Some(v), "{k}");
         }
         // The same values in --settings, which beats `env` in the user's ~/.claude/settings.json.
-        assert_eq!(l.files.len(), 1);
+        assert_eq!(l.files.len(), 2);
         assert_eq!(l.files[0].path, settings_path);
+        assert_eq!(l.files[1].path, append_path);
+        assert_eq!(
+            l.files[1].contents,
+            "To create a new file, use the Write tool. The Edit tool only changes a file that already exists (Read it \
+             first).\n"
+        );
         let s: Value = serde_json::from_str(&l.files[0].contents).expect("json");
         for (k, v) in expect {
             assert_eq!(s["env"][k], v, "{k} in --settings");
@@ -226,6 +253,39 @@ mod tests {
         assert_eq!(l.env_value("ANTHROPIC_AUTH_TOKEN"), Some("splash-local"), "placeholder token when open");
         let l = build(&target(None), &user(dir.path()), &args(&["--dangerously-skip-permissions"]));
         assert!(!l.args.iter().any(|a| a == "--permission-mode"));
+    }
+
+    #[test]
+    fn the_note_on_new_files_is_appended_unless_the_user_appends_a_file_of_their_own() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let u = user(dir.path());
+        let ours = dir.path().join("splash/agents/claude/append-system-prompt.md");
+        let appended = |l: &Launch| {
+            l.args
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| *a == "--append-system-prompt-file")
+                .map(|(i, _)| l.args[i + 1].clone())
+                .collect::<Vec<_>>()
+        };
+        // A user's own text (--append-system-prompt) or system prompt: Claude Code 2.1.332 appends our file's text to
+        // it (checked against a logging stub), so ours stays, before the user's arguments.
+        for own in [&["--append-system-prompt", "Be terse."][..], &["--system-prompt=You are a pirate."]] {
+            let l = build(&target(None), &u, &args(own));
+            assert_eq!(appended(&l), [ours.to_string_lossy()], "{own:?}");
+            assert!(l.args.ends_with(&args(own)));
+            assert!(l.files.iter().any(|f| f.path == ours));
+        }
+        // A user's own file: Claude Code would keep only the last one, so we pass none and write none.
+        for own in [&["--append-system-prompt-file", "/home/u/extra.md"][..], &["--append-system-prompt-file=x.md"]] {
+            let l = build(&target(None), &u, &args(own));
+            assert_eq!(l.args.iter().filter(|a| a.starts_with("--append-system-prompt-file")).count(), 1, "{own:?}");
+            assert!(l.args.ends_with(&args(own)));
+            assert!(!l.files.iter().any(|f| f.path == ours));
+        }
+        // After `--` the arguments are the prompt's, not flags.
+        let l = build(&target(None), &u, &args(&["-p", "--", "--append-system-prompt-file"]));
+        assert!(l.files.iter().any(|f| f.path == ours), "{:?}", l.args);
     }
 
     #[test]
