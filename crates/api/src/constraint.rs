@@ -108,13 +108,16 @@ pub fn tool_call_grammar(tools: &[(String, Value)]) -> Value {
 }
 
 /// The JSON schema of one call object `{"name": NAME, "arguments": ARGS}` of one of `tools`: the arguments follow
-/// the tool's parameters schema, or (`loose`, or a tool without one) any object.
+/// the tool's parameters schema (its objects closed, [`close_objects`]), or (`loose`, or a tool without one) any
+/// object.
 pub(crate) fn call_object_schema(tools: &[(String, Value)], loose: bool) -> Value {
     let variants: Vec<Value> = tools
         .iter()
         .map(|(name, parameters)| {
             let arguments = if !loose && parameters.as_object().is_some_and(|o| !o.is_empty()) {
-                parameters.clone()
+                let mut arguments = parameters.clone();
+                close_objects(&mut arguments);
+                arguments
             } else {
                 json!({"type": "object"})
             };
@@ -127,6 +130,64 @@ pub(crate) fn call_object_schema(tools: &[(String, Value)], loose: bool) -> Valu
         })
         .collect();
     if variants.len() == 1 { variants[0].clone() } else { json!({"anyOf": variants}) }
+}
+
+/// In a tool's parameters schema, an object that lists its `properties` and says nothing of `additionalProperties`
+/// gets `additionalProperties: false`, at every depth: a call's arguments then hold only the keys the tool declares.
+/// JSON Schema would allow any other key there; small models fill such room with keys copied from the prompt
+/// (Hermes on the Qwen2.5-Coder 0.5B added `required`, `resolved_path` and `files_modified` to `write_file`), and the
+/// client's own validation may refuse them. llama.cpp's schema-to-grammar converter reads a missing
+/// `additionalProperties` the same way. Left open: an object without `properties` (a free-form map), one that
+/// combines its properties with `allOf` / `anyOf` / `oneOf` / `if` / `$ref` or says `unevaluatedProperties`, and
+/// the members of an `allOf` (each would forbid the keys the others add).
+fn close_objects(schema: &mut Value) {
+    close_objects_in(schema, true);
+}
+
+fn close_objects_in(schema: &mut Value, closable: bool) {
+    const COMBINED: [&str; 6] = ["allOf", "anyOf", "oneOf", "if", "$ref", "unevaluatedProperties"];
+    match schema {
+        Value::Object(o) => {
+            if closable
+                && o.get("properties").is_some_and(Value::is_object)
+                && !o.contains_key("additionalProperties")
+                && !COMBINED.iter().any(|k| o.contains_key(*k))
+            {
+                o.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            for (key, value) in o.iter_mut() {
+                match key.as_str() {
+                    // Maps of names to schemas.
+                    "properties" | "patternProperties" | "$defs" | "definitions" => {
+                        if let Some(m) = value.as_object_mut() {
+                            m.values_mut().for_each(close_objects);
+                        }
+                    }
+                    // Each member must accept the keys the others declare.
+                    "allOf" => {
+                        if let Some(members) = value.as_array_mut() {
+                            members.iter_mut().for_each(|m| close_objects_in(m, false));
+                        }
+                    }
+                    // A schema, or a list of them.
+                    "items"
+                    | "prefixItems"
+                    | "additionalProperties"
+                    | "anyOf"
+                    | "oneOf"
+                    | "not"
+                    | "if"
+                    | "then"
+                    | "else"
+                    | "contains" => close_objects(value),
+                    // Keywords whose values are data, not schemas (`const`, `enum`, `default`, `examples`, ...).
+                    _ => {}
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(close_objects),
+        _ => {}
+    }
 }
 
 /// A compiled grammar, ready to constrain one request.
@@ -198,5 +259,49 @@ impl engine::TokenConstraint for Constraint {
 
     fn is_finished(&self) -> bool {
         self.matcher.is_stopped()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::close_objects;
+
+    #[test]
+    fn objects_with_properties_are_closed_at_every_depth_and_the_rest_left_open() {
+        let mut schema = json!({
+            "type": "object",
+            "properties": {
+                "edits": {"type": "array", "items": {"type": "object", "properties": {"old": {"type": "string"}}}},
+                "env": {"type": "object"},
+                "meta": {"type": "object", "properties": {"k": {"const": {"properties": {}}}},
+                         "additionalProperties": true},
+                "either": {"anyOf": [{"type": "object", "properties": {"x": {}}}, {"type": "string"}]},
+                "both": {"allOf": [{"properties": {"a": {"type": "object", "properties": {"b": {}}}}},
+                                   {"properties": {"c": {}}}]}
+            },
+            "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "number"}}}}
+        });
+        close_objects(&mut schema);
+        let expect = json!({
+            "type": "object",
+            "properties": {
+                "edits": {"type": "array", "items": {"type": "object", "properties": {"old": {"type": "string"}},
+                          "additionalProperties": false}},
+                "env": {"type": "object"},
+                "meta": {"type": "object", "properties": {"k": {"const": {"properties": {}}}},
+                         "additionalProperties": true},
+                "either": {"anyOf": [{"type": "object", "properties": {"x": {}}, "additionalProperties": false},
+                                     {"type": "string"}]},
+                "both": {"allOf": [{"properties": {"a": {"type": "object", "properties": {"b": {}},
+                                                         "additionalProperties": false}}},
+                                   {"properties": {"c": {}}}]}
+            },
+            "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "number"}},
+                                "additionalProperties": false}},
+            "additionalProperties": false
+        });
+        assert_eq!(schema, expect);
     }
 }

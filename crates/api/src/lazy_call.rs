@@ -746,6 +746,37 @@ mod tests {
     }
 
     #[test]
+    fn arguments_hold_only_the_declared_keys_unless_the_schema_opens_them() {
+        // Hermes declares `write_file` without `additionalProperties`; its 0.5B calls carried keys copied from the
+        // prompt (`resolved_path`, ...). Those are refused now; a free-form object and an explicit `true` stay open.
+        let tools = vec![
+            (
+                "write_file".to_string(),
+                json!({"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                       "required": ["path", "content"]}),
+            ),
+            ("set_env".to_string(), json!({"type": "object", "properties": {"vars": {"type": "object"}}})),
+            (
+                "open_tool".to_string(),
+                json!({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": true}),
+            ),
+        ];
+        let written = |text: &str| {
+            let mut c = LazyToolCalls::new(&tokenizer(), &tools, false, true).expect("grammar compiles");
+            write_text(&mut c, text, &[]).map(|()| c.num_calls())
+        };
+        let call = r#"{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}"#;
+        assert_eq!(written(&format!("{call}\n")), Ok(1));
+        let extra =
+            r#"{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi", "resolved_path": "/a.txt"}}"#;
+        let refused_at = written(&format!("{extra}\n")).expect_err("an undeclared key is refused");
+        let after_hi = extra.find(r#""hi""#).expect("hi") + 4;
+        assert!((after_hi..=extra.find("resolved_path").expect("key")).contains(&refused_at), "{refused_at}");
+        assert_eq!(written("{\"name\": \"set_env\", \"arguments\": {\"vars\": {\"ANY\": \"1\"}}}\n"), Ok(1));
+        assert_eq!(written("{\"name\": \"open_tool\", \"arguments\": {\"a\": \"x\", \"b\": 2}}\n"), Ok(1));
+    }
+
+    #[test]
     fn a_bare_call_may_end_the_reply_and_its_blanks_are_bounded() {
         // Codex on the 0.5B wrote a bare call and then wanted to end its turn; the grammar allowed only blanks or a
         // newline after the `}`, and the model wrote 2,000 tokens of spaces. The chat template ends a turn with
