@@ -1300,6 +1300,20 @@ __device__ __forceinline__ void pload(const u8* row, int p, PQ6K& w, int nsb) {
 #endif
 }
 
+// What a Q4_K pair multiplies in one 8-bit activation row: its four 16-byte chunks and the float4 of its two
+// 32-blocks' {d, s}.
+struct XPair {
+    int4 x0, x1, x2, x3;
+    float4 dd;
+};
+// Pair p's activations in row r (at xq + r * K, xd + r * K / 32).
+template <int K>
+__device__ __forceinline__ XPair xpair(const i8* __restrict__ xq, const float2* __restrict__ xd, int r, int p) {
+    const i8* xr = xq + (size_t)r * K;
+    return {xchunk<K>(xr, 4 * p), xchunk<K>(xr, 4 * p + 1), xchunk<K>(xr, 4 * p + 2), xchunk<K>(xr, 4 * p + 3),
+            *(const float4*)(xd + (size_t)r * (K / 32) + 2 * p)};
+}
+
 // A Q4_K pair decoded: the nibbles as bytes, the two sub-blocks' scales and mins, d and dmin.
 struct DQ4K {
     int lo[8], hi[8];
@@ -1326,14 +1340,15 @@ struct DQ4K {
         d = h2f((u16)(w.h.x & 0xFFFF));
         dmin = h2f((u16)(w.h.x >> 16));
     }
-    // This pair's share of one activation row (its four 16-byte chunks and the float4 of its two 32-blocks' {d, s}).
-    __device__ __forceinline__ float dot(int4 x0, int4 x1, int4 x2, int4 x3, float4 dd) const {
+    // This pair's share of one activation row.
+    __device__ __forceinline__ float dot(const XPair& x) const {
         int sa = 0, sc = 0;
-        sa = dp4a(lo[0], x0.x, sa); sa = dp4a(lo[1], x0.y, sa); sa = dp4a(lo[2], x0.z, sa); sa = dp4a(lo[3], x0.w, sa);
-        sa = dp4a(lo[4], x1.x, sa); sa = dp4a(lo[5], x1.y, sa); sa = dp4a(lo[6], x1.z, sa); sa = dp4a(lo[7], x1.w, sa);
-        sc = dp4a(hi[0], x2.x, sc); sc = dp4a(hi[1], x2.y, sc); sc = dp4a(hi[2], x2.z, sc); sc = dp4a(hi[3], x2.w, sc);
-        sc = dp4a(hi[4], x3.x, sc); sc = dp4a(hi[5], x3.y, sc); sc = dp4a(hi[6], x3.z, sc); sc = dp4a(hi[7], x3.w, sc);
-        return d * (dd.x * (float)(s0 * sa) + dd.z * (float)(s1 * sc)) - dmin * ((float)m0 * dd.y + (float)m1 * dd.w);
+        sa = dp4a(lo[0], x.x0.x, sa); sa = dp4a(lo[1], x.x0.y, sa); sa = dp4a(lo[2], x.x0.z, sa); sa = dp4a(lo[3], x.x0.w, sa);
+        sa = dp4a(lo[4], x.x1.x, sa); sa = dp4a(lo[5], x.x1.y, sa); sa = dp4a(lo[6], x.x1.z, sa); sa = dp4a(lo[7], x.x1.w, sa);
+        sc = dp4a(hi[0], x.x2.x, sc); sc = dp4a(hi[1], x.x2.y, sc); sc = dp4a(hi[2], x.x2.z, sc); sc = dp4a(hi[3], x.x2.w, sc);
+        sc = dp4a(hi[4], x.x3.x, sc); sc = dp4a(hi[5], x.x3.y, sc); sc = dp4a(hi[6], x.x3.z, sc); sc = dp4a(hi[7], x.x3.w, sc);
+        return d * (x.dd.x * (float)(s0 * sa) + x.dd.z * (float)(s1 * sc)) -
+               dmin * ((float)m0 * x.dd.y + (float)m1 * x.dd.w);
     }
 };
 
@@ -1344,13 +1359,7 @@ __device__ __forceinline__ void pdot(const PQ4K& w, int p, const i8* __restrict_
     const DQ4K q(w, p);
 #pragma unroll
     for (int r = 0; r < MR; r++) {
-        if (r < m) {
-            const i8* xr = xq + (size_t)r * K;
-            const int4 x0 = xchunk<K>(xr, 4 * p), x1 = xchunk<K>(xr, 4 * p + 1), x2 = xchunk<K>(xr, 4 * p + 2),
-                       x3 = xchunk<K>(xr, 4 * p + 3);
-            const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + 2 * p);
-            acc[r] += q.dot(x0, x1, x2, x3, dd);
-        }
+        if (r < m) acc[r] += q.dot(xpair<K>(xq, xd, r, p));
     }
 }
 // Pair p of two rows (gate wg into a, up wu into c) against the same activations, loaded once. The same sums in
@@ -1362,12 +1371,9 @@ __device__ __forceinline__ void pdot2(const PQ4K& wg, const PQ4K& wu, int p, con
 #pragma unroll
     for (int r = 0; r < MR; r++) {
         if (r < m) {
-            const i8* xr = xq + (size_t)r * K;
-            const int4 x0 = xchunk<K>(xr, 4 * p), x1 = xchunk<K>(xr, 4 * p + 1), x2 = xchunk<K>(xr, 4 * p + 2),
-                       x3 = xchunk<K>(xr, 4 * p + 3);
-            const float4 dd = *(const float4*)(xd + (size_t)r * (K / 32) + 2 * p);
-            a[r] += qg.dot(x0, x1, x2, x3, dd);
-            c[r] += qu.dot(x0, x1, x2, x3, dd);
+            const XPair x = xpair<K>(xq, xd, r, p);
+            a[r] += qg.dot(x);
+            c[r] += qu.dot(x);
         }
     }
 }
