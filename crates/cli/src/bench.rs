@@ -1,7 +1,7 @@
 //! `splash bench`: prefill and decode speed of the model runner, measured like llama-bench's pp and tg tests.
 //!
 //! Prefill: one prompt of `--prompt-tokens` tokens in chunks of at most 512. Decode: `--gen-tokens` single-token
-//! steps after that prompt, each picking the argmax. Each repetition starts from an empty cache; the median is
+//! steps after that prompt, each picking the argmax (or, with `--candidates N`, the first of the N largest logits). Each repetition starts from an empty cache; the median is
 //! reported.
 
 use std::time::Instant;
@@ -33,6 +33,10 @@ pub struct Args {
     /// Also measure aggregate decode with this many sequences decoding together (repeatable).
     #[arg(long)]
     concurrent: Vec<usize>,
+    /// Decode steps ask for each row's N largest logits (what top-k sampling takes; the first is the next token)
+    /// instead of the argmax: the price of selecting them (on a GPU, on the device).
+    #[arg(long, default_value_t = 0)]
+    candidates: usize,
     /// Print one JSON line instead of a table.
     #[arg(long)]
     json: bool,
@@ -95,15 +99,14 @@ pub fn main(a: Args) -> Result<()> {
         for i in 0..a.gen_tokens {
             let tokens = [last];
             // Greedy: the argmax is taken where the logits are (on the GPU, one id comes back per step).
-            let ids = runner.forward_argmax(&Batch {
-                chunks: vec![SeqChunk {
-                    seq,
-                    tokens: &tokens,
-                    start_pos: a.prompt_tokens + i,
-                    logits: LogitsWanted::Last,
-                }],
-            })?;
-            last = ids.first().copied().unwrap_or(0);
+            let batch = Batch {
+                chunks: vec![SeqChunk { seq, tokens: &tokens, start_pos: a.prompt_tokens + i, logits: LogitsWanted::Last }],
+            };
+            last = if a.candidates > 0 {
+                runner.forward_candidates(&batch, a.candidates)?.first().and_then(|c| c.first()).map_or(0, |c| c.0)
+            } else {
+                runner.forward_argmax(&batch)?.first().copied().unwrap_or(0)
+            };
         }
         if a.gen_tokens > 0 {
             tg.push(a.gen_tokens as f64 / t1.elapsed().as_secs_f64());

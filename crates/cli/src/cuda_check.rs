@@ -324,6 +324,62 @@ pub fn main(a: Args) -> Result<()> {
     );
 
     let mut failed = Vec::new();
+    // Each row's largest logits selected on the device (`forward_candidates`, what top-k sampling asks for) against
+    // `models::top_candidates` of the copied logits: the same ids and the same bits, one sequence following the
+    // host's argmax, then all prompts' last rows in one batch.
+    let mut cand_same = true;
+    let mut cand_rows = 0;
+    if let Some(p) = prompts.first() {
+        let (hs, ds) = (SeqId(600), SeqId(601));
+        let mut next = p.as_slice();
+        let mut pos = 0;
+        let mut tok = [0u32; 1];
+        for step in 0..=a.steps {
+            let n = [256, 84, 20, 1][step % 4];
+            let logits = gpu.forward(&one(hs, next, pos, LogitsWanted::Last))?;
+            let host = models::top_candidates(logits, n);
+            let best = models::argmax(logits);
+            let dev = gpu.forward_candidates(&one(ds, next, pos, LogitsWanted::Last), n)?;
+            cand_same &= same_candidates(&dev, std::slice::from_ref(&host));
+            cand_rows += 1;
+            pos += next.len();
+            tok[0] = best;
+            next = &tok;
+        }
+        gpu.release(hs);
+        gpu.release(ds);
+    }
+    {
+        let batch = |base: u64| Batch {
+            chunks: prompts
+                .iter()
+                .enumerate()
+                .map(|(j, p)| SeqChunk { seq: SeqId(base + j as u64), tokens: p, start_pos: 0, logits: LogitsWanted::Last })
+                .collect(),
+        };
+        let width = gpu.logits_width();
+        let host: Vec<Vec<(u32, f32)>> =
+            gpu.forward(&batch(700))?.chunks_exact(width).map(|row| models::top_candidates(row, 84)).collect();
+        let dev = gpu.forward_candidates(&batch(800), 84)?;
+        cand_same &= same_candidates(&dev, &host);
+        cand_rows += host.len();
+        for j in 0..prompts.len() as u64 {
+            gpu.release(SeqId(700 + j));
+            gpu.release(SeqId(800 + j));
+        }
+    }
+    let host_rows = gpu.host_selected_rows();
+    println!(
+        "largest logits selected on the device vs host top_candidates ({cand_rows} rows, 1 to 256 each): {} ({host_rows} rows left to the host)",
+        if cand_same { "identical" } else { "DIFFER" }
+    );
+    if host_rows == cand_rows {
+        failed.push("the device selected no row's largest logits itself".into());
+    }
+
+    if !cand_same {
+        failed.push("the device's largest logits differ from the host's selection".into());
+    }
     if !top_same || top_diff >= 1e-4 {
         failed.push(format!("the device's pick probability differs from the host's (rel {top_diff:.3e})"));
     }
@@ -345,6 +401,12 @@ pub fn main(a: Args) -> Result<()> {
     } else {
         bail!("FAIL: {}", failed.join("; "))
     }
+}
+
+/// The same ids and the same logit bits, row by row.
+fn same_candidates(a: &[Vec<(u32, f32)>], b: &[Vec<(u32, f32)>]) -> bool {
+    let bits = |r: &Vec<(u32, f32)>| r.iter().map(|&(t, l)| (t, l.to_bits())).collect::<Vec<_>>();
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| bits(x) == bits(y))
 }
 
 #[cfg(test)]

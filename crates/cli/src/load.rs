@@ -94,6 +94,12 @@ impl Runner for AnyRunner {
             AnyRunner::Cuda(r) => r.forward_top(batch),
         }
     }
+    fn forward_candidates(&mut self, batch: &Batch<'_>, n: usize) -> models::Result<Vec<Vec<(u32, f32)>>> {
+        match self {
+            AnyRunner::Cpu(r) => r.forward_candidates(batch, n),
+            AnyRunner::Cuda(r) => r.forward_candidates(batch, n),
+        }
+    }
     fn top_prob_is_cheap(&self) -> bool {
         match self {
             AnyRunner::Cpu(r) => r.top_prob_is_cheap(),

@@ -46,11 +46,21 @@ pub struct EngineConfig {
     pub max_prefill_tokens_while_decoding: usize,
     /// Speculative decoding (n-gram and draft model).
     pub spec: SpecConfig,
+    /// Sample from each row's largest logits when that decides the pick exactly (top-k sampling without
+    /// log-probabilities or an awake constraint): a GPU runner then selects them on the device and copies back a few
+    /// hundred bytes per row instead of the row. Off: every sampled row comes back whole (the same tokens).
+    /// Default on; `SPLASH_SAMPLE_CANDIDATES=0` turns it off.
+    pub sample_on_candidates: bool,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_batch_tokens: 512, max_prefill_tokens_while_decoding: 128, spec: SpecConfig::default() }
+        EngineConfig {
+            max_batch_tokens: 512,
+            max_prefill_tokens_while_decoding: 128,
+            spec: SpecConfig::default(),
+            sample_on_candidates: std::env::var("SPLASH_SAMPLE_CANDIDATES").map_or(true, |v| v != "0"),
+        }
     }
 }
 
@@ -165,6 +175,25 @@ impl Sequence {
         Ok(token)
     }
 
+    /// How many of a row's largest logits decide this sequence's next pick ([`Sampler::candidates_wanted`]; `ahead`:
+    /// drafts that may be accepted first), or None when it needs the whole row (log-probabilities, an awake
+    /// constraint, no top-k limit).
+    fn candidates_wanted(&self, ahead: &[u32]) -> Option<usize> {
+        if self.sampler.params.logprobs.is_some() || self.constraint.as_ref().is_some_and(|c| !c.is_dormant()) {
+            return None;
+        }
+        self.sampler.candidates_wanted(&self.tokens, ahead)
+    }
+
+    /// [`Self::sample`] from the row's largest logits (asked for with [`Self::candidates_wanted`]).
+    fn sample_from_candidates(&mut self, cand: &[(u32, f32)]) -> Result<u32, String> {
+        let token = self.sampler.sample_from_candidates(cand, &self.tokens);
+        if let Some(c) = self.constraint.as_mut() {
+            c.commit(token)?;
+        }
+        Ok(token)
+    }
+
     /// Appends a generated token; returns its event and, when it ends the request, the `Finished` event.
     fn push_token(
         &mut self,
@@ -250,6 +279,26 @@ struct Proposal {
 
 /// Whether greedy steps ask the runner for the argmax (`SPLASH_RUNNER_ARGMAX=0`: always copy the logits, to
 /// compare).
+/// What a target pass returned for its logit rows.
+enum RowsOut {
+    /// Whole rows, `vocab` floats each.
+    Logits(Vec<f32>),
+    /// The runner's argmax per row.
+    Picks(Vec<u32>),
+    /// Each row's largest logits ([`Runner::forward_candidates`]).
+    Candidates(Vec<Vec<(u32, f32)>>),
+}
+
+impl RowsOut {
+    fn rows(&self, vocab: usize) -> usize {
+        match self {
+            RowsOut::Logits(l) => l.len() / vocab.max(1),
+            RowsOut::Picks(p) => p.len(),
+            RowsOut::Candidates(c) => c.len(),
+        }
+    }
+}
+
 fn runner_argmax() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("SPLASH_RUNNER_ARGMAX").map_or(true, |v| v != "0"))
@@ -745,14 +794,26 @@ impl<R: Runner> Engine<R> {
                 && vocab <= self.runner.config().vocab_size
                 && live.iter().all(|&w| self.seqs[props[want[w]].0].sampler.params.is_plain_greedy());
             let guided = live.iter().any(|&w| props[want[w]].1.guided);
+            // Sampled drafting from each row's largest logits, as the target's rows are sampled.
+            let candidates = if argmax_only || !self.config.sample_on_candidates || vocab > self.runner.config().vocab_size
+            {
+                None
+            } else {
+                live.iter().try_fold(0, |n, &w| {
+                    let sampler = &self.seqs[props[want[w]].0].sampler;
+                    let c = if sampler.params.is_greedy() { None } else { sampler.candidates_wanted(&hist[w], &[]) };
+                    c.map(|c| n.max(c))
+                })
+            };
             let draft = self.draft.as_mut().expect("INVARIANT: checked above");
             let pass_start = Instant::now();
-            let (logits, picks) = match (argmax_only, guided) {
-                (true, true) => (Vec::new(), Some(draft.forward_top(&batch)?)),
-                (true, false) => {
-                    (Vec::new(), Some(draft.forward_argmax(&batch)?.into_iter().map(|t| (t, 0.0)).collect()))
+            let (logits, picks, cands) = match (argmax_only, guided, candidates) {
+                (true, true, _) => (Vec::new(), Some(draft.forward_top(&batch)?), None),
+                (true, false, _) => {
+                    (Vec::new(), Some(draft.forward_argmax(&batch)?.into_iter().map(|t| (t, 0.0)).collect()), None)
                 }
-                (false, _) => (draft.forward(&batch)?.to_vec(), None),
+                (false, _, Some(n)) => (Vec::new(), None, Some(draft.forward_candidates(&batch, n)?)),
+                (false, _, None) => (draft.forward(&batch)?.to_vec(), None, None),
             };
             // Only one-row passes measure the draft's price per token: a catch-up pass over many unseen tokens
             // costs more, and counting it as one draft token would make drafting look dearer each time it resumes.
@@ -764,6 +825,9 @@ impl<R: Runner> Engine<R> {
                 let s = &mut self.seqs[*i];
                 let (token, conf, weights) = if let Some(picks) = &picks {
                     (picks[r].0, picks[r].1, None)
+                } else if let Some(cands) = &cands {
+                    let q = s.sampler.weights_from_candidates(&cands[r], &hist[w]);
+                    (s.sampler.draw(&q), 0.0, Some(q))
                 } else {
                     // Only tokens the target can emit.
                     let raw = &logits[r * vocab..r * vocab + self.runner.config().vocab_size.min(vocab)];
@@ -971,11 +1035,24 @@ impl<R: Runner> Engine<R> {
                 let s = &self.seqs[i];
                 s.sampler.params.is_plain_greedy() && s.sampler.params.logprobs.is_none() && s.constraint.is_none()
             });
-        let target_start = Instant::now();
-        let (logits, picks) = if argmax_only {
-            (Vec::new(), Some(self.runner.forward_argmax(&batch)?))
+        // Otherwise, when every row's pick is decided by its largest logits (a top-k limit, no log-probabilities,
+        // no awake constraint), only those come back.
+        let candidates = if argmax_only || !self.config.sample_on_candidates {
+            None
         } else {
-            (self.runner.forward(&batch)?.to_vec(), None)
+            scheduled
+                .iter()
+                .zip(&props)
+                .filter(|&(&(i, n, _), _)| self.seqs[i].num_computed_tokens + n == self.seqs[i].tokens.len())
+                .try_fold(0, |n, (&(i, _, _), (_, p))| self.seqs[i].candidates_wanted(&p.tokens).map(|c| n.max(c)))
+        };
+        let target_start = Instant::now();
+        let out = if argmax_only {
+            RowsOut::Picks(self.runner.forward_argmax(&batch)?)
+        } else if let Some(n) = candidates.filter(|&n| n > 0) {
+            RowsOut::Candidates(self.runner.forward_candidates(&batch, n)?)
+        } else {
+            RowsOut::Logits(self.runner.forward(&batch)?.to_vec())
         };
         let target_s = target_start.elapsed().as_secs_f64();
         if prefills.is_empty() && self.config.spec.measure_costs {
@@ -984,7 +1061,7 @@ impl<R: Runner> Engine<R> {
         drop(batch);
         let vocab = self.runner.config().vocab_size;
         let max_context = self.runner.config().max_context;
-        debug_assert_eq!(picks.as_ref().map_or(logits.len() / vocab, Vec::len), num_rows);
+        debug_assert_eq!(out.rows(vocab), num_rows);
 
         let mut events = Vec::new();
         let mut finished = Vec::new();
@@ -1005,19 +1082,36 @@ impl<R: Runner> Engine<R> {
             let mut emitted = 0;
             let mut rejected = false;
             for j in 0..=k {
-                let l: &[f32] = if picks.is_some() { &[] } else { &logits[(row0 + j) * vocab..(row0 + j + 1) * vocab] };
+                let l: &[f32] = match &out {
+                    RowsOut::Logits(logits) => &logits[(row0 + j) * vocab..(row0 + j + 1) * vocab],
+                    _ => &[],
+                };
                 // The target's choice at this position; for drafts, whether it is the draft.
-                let (token, is_draft) = if let Some(picks) = &picks {
+                let (token, is_draft) = if let RowsOut::Picks(picks) = &out {
                     let t = picks[row0 + j];
                     (t, j < k && t == prop.tokens[j])
                 } else if j < k {
                     let d = prop.tokens[j];
-                    let (t, ok) = if s.sampler.params.is_greedy() {
-                        let t = s.sampler.sample(&mut l.to_vec(), &s.tokens);
-                        (t, t == d)
-                    } else {
-                        let p = s.sampler.weights(&mut l.to_vec(), &s.tokens);
-                        spec::verify_sampled(&mut s.sampler, &p, prop.weights[j].as_deref(), d)
+                    let cand = match &out {
+                        RowsOut::Candidates(c) => Some(&c[row0 + j]),
+                        _ => None,
+                    };
+                    let (t, ok) = match (s.sampler.params.is_greedy(), cand) {
+                        (true, Some(c)) => {
+                            let t = s.sampler.sample_from_candidates(c, &s.tokens);
+                            (t, t == d)
+                        }
+                        (true, None) => {
+                            let t = s.sampler.sample(&mut l.to_vec(), &s.tokens);
+                            (t, t == d)
+                        }
+                        (false, _) => {
+                            let p = match cand {
+                                Some(c) => s.sampler.weights_from_candidates(c, &s.tokens),
+                                None => s.sampler.weights(&mut l.to_vec(), &s.tokens),
+                            };
+                            spec::verify_sampled(&mut s.sampler, &p, prop.weights[j].as_deref(), d)
+                        }
                     };
                     // A dormant constraint (drafts are only proposed then) sees every token; once it wakes up, the
                     // drafts after this token were not checked against it and are dropped.
@@ -1032,7 +1126,11 @@ impl<R: Runner> Engine<R> {
                     }
                     (t, ok)
                 } else {
-                    match s.sample(l) {
+                    let picked = match &out {
+                        RowsOut::Candidates(c) => s.sample_from_candidates(&c[row0 + j]),
+                        _ => s.sample(l),
+                    };
+                    match picked {
                         Ok(t) => (t, false),
                         Err(_) => {
                             // The constraint cannot continue: end here with what it accepted so far.

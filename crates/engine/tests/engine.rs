@@ -100,6 +100,9 @@ struct FakeRunner {
     released: Vec<SeqId>,
     /// Batches run through `forward_argmax` (the others through `forward`).
     argmax_batches: usize,
+    /// Batches run through `forward_candidates`, and the largest count asked for.
+    candidate_batches: usize,
+    max_candidates: usize,
     out: Vec<f32>,
 }
 
@@ -133,6 +136,8 @@ impl FakeRunner {
             batches: Vec::new(),
             released: Vec::new(),
             argmax_batches: 0,
+            candidate_batches: 0,
+            max_candidates: 0,
             out: Vec::new(),
         }
     }
@@ -194,6 +199,12 @@ impl Runner for FakeRunner {
     fn forward_argmax(&mut self, batch: &Batch<'_>) -> models::Result<Vec<u32>> {
         self.argmax_batches += 1;
         Ok(self.forward(batch)?.chunks_exact(VOCAB).map(models::argmax).collect())
+    }
+
+    fn forward_candidates(&mut self, batch: &Batch<'_>, n: usize) -> models::Result<Vec<Vec<(u32, f32)>>> {
+        self.candidate_batches += 1;
+        self.max_candidates = self.max_candidates.max(n);
+        Ok(self.forward(batch)?.chunks_exact(VOCAB).map(|row| models::top_candidates(row, n)).collect())
     }
 
     fn seq_len(&self, seq: SeqId) -> usize {
@@ -855,7 +866,7 @@ fn dormant_constraint_allows_speculation_and_sees_every_token() {
     let mut e = Engine::new(
         FakeRunner::new(1024, script),
         build_tokenizer(),
-        EngineConfig { spec, max_batch_tokens: 64, max_prefill_tokens_while_decoding: 64 },
+        EngineConfig { spec, max_batch_tokens: 64, max_prefill_tokens_while_decoding: 64, ..Default::default() },
     );
     let committed = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut req = greedy(prompt, 100);
@@ -894,7 +905,7 @@ fn run_with_draft_spec(
     let mut e = Engine::new(
         FakeRunner::new(1024, letters_script),
         build_tokenizer(),
-        EngineConfig { spec, max_batch_tokens: 64, max_prefill_tokens_while_decoding: 64 },
+        EngineConfig { spec, max_batch_tokens: 64, max_prefill_tokens_while_decoding: 64, ..Default::default() },
     );
     e.set_draft(FakeRunner::new(1024, draft)).expect("same vocabulary");
     e.set_pass_costs(engine::spec::PassCosts { target: vec![(1, 1.0), (17, 2.6)], draft_s: 0.3 });
@@ -979,4 +990,64 @@ fn greedy_steps_let_the_runner_pick_the_argmax() {
     let (with_logprobs, _, _) = e.generate(req, |_| {}).expect("generate");
     assert_eq!(with_logprobs, tokens);
     assert_eq!(e.runner().argmax_batches, 0);
+}
+
+/// Top-k sampling with penalties (the packs' defaults) picks from each row's largest logits: the runner returns only
+/// those, and the tokens are the ones the whole rows give, with n-gram and draft-model speculation verifying sampled
+/// drafts. Log-probabilities need the whole rows.
+#[test]
+fn sampled_steps_use_the_rows_largest_logits_and_give_the_same_tokens() {
+    let params = |seed| SamplingParams {
+        temperature: 0.7,
+        top_k: 20,
+        top_p: 0.8,
+        repetition_penalty: 1.05,
+        presence_penalty: 0.2,
+        seed: Some(seed),
+        ..Default::default()
+    };
+    let run = |candidates: bool, logprobs: bool| {
+        let mut e = Engine::new(
+            FakeRunner::new(1024, noisy_script),
+            build_tokenizer(),
+            EngineConfig {
+                max_batch_tokens: 64,
+                max_prefill_tokens_while_decoding: 64,
+                sample_on_candidates: candidates,
+                ..Default::default()
+            },
+        );
+        // A draft close to the target: the target's logits with two tokens favoured.
+        let draft = |h: &[u32]| {
+            let mut l = noisy_script(h);
+            l[b'e' as usize] += 1.5;
+            l[b'q' as usize] += 1.0;
+            l
+        };
+        e.set_draft(FakeRunner::new(1024, draft)).expect("same vocabulary");
+        e.set_pass_costs(engine::spec::PassCosts { target: vec![(1, 1.0), (17, 1.2)], draft_s: 0.05 });
+        let ids: Vec<RequestId> = [("sample one", 3), ("and another", 4), ("abababababababab", 5)]
+            .into_iter()
+            .map(|(p, seed)| {
+                let mut req = GenerateRequest::new(bytes(p), params(seed), 60);
+                req.sampling.logprobs = logprobs.then_some(1);
+                e.add_request(req).expect("valid")
+            })
+            .collect();
+        let out = run_to_end(&mut e);
+        let tokens: Vec<Vec<u32>> = ids.iter().map(|id| out[id].tokens.clone()).collect();
+        let r = e.runner();
+        (tokens, r.candidate_batches, r.max_candidates, e.draft().map_or(0, |d| d.candidate_batches), e.spec_stats())
+    };
+    let (whole, none, _, none_draft, _) = run(false, false);
+    assert_eq!((none, none_draft), (0, 0));
+    let (cands, n, max_n, draft_n, stats) = run(true, false);
+    assert_eq!(cands, whole, "the same tokens from the largest logits");
+    assert!(n > 0 && draft_n > 0, "target {n} and draft {draft_n} passes took candidates");
+    assert!((20..=20 + 64 + 8).contains(&max_n), "k plus the penalised tokens: {max_n}");
+    assert!(stats.draft_accepted > 0 && stats.draft_proposed > stats.draft_accepted, "{stats:?}");
+    assert!(cands.iter().all(|t| t.len() == 60));
+    let (with_logprobs, n, _, _, _) = run(true, true);
+    assert_eq!(n, 0, "log-probabilities need the whole rows");
+    assert_eq!(with_logprobs, whole);
 }

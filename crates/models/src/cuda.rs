@@ -31,6 +31,15 @@ use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId, Weig
 
 /// Tokens per KV page.
 pub const PAGE_SIZE: usize = 64;
+/// How many of each row's largest logits `topk_rows` selects on the device ([`Runner::forward_candidates`]): top-k
+/// sampling with k + the penalised tokens (20 + 64 with the packs' defaults) at most this.
+const DEVICE_CANDIDATES: usize = 256;
+
+/// Blocks that reduce one logit row together in `argmax_rows` (256 threads each) and `topk_rows` (1,024 each, one
+/// segment of the row each).
+const ARGMAX_BLOCKS: usize = 32;
+const TOPK_BLOCKS: usize = 8;
+
 /// Batches of at most this many rows are captured as CUDA graphs.
 pub const MAX_GRAPH_ROWS: usize = 64;
 /// Default warps of an attention block (`CudaOptions::att_warps`).
@@ -86,6 +95,9 @@ pub struct CudaOptions {
     /// Programmatic dependent launch inside CUDA graphs too (the 8-bit kernels load their weights before waiting
     /// for the previous kernel).
     pub graph_pdl: bool,
+    /// Select the largest logits for sampling on the device (`topk_rows`) instead of copying rows back
+    /// (`SPLASH_CUDA_CANDIDATES=0` turns it off).
+    pub device_candidates: bool,
     /// The gate/up kernel writes the down projection's 8-bit input itself (else a separate quantization launch).
     pub gu_fuse: bool,
     /// The attention kernel writes the output projection's 8-bit input itself.
@@ -164,6 +176,7 @@ impl Default for CudaOptions {
             q8_iters,
             q8_iters_small: env_usize("SPLASH_CUDA_Q8_IT_SMALL", q8_iters).clamp(1, 8),
             graph_pdl: std::env::var("SPLASH_CUDA_GRAPH_PDL").is_ok_and(|v| v == "1"),
+            device_candidates: std::env::var("SPLASH_CUDA_CANDIDATES").map_or(true, |v| v != "0"),
             gu_fuse: std::env::var("SPLASH_CUDA_GU_FUSE").map(|v| v != "0").unwrap_or(true),
             att_q8: std::env::var("SPLASH_CUDA_ATT_Q8").map(|v| v != "0").unwrap_or(true),
             repack: std::env::var("SPLASH_CUDA_REPACK").map(|v| v != "0").unwrap_or(true),
@@ -263,6 +276,15 @@ struct Scratch {
     ids: DevBuf,
     /// Each greedy pick's softmax probability (`Runner::forward_top`).
     probs: DevBuf,
+    /// The [`DEVICE_CANDIDATES`] largest logits of each segment of each row (`topk_rows`, for
+    /// `Runner::forward_candidates`), in one buffer so that one copy brings them back: a flag per (row, segment), set
+    /// when the device could not select them (too many ties; the host then selects from the row), then the
+    /// segments' sorted keys.
+    cand: DevBuf,
+    /// Partials of the blocks that reduce one logit row together in `argmax_rows`, and per row the count of blocks
+    /// done (zero between launches).
+    row_part: DevBuf,
+    row_counters: DevBuf,
     tokens: DevBuf,
     pos: DevBuf,
     slot: DevBuf,
@@ -339,14 +361,42 @@ pub struct CudaRunner {
     gemm_scratch: Option<GemmScratch>,
     /// A CUDA graph is being captured (no programmatic dependent launch inside graphs).
     capturing: std::cell::Cell<bool>,
-    /// The pass ends with the argmax of every logit row (`Runner::forward_argmax`).
+    /// What the pass ends with: 0 the logits, 1 their argmax per row (`Runner::forward_argmax`), 2 also its
+    /// probability (`Runner::forward_top`), 3 each row's largest logits (`Runner::forward_candidates`).
     pick: std::cell::Cell<u8>,
+    /// Rows whose largest logits the device could not select (`forward_candidates` fell back to the host).
+    host_selected: std::cell::Cell<usize>,
     pub stats: CudaLoadStats,
 }
 
 // SAFETY: every CUDA object here is used only through &mut self, from one thread at a time; the context is bound
 // to the calling thread before each use.
 unsafe impl Send for CudaRunner {}
+
+/// The logit a `topk_rows` key came from (`fkey` in the kernels: its `total_cmp` order as an unsigned number), bit
+/// for bit.
+fn from_total_key(k: u32) -> f32 {
+    f32::from_bits(if k & 0x8000_0000 != 0 { k & 0x7FFF_FFFF } else { !k })
+}
+
+/// The `n` largest of a row from its segments' lists (`words`: the lists of `c` keys each, as little-endian pairs of
+/// u32; each list sorted descending, 0 padding): largest first, ties in id order, as [`crate::top_candidates`].
+fn merge_segment_keys(words: &[u32], c: usize, n: usize) -> Vec<(u32, f32)> {
+    let lists: Vec<Vec<u64>> = words
+        .chunks_exact(2 * c)
+        .map(|l| l.chunks_exact(2).map(|w| w[0] as u64 | (w[1] as u64) << 32).take_while(|&k| k != 0).collect())
+        .collect();
+    let mut at = vec![0usize; lists.len()];
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let best = (0..lists.len()).filter(|&b| at[b] < lists[b].len()).max_by_key(|&b| lists[b][at[b]]);
+        let Some(b) = best else { break };
+        let key = lists[b][at[b]];
+        at[b] += 1;
+        out.push((!(key as u32), from_total_key((key >> 32) as u32)));
+    }
+    out
+}
 
 fn type_id(ty: GgmlType) -> u32 {
     ty.to_u32()
@@ -846,7 +896,7 @@ impl CudaRunner {
         let mut funcs = HashMap::new();
         let mut names: Vec<String> = vec!["rms_norm".into(), "silu_mul".into(), "qk_norm".into(), "rope_kv".into()];
         names.extend(["attention", "attn_combine", "act_q8_0", "act_q8_k"].map(String::from));
-        names.extend(["to_f16", "add_bias", "kv_gather", "softmax_causal", "argmax_rows"].map(String::from));
+        names.extend(["to_f16", "add_bias", "kv_gather", "softmax_causal", "argmax_rows", "topk_rows"].map(String::from));
         for &(ty, k) in &mats {
             names.push(dequant_name(ty, k));
             for mr in MRS {
@@ -990,6 +1040,7 @@ impl CudaRunner {
             gemm_scratch: None,
             capturing: std::cell::Cell::new(false),
             pick: std::cell::Cell::new(0),
+            host_selected: std::cell::Cell::new(0),
             stats,
         })
     }
@@ -997,6 +1048,12 @@ impl CudaRunner {
     /// Lowers the context a sequence may reach. Never raises it past the model's own.
     pub fn limit_context(&mut self, max_context: usize) {
         self.cfg.max_context = self.cfg.max_context.min(max_context.max(1));
+    }
+
+    /// Rows of [`Runner::forward_candidates`] selected on the host because the device gave up (more than 2,048
+    /// logits tied at a segment's threshold), since the runner started.
+    pub fn host_selected_rows(&self) -> usize {
+        self.host_selected.get()
     }
 
     pub fn device_name(&self) -> &str {
@@ -1060,6 +1117,9 @@ impl CudaRunner {
             logits: g.alloc(r * c.vocab_size * f)?,
             ids: g.alloc(r * 4)?,
             probs: g.alloc(r * 4)?,
+            cand: g.alloc(r * TOPK_BLOCKS * (4 + DEVICE_CANDIDATES * 8))?,
+            row_part: g.alloc(r * ARGMAX_BLOCKS * 16)?,
+            row_counters: g.upload(&vec![0u32; r])?,
             tokens: g.alloc(m * 4)?,
             pos: g.alloc(m * 4)?,
             slot: g.alloc(m * 4)?,
@@ -1217,11 +1277,18 @@ impl CudaRunner {
                 self.mmv(out, s.xn.ptr, s.logits.ptr, None, r, false)?;
             }
         }
-        if r > 0 && self.pick.get() > 0 {
+        if r > 0 && self.pick.get() == 3 {
+            let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
+            let (vocab, c) = (self.cfg.vocab_size, DEVICE_CANDIDATES.min(self.cfg.vocab_size));
+            let (flags, keys) = (s.cand.ptr, s.cand.ptr + (r * TOPK_BLOCKS * 4) as u64);
+            let args = vec![s.logits.ptr, i(vocab), i(c), keys, flags];
+            self.launch("topk_rows", (r as u32, TOPK_BLOCKS as u32, 1), 1024, Args(args))?;
+        } else if r > 0 && self.pick.get() > 0 {
             let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
             let vocab = self.cfg.vocab_size;
             let probs = if self.pick.get() == 2 { s.probs.ptr } else { 0 };
-            self.launch("argmax_rows", (r as u32, 1, 1), 1024, Args(vec![s.logits.ptr, i(vocab), s.ids.ptr, probs]))?;
+            let args = vec![s.logits.ptr, i(vocab), s.ids.ptr, probs, s.row_part.ptr, s.row_counters.ptr];
+            self.launch("argmax_rows", (r as u32, ARGMAX_BLOCKS as u32, 1), 256, Args(args))?;
         }
         Ok(())
     }
@@ -1486,8 +1553,8 @@ impl CudaRunner {
         Ok(())
     }
 
-    /// Runs the batch up to its logits (and their argmax with `pick` 1, also its probability with 2), enqueued on the stream without waiting;
-    /// the sequences' lengths are advanced. Returns the number of logit rows.
+    /// Runs the batch up to its logits and what `pick` asks for, enqueued on the stream without waiting; the
+    /// sequences' lengths are advanced. Returns the number of logit rows.
     fn run(&mut self, batch: &Batch<'_>) -> Result<usize> {
         self.validate(batch)?;
         self.gpu.bind()?;
@@ -1788,6 +1855,42 @@ impl Runner for CudaRunner {
         Ok(ids.into_iter().zip(probs).collect())
     }
 
+    /// Each row's `n` largest logits, selected on the device (`topk_rows` at the end of the graph) when `n` is at
+    /// most [`DEVICE_CANDIDATES`]: `n` pairs per row come back instead of the row. A row the device could not select
+    /// from (more than 2,048 logits tied at its threshold) and a larger `n` are selected on the host from the copied
+    /// logits; the pairs are the same either way ([`models::top_candidates`]).
+    fn forward_candidates(&mut self, batch: &Batch<'_>, n: usize) -> Result<Vec<Vec<(u32, f32)>>> {
+        let vocab = self.cfg.vocab_size;
+        if n > DEVICE_CANDIDATES || !self.opts.device_candidates {
+            return Ok(self.forward(batch)?.chunks_exact(vocab).map(|row| crate::top_candidates(row, n)).collect());
+        }
+        self.pick.set(3);
+        let res = self.run(batch);
+        self.pick.set(0);
+        let r = res?;
+        let c = DEVICE_CANDIDATES.min(vocab);
+        let s = self.scratch.as_ref().expect("INVARIANT: run ensured it");
+        if r == 0 {
+            self.gpu.sync()?;
+            return Ok(Vec::new());
+        }
+        let mut buf = vec![0u32; r * TOPK_BLOCKS * (1 + 2 * c)];
+        self.gpu.dtoh(&mut buf, s.cand.ptr)?;
+        let (flags, keys) = buf.split_at(r * TOPK_BLOCKS);
+        let mut out = Vec::with_capacity(r);
+        for row in 0..r {
+            if flags[row * TOPK_BLOCKS..(row + 1) * TOPK_BLOCKS].iter().any(|&f| f != 0) {
+                self.host_selected.set(self.host_selected.get() + 1);
+                let mut logits = vec![0f32; vocab];
+                self.gpu.dtoh(&mut logits, s.logits.ptr + (row * vocab * 4) as u64)?;
+                out.push(crate::top_candidates(&logits, n));
+            } else {
+                out.push(merge_segment_keys(&keys[row * TOPK_BLOCKS * 2 * c..(row + 1) * TOPK_BLOCKS * 2 * c], c, n));
+            }
+        }
+        Ok(out)
+    }
+
     /// The pick's probability is computed on the device ([`Runner::forward_top`]).
     fn top_prob_is_cheap(&self) -> bool {
         true
@@ -1822,6 +1925,46 @@ mod tests {
     use crate::Arch;
 
     /// The padded device layouts keep every field of every block, in order.
+    /// `fkey` of the kernels.
+    fn total_key(v: f32) -> u32 {
+        let b = v.to_bits();
+        if b & 0x8000_0000 != 0 { !b } else { b | 0x8000_0000 }
+    }
+
+    /// The host's half of `topk_rows`: each segment's largest keys (made here as the kernel makes them) merge into
+    /// the row's largest logits, the same pairs and bits as `top_candidates`; keys give back their logits' bits.
+    #[test]
+    fn segment_lists_merge_into_the_rows_largest_logits() {
+        for v in [0.0f32, -0.0, 1.5, -1.5, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, f32::MIN_POSITIVE] {
+            assert_eq!(from_total_key(total_key(v)).to_bits(), v.to_bits());
+        }
+        let mut x = 0x1234_5678u64;
+        let mut next = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        };
+        for (len, blocks, c) in [(151_936usize, 8usize, 256usize), (1000, 8, 64), (300, 8, 64), (20, 8, 16)] {
+            let row: Vec<f32> =
+                (0..len).map(|_| if next() % 3 == 0 { (next() % 5) as f32 } else { next() as f32 / 1e9 - 2.0 }).collect();
+            let seg = len.div_ceil(blocks);
+            let mut words = Vec::new();
+            for b in 0..blocks {
+                let (s0, s1) = ((b * seg).min(len), ((b + 1) * seg).min(len));
+                let top = crate::top_candidates(&row[s0..s1], c);
+                for j in 0..c {
+                    let key = top.get(j).map_or(0u64, |&(i, v)| (total_key(v) as u64) << 32 | !(s0 as u32 + i) as u64);
+                    words.extend([key as u32, (key >> 32) as u32]);
+                }
+            }
+            for n in [1, 20, c.min(len)] {
+                let got = merge_segment_keys(&words, c, n);
+                let want = crate::top_candidates(&row, n);
+                let bits = |v: &[(u32, f32)]| v.iter().map(|&(i, l)| (i, l.to_bits())).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "len {len} n {n}");
+            }
+        }
+    }
+
     #[test]
     fn device_layout_pads_blocks() {
         let q8: Vec<u8> = (0..68).map(|i| i as u8).collect();

@@ -18,5 +18,5 @@ mod weights;
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
 pub use kv_cache::KvUsage;
-pub use runner::{Batch, LogitsWanted, Runner, SeqChunk, SeqId, argmax, top_prob};
+pub use runner::{Batch, LogitsWanted, Runner, SeqChunk, SeqId, argmax, top_candidates, top_prob};
 pub use weights::{LayerWeights, Weights};

@@ -100,6 +100,38 @@ pub fn top_prob(logits: &[f32]) -> (u32, f32) {
     (best, 1.0 / backend::cpu::ops::sum_exp(logits, max))
 }
 
+/// The `n` largest logits of a row as (id, logit), largest first, ties in id order: the order of
+/// `f32::total_cmp` (NaN above +inf, -0.0 below +0.0), so the same list whatever finds it (the sampler here, a
+/// device's `topk_rows`). One pass with a threshold: candidates go to a buffer only when they beat the n-th best of
+/// those kept so far, and the buffer is cut back to `n` when it fills.
+pub fn top_candidates(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let n = n.min(logits.len());
+    let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let mut buf: Vec<(u32, f32)> = Vec::with_capacity(if n == 0 { 0 } else { 4 * n });
+    if n == 0 {
+        return buf;
+    }
+    // Ids only grow, so a later logit equal to the threshold ranks below it: only strictly larger ones enter.
+    let mut threshold: Option<f32> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if threshold.is_some_and(|t| l.total_cmp(&t).is_le()) {
+            continue;
+        }
+        buf.push((i as u32, l));
+        if buf.len() == buf.capacity() {
+            buf.select_nth_unstable_by(n - 1, order);
+            buf.truncate(n);
+            threshold = Some(buf[n - 1].1);
+        }
+    }
+    if buf.len() > n {
+        buf.select_nth_unstable_by(n - 1, order);
+        buf.truncate(n);
+    }
+    buf.sort_unstable_by(order);
+    buf
+}
+
 pub trait Runner: Send {
     fn config(&self) -> &ModelConfig;
 
@@ -120,6 +152,14 @@ pub trait Runner: Send {
     fn forward_top(&mut self, batch: &Batch<'_>) -> Result<Vec<(u32, f32)>> {
         let width = self.logits_width().max(1);
         Ok(self.forward(batch)?.chunks_exact(width).map(top_prob).collect())
+    }
+
+    /// Runs the batch like [`Runner::forward`] and returns, per logit row, its `n` largest logits as (id, logit)
+    /// ([`top_candidates`]: largest first, ties in id order): what a sampler with a top-k limit needs. Runners on a
+    /// GPU select them there and copy back `n` pairs per row instead of the whole row.
+    fn forward_candidates(&mut self, batch: &Batch<'_>, n: usize) -> Result<Vec<Vec<(u32, f32)>>> {
+        let width = self.logits_width().max(1);
+        Ok(self.forward(batch)?.chunks_exact(width).map(|row| top_candidates(row, n)).collect())
     }
 
     /// Whether [`Runner::forward_top`] costs about what [`Runner::forward_argmax`] does: true where the logits are on
@@ -180,6 +220,41 @@ mod tests {
         assert_eq!(super::argmax(&[f32::NEG_INFINITY, f32::NAN, 0.5, f32::NAN]), 2);
         assert_eq!(super::argmax(&[]), 0);
         assert_eq!(super::argmax(&[-1.0, -1.0]), 0);
+    }
+
+    /// The candidates are the first `n` of the row sorted by (logit descending in `total_cmp` order, id), on rows
+    /// with ties, NaN, infinities and signed zeros, for `n` from 0 to past the row's length.
+    #[test]
+    fn top_candidates_are_the_sorted_rows_head() {
+        let mut x = 0x9E37_79B9u64;
+        let mut next = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (x >> 33) as u32
+        };
+        for len in [0usize, 1, 5, 37, 1000, 5000] {
+            let row: Vec<f32> = (0..len)
+                .map(|_| match next() % 50 {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    2 => f32::INFINITY,
+                    3 => -0.0,
+                    4 => 0.0,
+                    // Few distinct values: many ties.
+                    k if k < 25 => (next() % 8) as f32,
+                    _ => (next() % 100_000) as f32 / 1000.0 - 50.0,
+                })
+                .collect();
+            let mut sorted: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+            sorted.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            for n in [0usize, 1, 2, 20, 84, 256, len, len + 3] {
+                let got = super::top_candidates(&row, n);
+                let want = &sorted[..n.min(len)];
+                assert_eq!(got.len(), want.len(), "len {len} n {n}");
+                for (g, w) in got.iter().zip(want) {
+                    assert_eq!((g.0, g.1.to_bits()), (w.0, w.1.to_bits()), "len {len} n {n}");
+                }
+            }
+        }
     }
 
     /// The pick is the argmax and its probability the softmax's (checked in f64).

@@ -1785,59 +1785,201 @@ __device__ __forceinline__ void qkvq_body(const u8* Wq, const u8* Wk, const u8* 
     }
 }
 
-// ids[i] = index of the largest of logits[i * n .. (i + 1) * n) (the first on ties; NaN never wins; 0 when none is
-// larger than -inf), as the host's argmax over the copied logits gives. With probs set, also probs[i] = the pick's
-// softmax probability, 1 / sum(exp(logit - max)) (models::top_prob; another summation order, so not its bits).
-// Grid (rows), 1024 threads.
-extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __restrict__ logits, int n,
-                                                               u32* __restrict__ ids, float* __restrict__ probs) {
-    PDL_ENTER
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    __shared__ float smax;
-    const float* x = logits + (size_t)blockIdx.x * n;
-    float bv = __int_as_float(0xff800000);
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = x[i];
-        if (v > bv) { bv = v; bi = i; }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int j = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (v > bv || (v == bv && j < bi)) { bv = v; bi = j; }
-    }
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    if (lane == 0) { sv[wid] = bv; si[wid] = bi; }
-    __syncthreads();
-    if (wid == 0) {
-        const int nw = blockDim.x >> 5;
-        bv = lane < nw ? sv[lane] : __int_as_float(0xff800000);
-        bi = lane < nw ? si[lane] : 0x7fffffff;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int j = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (v > bv || (v == bv && j < bi)) { bv = v; bi = j; }
-        }
-        if (lane == 0) {
-            ids[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
-            smax = bi == 0x7fffffff ? x[0] : bv;
-        }
-    }
-    if (!probs) return;
-    __syncthreads();
-    const float mx = smax;
-    float se = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) se += expf(x[i] - mx);
-    se = warp_sum(se);
-    __syncthreads();
-    if (lane == 0) sv[wid] = se;
+// Rows are reduced by gridDim.y blocks each, every block over one contiguous segment, with its loads issued
+// ROW_UNROLL at a time (one block per row waited for ~150 dependent loads per thread); the last block of a row to
+// finish (counters[row], back to 0 after it) merges the blocks' partials.
+#define ROW_UNROLL 8
+__device__ __forceinline__ void row_segment(int n, int& s0, int& s1) {
+    const int seg = (n + gridDim.y - 1) / gridDim.y;
+    s0 = min(n, (int)blockIdx.y * seg);
+    s1 = min(n, s0 + seg);
+}
+// True in the last block of row blockIdx.x to finish (after its partials are written by every thread).
+__device__ __forceinline__ bool last_of_row(u32* counters) {
+    __shared__ bool last;
+    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        float t = 0.f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sv[w];
-        probs[blockIdx.x] = 1.f / t;
+        last = atomicAdd(&counters[blockIdx.x], 1u) == gridDim.y - 1;
+        if (last) counters[blockIdx.x] = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+// The better of (v, j) and (bv, bi): larger, then lower index; NaN never wins.
+__device__ __forceinline__ void arg_better(float v, int j, float& bv, int& bi) {
+    if (v > bv || (v == bv && j < bi)) { bv = v; bi = j; }
+}
+__device__ __forceinline__ void block_argmax(float& bv, int& bi) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        arg_better(__shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o), bv, bi);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) { sv[wid] = bv; si[wid] = bi; }
+    __syncthreads();
+    const int nw = blockDim.x >> 5;
+    bv = lane < nw ? sv[lane] : __int_as_float(0xff800000);
+    bi = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        arg_better(__shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o), bv, bi);
+}
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float sv[32];
+    v = warp_sum(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sv[w];
+    return t;
+}
+// ids[i] = index of the largest of logits[i * n .. (i + 1) * n) (the first on ties; NaN never wins; 0 when none is
+// larger than -inf), as the host's argmax over the copied logits gives. With probs set, also probs[i] = the pick's
+// softmax probability, 1 / sum(exp(logit - max)) (models::top_prob; another summation order, so not its bits): each
+// block sums exp(logit - its own max), the merge rescales. part: 4 floats per (row, block). Grid (rows, blocks).
+extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* __restrict__ logits, int n,
+                                                              u32* __restrict__ ids, float* __restrict__ probs,
+                                                              float* __restrict__ part, u32* __restrict__ counters) {
+    PDL_ENTER
+    const float* x = logits + (size_t)blockIdx.x * n;
+    int s0, s1;
+    row_segment(n, s0, s1);
+    float bv = __int_as_float(0xff800000);
+    int bi = 0x7fffffff;
+    for (int i0 = s0 + threadIdx.x; i0 < s1; i0 += ROW_UNROLL * blockDim.x) {
+        float v[ROW_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; u++) {
+            const int i = i0 + u * blockDim.x;
+            v[u] = i < s1 ? x[i] : __int_as_float(0xff800000);
+        }
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; u++) arg_better(v[u], i0 + u * blockDim.x, bv, bi);
+    }
+    block_argmax(bv, bi);
+    float se = 0.f;
+    if (probs) {
+        // This block's own max (its argmax's value, or -inf when none beat it).
+        const float mb = bi == 0x7fffffff ? __int_as_float(0xff800000) : bv;
+        if (mb != __int_as_float(0xff800000))
+            for (int i = s0 + threadIdx.x; i < s1; i += blockDim.x) se += expf(x[i] - mb);
+        se = block_sum(se);
+    }
+    float* pp = part + ((size_t)blockIdx.x * gridDim.y + blockIdx.y) * 4;
+    if (threadIdx.x == 0) {
+        pp[0] = bv;
+        ((int*)pp)[1] = bi;
+        pp[2] = se;
+    }
+    if (!last_of_row(counters)) return;
+    const volatile float* rp = part + (size_t)blockIdx.x * gridDim.y * 4;
+    bv = __int_as_float(0xff800000);
+    bi = 0x7fffffff;
+    const volatile int* rpi = (const volatile int*)rp;
+    for (int b = threadIdx.x; b < (int)gridDim.y; b += blockDim.x) arg_better(rp[4 * b], rpi[4 * b + 1], bv, bi);
+    block_argmax(bv, bi);
+    const float mx = bi == 0x7fffffff ? x[0] : bv;
+    if (threadIdx.x == 0) ids[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
+    if (!probs) return;
+    float t = 0.f;
+    for (int b = threadIdx.x; b < (int)gridDim.y; b += blockDim.x) {
+        const float mb = rp[4 * b];
+        if (rpi[4 * b + 1] != 0x7fffffff) t += rp[4 * b + 2] * expf(mb - mx);
+    }
+    t = block_sum(t);
+    if (threadIdx.x == 0) probs[blockIdx.x] = 1.f / t;
+}
+
+// The unsigned order of fkey(v) is f32::total_cmp's order of v (NaN above +inf, -0.0 below +0.0).
+__device__ __forceinline__ u32 fkey(float v) {
+    const u32 b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+#define TOPK_CAP 2048
+// The C largest logits of each segment of each row (width n, C <= 256) in f32::total_cmp order, ties in id order:
+// the row's C largest are among its segments' lists, which the host merges (models::top_candidates' order). Each
+// block takes one segment: every thread's largest value first; the C-th largest of those, T, has at least C logits
+// of the segment at or above it, so the segment's C largest all are. Those (usually a few hundred) are gathered and
+// each one's rank among them counted; ranks below C are written to out[(row * blocks + block) * C + rank] as keys
+// (fkey << 32 | ~id: descending keys are descending logits, then ascending ids; 0 pads). flags[row * blocks + block]
+// = 1 when more than TOPK_CAP logits of the segment are at or above T (ties; the host then selects from the whole
+// row). Grid (rows, blocks), 1024 threads.
+extern "C" __global__ void __launch_bounds__(1024) topk_rows(const float* __restrict__ logits, int n, int C,
+                                                             unsigned long long* __restrict__ out,
+                                                             u32* __restrict__ flags) {
+    PDL_ENTER
+    __shared__ unsigned long long buf[TOPK_CAP];
+    __shared__ u32 keys[1024];
+    __shared__ int cnt;
+    __shared__ u32 thr;
+    const float* x = logits + (size_t)blockIdx.x * n;
+    int s0, s1;
+    row_segment(n, s0, s1);
+    const int Cb = min(C, s1 - s0), tid = threadIdx.x;
+    u32 v = 0;
+    for (int i0 = s0 + tid; i0 < s1; i0 += ROW_UNROLL * blockDim.x) {
+        float xv[ROW_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; u++) {
+            const int i = i0 + u * blockDim.x;
+            xv[u] = i < s1 ? x[i] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; u++)
+            if (i0 + u * blockDim.x < s1) v = max(v, fkey(xv[u]));
+    }
+    if (tid == 0) cnt = 0;
+    // The 1,024 maxima sorted descending, one per thread (bitonic network: partners in the same warp by shuffles,
+    // the others through shared memory); thread Cb - 1 then holds T.
+    for (int k = 2; k <= 1024; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            u32 o;
+            if (j >= 32) {
+                keys[tid] = v;
+                __syncthreads();
+                o = keys[tid ^ j];
+                __syncthreads();
+            } else {
+                o = __shfl_xor_sync(0xffffffffu, v, j);
+            }
+            v = (((tid & j) == 0) == ((tid & k) == 0)) ? max(v, o) : min(v, o);
+        }
+    if (tid == Cb - 1) thr = v;
+    __syncthreads();
+    const u32 T = thr;
+    for (int i0 = s0 + tid; i0 < s1; i0 += ROW_UNROLL * blockDim.x) {
+        float xv[ROW_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; u++) {
+            const int i = i0 + u * blockDim.x;
+            xv[u] = i < s1 ? x[i] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; u++) {
+            const int i = i0 + u * blockDim.x;
+            const u32 k = fkey(xv[u]);
+            if (i < s1 && k >= T && Cb > 0) {
+                const int slot = atomicAdd(&cnt, 1);
+                if (slot < TOPK_CAP) buf[slot] = ((unsigned long long)k << 32) | (u32)~(u32)i;
+            }
+        }
+    }
+    __syncthreads();
+    const int m = cnt;
+    unsigned long long* ob = out + ((size_t)blockIdx.x * gridDim.y + blockIdx.y) * C;
+    if (tid == 0) flags[blockIdx.x * gridDim.y + blockIdx.y] = m > TOPK_CAP;
+    if (m > TOPK_CAP) return;
+    for (int j = Cb + tid; j < C; j += blockDim.x) ob[j] = 0;
+    // Keys are distinct (the id is in them): each one's rank is the number of larger ones.
+    for (int e = tid; e < m; e += blockDim.x) {
+        const unsigned long long me = buf[e];
+        int rank = 0;
+        for (int f = 0; f < m; f++) rank += buf[f] > me;
+        if (rank < Cb) ob[rank] = me;
     }
 }
