@@ -1794,6 +1794,14 @@ __device__ __forceinline__ void row_segment(int n, int& s0, int& s1) {
     s0 = min(n, (int)blockIdx.y * seg);
     s1 = min(n, s0 + seg);
 }
+// v[u] = x[i0 + u * blockDim.x] for u < ROW_UNROLL, fill from s1 on: the loads issued together.
+__device__ __forceinline__ void row_load(const float* __restrict__ x, int i0, int s1, float fill, float* v) {
+#pragma unroll
+    for (int u = 0; u < ROW_UNROLL; u++) {
+        const int i = i0 + u * blockDim.x;
+        v[u] = i < s1 ? x[i] : fill;
+    }
+}
 // True in the last block of row blockIdx.x to finish (after its partials are written by every thread).
 __device__ __forceinline__ bool last_of_row(u32* counters) {
     __shared__ bool last;
@@ -1853,11 +1861,7 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* __res
     int bi = 0x7fffffff;
     for (int i0 = s0 + threadIdx.x; i0 < s1; i0 += ROW_UNROLL * blockDim.x) {
         float v[ROW_UNROLL];
-#pragma unroll
-        for (int u = 0; u < ROW_UNROLL; u++) {
-            const int i = i0 + u * blockDim.x;
-            v[u] = i < s1 ? x[i] : __int_as_float(0xff800000);
-        }
+        row_load(x, i0, s1, __int_as_float(0xff800000), v);
 #pragma unroll
         for (int u = 0; u < ROW_UNROLL; u++) arg_better(v[u], i0 + u * blockDim.x, bv, bi);
     }
@@ -1924,11 +1928,7 @@ extern "C" __global__ void __launch_bounds__(1024) topk_rows(const float* __rest
     u32 v = 0;
     for (int i0 = s0 + tid; i0 < s1; i0 += ROW_UNROLL * blockDim.x) {
         float xv[ROW_UNROLL];
-#pragma unroll
-        for (int u = 0; u < ROW_UNROLL; u++) {
-            const int i = i0 + u * blockDim.x;
-            xv[u] = i < s1 ? x[i] : 0.f;
-        }
+        row_load(x, i0, s1, 0.f, xv);
 #pragma unroll
         for (int u = 0; u < ROW_UNROLL; u++)
             if (i0 + u * blockDim.x < s1) v = max(v, fkey(xv[u]));
@@ -1954,11 +1954,7 @@ extern "C" __global__ void __launch_bounds__(1024) topk_rows(const float* __rest
     const u32 T = thr;
     for (int i0 = s0 + tid; i0 < s1; i0 += ROW_UNROLL * blockDim.x) {
         float xv[ROW_UNROLL];
-#pragma unroll
-        for (int u = 0; u < ROW_UNROLL; u++) {
-            const int i = i0 + u * blockDim.x;
-            xv[u] = i < s1 ? x[i] : 0.f;
-        }
+        row_load(x, i0, s1, 0.f, xv);
 #pragma unroll
         for (int u = 0; u < ROW_UNROLL; u++) {
             const int i = i0 + u * blockDim.x;
