@@ -100,7 +100,12 @@ pub fn main(a: Args) -> Result<()> {
             let tokens = [last];
             // Greedy: the argmax is taken where the logits are (on the GPU, one id comes back per step).
             let batch = Batch {
-                chunks: vec![SeqChunk { seq, tokens: &tokens, start_pos: a.prompt_tokens + i, logits: LogitsWanted::Last }],
+                chunks: vec![SeqChunk {
+                    seq,
+                    tokens: &tokens,
+                    start_pos: a.prompt_tokens + i,
+                    logits: LogitsWanted::Last,
+                }],
             };
             last = if a.candidates > 0 {
                 runner.forward_candidates(&batch, a.candidates)?.first().and_then(|c| c.first()).map_or(0, |c| c.0)

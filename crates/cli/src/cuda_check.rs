@@ -354,7 +354,12 @@ pub fn main(a: Args) -> Result<()> {
             chunks: prompts
                 .iter()
                 .enumerate()
-                .map(|(j, p)| SeqChunk { seq: SeqId(base + j as u64), tokens: p, start_pos: 0, logits: LogitsWanted::Last })
+                .map(|(j, p)| SeqChunk {
+                    seq: SeqId(base + j as u64),
+                    tokens: p,
+                    start_pos: 0,
+                    logits: LogitsWanted::Last,
+                })
                 .collect(),
         };
         let width = gpu.logits_width();

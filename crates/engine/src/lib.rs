@@ -277,8 +277,6 @@ struct Proposal {
     conf: Vec<f32>,
 }
 
-/// Whether greedy steps ask the runner for the argmax (`SPLASH_RUNNER_ARGMAX=0`: always copy the logits, to
-/// compare).
 /// What a target pass returned for its logit rows.
 enum RowsOut {
     /// Whole rows, `vocab` floats each.
@@ -299,6 +297,8 @@ impl RowsOut {
     }
 }
 
+/// Whether greedy steps ask the runner for the argmax (`SPLASH_RUNNER_ARGMAX=0`: always copy the logits, to
+/// compare).
 fn runner_argmax() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("SPLASH_RUNNER_ARGMAX").map_or(true, |v| v != "0"))
@@ -795,16 +795,17 @@ impl<R: Runner> Engine<R> {
                 && live.iter().all(|&w| self.seqs[props[want[w]].0].sampler.params.is_plain_greedy());
             let guided = live.iter().any(|&w| props[want[w]].1.guided);
             // Sampled drafting from each row's largest logits, as the target's rows are sampled.
-            let candidates = if argmax_only || !self.config.sample_on_candidates || vocab > self.runner.config().vocab_size
-            {
-                None
-            } else {
-                live.iter().try_fold(0, |n, &w| {
-                    let sampler = &self.seqs[props[want[w]].0].sampler;
-                    let c = if sampler.params.is_greedy() { None } else { sampler.candidates_wanted(&hist[w], &[]) };
-                    c.map(|c| n.max(c))
-                })
-            };
+            let candidates =
+                if argmax_only || !self.config.sample_on_candidates || vocab > self.runner.config().vocab_size {
+                    None
+                } else {
+                    live.iter().try_fold(0, |n, &w| {
+                        let sampler = &self.seqs[props[want[w]].0].sampler;
+                        let c =
+                            if sampler.params.is_greedy() { None } else { sampler.candidates_wanted(&hist[w], &[]) };
+                        c.map(|c| n.max(c))
+                    })
+                };
             let draft = self.draft.as_mut().expect("INVARIANT: checked above");
             let pass_start = Instant::now();
             let (logits, picks, cands) = match (argmax_only, guided, candidates) {

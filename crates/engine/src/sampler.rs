@@ -308,7 +308,6 @@ impl Sampler {
     pub fn uniform(&mut self) -> f64 {
         self.rng.next_f64()
     }
-
 }
 
 /// Index of the largest logit (lowest index among ties, as llama.cpp's greedy sampler): the runners' own rule, so

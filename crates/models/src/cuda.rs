@@ -896,7 +896,9 @@ impl CudaRunner {
         let mut funcs = HashMap::new();
         let mut names: Vec<String> = vec!["rms_norm".into(), "silu_mul".into(), "qk_norm".into(), "rope_kv".into()];
         names.extend(["attention", "attn_combine", "act_q8_0", "act_q8_k"].map(String::from));
-        names.extend(["to_f16", "add_bias", "kv_gather", "softmax_causal", "argmax_rows", "topk_rows"].map(String::from));
+        names.extend(
+            ["to_f16", "add_bias", "kv_gather", "softmax_causal", "argmax_rows", "topk_rows"].map(String::from),
+        );
         for &(ty, k) in &mats {
             names.push(dequant_name(ty, k));
             for mr in MRS {
@@ -1858,7 +1860,7 @@ impl Runner for CudaRunner {
     /// Each row's `n` largest logits, selected on the device (`topk_rows` at the end of the graph) when `n` is at
     /// most [`DEVICE_CANDIDATES`]: `n` pairs per row come back instead of the row. A row the device could not select
     /// from (more than 2,048 logits tied at its threshold) and a larger `n` are selected on the host from the copied
-    /// logits; the pairs are the same either way ([`models::top_candidates`]).
+    /// logits; the pairs are the same either way ([`crate::top_candidates`]).
     fn forward_candidates(&mut self, batch: &Batch<'_>, n: usize) -> Result<Vec<Vec<(u32, f32)>>> {
         let vocab = self.cfg.vocab_size;
         if n > DEVICE_CANDIDATES || !self.opts.device_candidates {
@@ -1944,8 +1946,9 @@ mod tests {
             (x >> 33) as u32
         };
         for (len, blocks, c) in [(151_936usize, 8usize, 256usize), (1000, 8, 64), (300, 8, 64), (20, 8, 16)] {
-            let row: Vec<f32> =
-                (0..len).map(|_| if next() % 3 == 0 { (next() % 5) as f32 } else { next() as f32 / 1e9 - 2.0 }).collect();
+            let row: Vec<f32> = (0..len)
+                .map(|_| if next() % 3 == 0 { (next() % 5) as f32 } else { next() as f32 / 1e9 - 2.0 })
+                .collect();
             let seg = len.div_ceil(blocks);
             let mut words = Vec::new();
             for b in 0..blocks {
