@@ -95,6 +95,7 @@ pub fn main(a: Args) -> Result<()> {
         if a.prompt_tokens > 0 {
             pp.push(a.prompt_tokens as f64 / t0.elapsed().as_secs_f64());
         }
+        runner.take_step_times();
         let t1 = Instant::now();
         for i in 0..a.gen_tokens {
             let tokens = [last];
@@ -115,6 +116,17 @@ pub fn main(a: Args) -> Result<()> {
         }
         if a.gen_tokens > 0 {
             tg.push(a.gen_tokens as f64 / t1.elapsed().as_secs_f64());
+            if let Some((n, copies, pass)) = runner.take_step_times() {
+                let wall = t1.elapsed().as_secs_f64() * 1e3 / a.gen_tokens as f64;
+                eprintln!(
+                    "decode steps {n}: wall {:.1} us per token; device: metadata copies {:.1} us, pass {:.1} us; the rest \
+                     (the host's turn) {:.1} us",
+                    wall * 1e3,
+                    copies * 1e3,
+                    pass * 1e3,
+                    (wall - copies - pass) * 1e3
+                );
+            }
         }
         runner.release(seq);
     }

@@ -27,6 +27,14 @@ pub enum AnyRunner {
 }
 
 impl AnyRunner {
+    /// The CUDA runner's pass times (`SPLASH_CUDA_TIME_STEPS=1`, [`CudaRunner::take_step_times`]).
+    pub fn take_step_times(&mut self) -> Option<(usize, f64, f64)> {
+        match self {
+            AnyRunner::Cpu(_) => None,
+            AnyRunner::Cuda(r) => r.take_step_times(),
+        }
+    }
+
     pub fn limit_context(&mut self, max_context: usize) {
         match self {
             AnyRunner::Cpu(r) => r.limit_context(max_context),

@@ -366,12 +366,29 @@ pub struct CudaRunner {
     pick: std::cell::Cell<u8>,
     /// Rows whose largest logits the device could not select (`forward_candidates` fell back to the host).
     host_selected: std::cell::Cell<usize>,
+    /// `SPLASH_CUDA_TIME_STEPS=1`: the device's time per pass, split into the copies of the pass's metadata and the
+    /// pass itself (CUDA events; each pass then waits for its end, so for measuring only).
+    step_timer: Option<StepTimer>,
     pub stats: CudaLoadStats,
 }
 
 // SAFETY: every CUDA object here is used only through &mut self, from one thread at a time; the context is bound
 // to the calling thread before each use.
 unsafe impl Send for CudaRunner {}
+
+/// CUDA events around each pass (`SPLASH_CUDA_TIME_STEPS=1`) and what they measured.
+struct StepTimer {
+    start: cudarc::driver::CudaEvent,
+    copied: cudarc::driver::CudaEvent,
+    end: cudarc::driver::CudaEvent,
+    steps: usize,
+    copies_ms: f64,
+    pass_ms: f64,
+}
+
+fn event_err(e: cudarc::driver::DriverError) -> Error {
+    Error::Backend(format!("CUDA event: {e:?}"))
+}
 
 /// The logit a `topk_rows` key came from (`fkey` in the kernels: its `total_cmp` order as an unsigned number), bit
 /// for bit.
@@ -1016,6 +1033,13 @@ impl CudaRunner {
                 }
             }
         };
+        let step_timer = if std::env::var("SPLASH_CUDA_TIME_STEPS").is_ok_and(|v| v == "1") {
+            let ev =
+                || gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(event_err);
+            Some(StepTimer { start: ev()?, copied: ev()?, end: ev()?, steps: 0, copies_ms: 0.0, pass_ms: 0.0 })
+        } else {
+            None
+        };
         Ok(CudaRunner {
             cfg,
             gpu,
@@ -1043,6 +1067,7 @@ impl CudaRunner {
             capturing: std::cell::Cell::new(false),
             pick: std::cell::Cell::new(0),
             host_selected: std::cell::Cell::new(0),
+            step_timer,
             stats,
         })
     }
@@ -1050,6 +1075,16 @@ impl CudaRunner {
     /// Lowers the context a sequence may reach. Never raises it past the model's own.
     pub fn limit_context(&mut self, max_context: usize) {
         self.cfg.max_context = self.cfg.max_context.min(max_context.max(1));
+    }
+
+    /// With `SPLASH_CUDA_TIME_STEPS=1`: passes timed since the last call, and the device's mean milliseconds per pass
+    /// for the metadata copies and for the pass itself; the counts start again.
+    pub fn take_step_times(&mut self) -> Option<(usize, f64, f64)> {
+        let t = self.step_timer.as_mut()?;
+        let n = t.steps.max(1) as f64;
+        let out = (t.steps, t.copies_ms / n, t.pass_ms / n);
+        (t.steps, t.copies_ms, t.pass_ms) = (0, 0.0, 0.0);
+        Some(out)
     }
 
     /// Rows of [`Runner::forward_candidates`] selected on the host because the device gave up (more than 2,048
@@ -1616,6 +1651,9 @@ impl CudaRunner {
             }
             t0 += n;
         }
+        if let Some(t) = &self.step_timer {
+            t.start.record(&self.gpu.stream).map_err(event_err)?;
+        }
         {
             let s = self.scratch.as_ref().expect("INVARIANT: ensured above");
             self.gpu.htod(&s.tokens, &tokens)?;
@@ -1625,6 +1663,9 @@ impl CudaRunner {
             if r > 0 {
                 self.gpu.htod(&s.out_rows, &out_rows)?;
             }
+        }
+        if let Some(t) = &self.step_timer {
+            t.copied.record(&self.gpu.stream).map_err(event_err)?;
         }
         if self.opts.graphs && m <= MAX_GRAPH_ROWS {
             if !self.graphs.contains_key(&(m, r, self.pick.get())) {
@@ -1652,6 +1693,12 @@ impl CudaRunner {
                 .map_err(|e| Error::Backend(format!("graph launch: {e:?}")))?;
         } else {
             self.enqueue(m, r)?;
+        }
+        if let Some(t) = self.step_timer.as_mut() {
+            t.end.record(&self.gpu.stream).map_err(event_err)?;
+            t.copies_ms += t.start.elapsed_ms(&t.copied).map_err(event_err)? as f64;
+            t.pass_ms += t.copied.elapsed_ms(&t.end).map_err(event_err)? as f64;
+            t.steps += 1;
         }
         for c in &batch.chunks {
             if let Some(st) = self.seqs.get_mut(&c.seq) {
