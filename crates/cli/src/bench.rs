@@ -1,8 +1,8 @@
 //! `splash bench`: prefill and decode speed of the model runner, measured like llama-bench's pp and tg tests.
 //!
 //! Prefill: one prompt of `--prompt-tokens` tokens in chunks of at most 512. Decode: `--gen-tokens` single-token
-//! steps after that prompt, each picking the argmax (or, with `--candidates N`, the first of the N largest logits). Each repetition starts from an empty cache; the median is
-//! reported.
+//! steps after that prompt, each picking the argmax (or, with `--candidates N`, the first of the N largest logits).
+//! Each repetition starts from an empty cache; the median is reported.
 
 use std::time::Instant;
 
