@@ -1836,16 +1836,6 @@ __device__ __forceinline__ void block_argmax(float& bv, int& bi) {
     for (int o = 16; o > 0; o >>= 1)
         arg_better(__shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o), bv, bi);
 }
-__device__ __forceinline__ float block_sum(float v) {
-    __shared__ float sv[32];
-    v = warp_sum(v);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float t = 0.f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sv[w];
-    return t;
-}
 // ids[i] = index of the largest of logits[i * n .. (i + 1) * n) (the first on ties; NaN never wins; 0 when none is
 // larger than -inf), as the host's argmax over the copied logits gives. With probs set, also probs[i] = the pick's
 // softmax probability, 1 / sum(exp(logit - max)) (models::top_prob; another summation order, so not its bits): each
@@ -1854,6 +1844,7 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* __res
                                                               u32* __restrict__ ids, float* __restrict__ probs,
                                                               float* __restrict__ part, u32* __restrict__ counters) {
     PDL_ENTER
+    __shared__ float sh[32];
     const float* x = logits + (size_t)blockIdx.x * n;
     int s0, s1;
     row_segment(n, s0, s1);
@@ -1872,7 +1863,7 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* __res
         const float mb = bi == 0x7fffffff ? __int_as_float(0xff800000) : bv;
         if (mb != __int_as_float(0xff800000))
             for (int i = s0 + threadIdx.x; i < s1; i += blockDim.x) se += expf(x[i] - mb);
-        se = block_sum(se);
+        se = block_sum(se, sh);
     }
     float* pp = part + ((size_t)blockIdx.x * gridDim.y + blockIdx.y) * 4;
     if (threadIdx.x == 0) {
@@ -1895,7 +1886,7 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* __res
         const float mb = rp[4 * b];
         if (rpi[4 * b + 1] != 0x7fffffff) t += rp[4 * b + 2] * expf(mb - mx);
     }
-    t = block_sum(t);
+    t = block_sum(t, sh);
     if (threadIdx.x == 0) probs[blockIdx.x] = 1.f / t;
 }
 
