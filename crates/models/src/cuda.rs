@@ -139,14 +139,6 @@ pub struct CudaOptions {
     /// rows that every block re-reads (`SPLASH_CUDA_WCG=1`; 16-byte loads only; same bytes, same sums). Off by
     /// default: slower on the H200 (1.5B 1,002-1,015 vs 1,015-1,023, 32B 136.4 vs 137.8; BENCHMARKS.md, stretch 8).
     pub wcg: bool,
-    /// The gate/up kernels that write the down projection's input (the 1.5B's, the 0.5B's) multiply it by the down
-    /// matrix too, from a copy of it regrouped by 32-column slices ([`down_slices`]), adding each block's partial
-    /// sums in fixed point (exact, so the same bits in any order): one launch per layer fewer
-    /// (`SPLASH_CUDA_GU_DOWN=1`; off: slower on the H200, BENCHMARKS.md stretch 10).
-    pub gu_down: bool,
-    /// Timing only: `SPLASH_CUDA_GU_DOWN=2` leaves out the fused down projection's adds (wrong results), to see what
-    /// they cost.
-    pub gu_down_red: bool,
 }
 
 impl CudaOptions {
@@ -197,8 +189,6 @@ impl Default for CudaOptions {
             gu_dot2: std::env::var("SPLASH_CUDA_GU_DOT2").map(|v| v != "0").unwrap_or(true),
             x6: std::env::var("SPLASH_CUDA_X6").is_ok_and(|v| v == "1"),
             wcg: std::env::var("SPLASH_CUDA_WCG").is_ok_and(|v| v == "1"),
-            gu_down: std::env::var("SPLASH_CUDA_GU_DOWN").is_ok_and(|v| v != "0"),
-            gu_down_red: std::env::var("SPLASH_CUDA_GU_DOWN").map_or(true, |v| v != "2"),
         }
     }
 }
@@ -215,8 +205,6 @@ pub struct CudaLoadStats {
     pub cache_hit: bool,
     pub upload_s: f64,
     pub weight_bytes: usize,
-    /// Device bytes of the down matrices' slice copies (`CudaOptions::gu_down`), besides the weights.
-    pub down_slice_bytes: usize,
     pub kv_tokens: usize,
     pub gpu: String,
     pub arch: String,
@@ -251,8 +239,6 @@ struct GLayer {
     gate: GMat,
     up: GMat,
     down: GMat,
-    /// The down matrix by 32-column slices, for the gate/up kernel that multiplies it (`CudaOptions::gu_down`).
-    down_slices: Option<DevBuf>,
 }
 
 struct SeqState {
@@ -299,10 +285,6 @@ struct Scratch {
     /// done (zero between launches).
     row_part: DevBuf,
     row_counters: DevBuf,
-    /// The fused down projection's fixed-point sums (`cap_m` rows of the hidden size) and its count of finished
-    /// blocks: zero between launches (`CudaOptions::gu_down`).
-    dacc: DevBuf,
-    dcnt: DevBuf,
     tokens: DevBuf,
     pos: DevBuf,
     slot: DevBuf,
@@ -475,21 +457,6 @@ fn q8_ok(ty: GgmlType, cols: usize) -> bool {
 /// Matrices of fewer values than this take `CudaOptions::q8_iters_small` pairs per thread.
 const Q8_SMALL_VALUES: usize = 64 << 20;
 
-/// Whether layer `l`'s down projection runs inside its gate/up kernel (`CudaOptions::gu_down`; the layer must also
-/// take the 8-bit kernels): the gate/up kernel writes the down input (blocks of 32 rows) and the down matrix is
-/// Q4_K or Q6_K of the model's shape.
-fn gu_down_on(opts: &CudaOptions, cfg: &ModelConfig, l: &crate::weights::LayerWeights, it: (usize, usize)) -> bool {
-    let (g, d) = (&l.w_gate, &l.w_down);
-    opts.gu_down
-        && opts.gu_fuse
-        && g.ty == l.w_up.ty
-        && guq_fused(q8_threads(g.cols, g.rows, it, 32))
-        && matches!(d.ty, GgmlType::Q4_K | GgmlType::Q6_K)
-        && (d.rows, d.cols) == (cfg.hidden_size, cfg.ffn_size)
-        && g.rows == cfg.ffn_size
-        && cfg.ffn_size.is_multiple_of(256)
-}
-
 /// Threads that split one weight row of length `k` (`n` rows) in the 8-bit-activation kernels: enough that each
 /// takes at most `iters` pairs of 32-blocks (`(large, small)` by the matrix's size), more for small matrices (at
 /// least ~32k threads in all), at most `cap`.
@@ -521,9 +488,6 @@ fn guq_name(ty: GgmlType, k: usize, p: usize, mr: usize) -> String {
 /// spills the loaded weights (580 bytes of spill stores, `--ptxas-options=-v`).
 fn guq_fused(p: usize) -> bool {
     p <= 8
-}
-fn gudq_name(ty: GgmlType, k: usize, p: usize, mr: usize, down: GgmlType) -> String {
-    format!("gudq_{}_{k}_{p}_{mr}_{}", type_id(ty), type_id(down))
 }
 fn qkvq_name(tq: GgmlType, tk: GgmlType, tv: GgmlType, p: usize, mr: usize) -> String {
     format!("qkvq_{}_{}_{}_{p}_{mr}", type_id(tq), type_id(tk), type_id(tv))
@@ -559,11 +523,6 @@ pub struct Q8Kernels {
     pub x6: bool,
     /// `CudaOptions::wcg`.
     pub wcg: bool,
-    /// Gate/up kernels with the down projection fused (`CudaOptions::gu_down`): (gate/up type, row length, threads
-    /// per row, down type).
-    pub gu_down: Vec<(GgmlType, usize, usize, GgmlType)>,
-    /// `CudaOptions::gu_down_red`.
-    pub gu_down_red: bool,
 }
 
 /// Largest hidden size whose 8 rows of 8-bit activations (with their scales) the fused-norm kernels keep in static
@@ -634,73 +593,6 @@ fn repack_row(ty: GgmlType, nsb: usize, src: &[u8], dst: &mut [u8]) {
     }
 }
 
-/// Bytes per row in the second region of a [`down_slices`] slice: Q4_K d, dmin, scale, min (padded to 8); Q6_K the
-/// values' top bits, d and two scales (padded to 16).
-fn down_slice_tail(ty: GgmlType) -> usize {
-    if ty == GgmlType::Q4_K { 8 } else { 16 }
-}
-
-/// A down matrix (`rows` = hidden size, `cols` = FFN size, Q4_K or Q6_K as stored) regrouped by 32-column slices for
-/// the gate/up kernel that multiplies it by its own 32 outputs (`CudaOptions::gu_down`). Slice b (columns 32b ..
-/// 32b + 32, sub-block b % 8 of superblock b / 8 of every row) is [rows x 16 bytes: the 32 low 4-bit parts, byte i =
-/// value i | value i + 16 << 4][rows x [`down_slice_tail`] bytes]. Tail, Q4_K: d, dmin (f16, the superblock's), the
-/// sub-block's 6-bit scale and min. Q6_K: two words of the values' top 2 bits (word h, byte j, bits 2w: value
-/// 16h + 4w + j), d (f16), the two 16-value scales (i8).
-fn down_slices(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Vec<u8> {
-    let (sbb, tail) = (if ty == GgmlType::Q4_K { 144 } else { 210 }, down_slice_tail(ty));
-    let nsb = cols / 256;
-    let stride = rows * (16 + tail);
-    let mut out = vec![0u8; cols / 32 * stride];
-    for o in 0..rows {
-        for sb in 0..nsb {
-            let b = &bytes[(o * nsb + sb) * sbb..(o * nsb + sb + 1) * sbb];
-            for j in 0..8 {
-                let s = &mut out[(8 * sb + j) * stride..(8 * sb + j + 1) * stride];
-                // The 32 values' quants (4 bits for Q4_K, 6 for Q6_K) and the tail.
-                let mut q = [0u8; 32];
-                let t = &mut s[rows * 16 + o * tail..rows * 16 + (o + 1) * tail];
-                if ty == GgmlType::Q4_K {
-                    for (l, v) in q.iter_mut().enumerate() {
-                        let byte = b[16 + 32 * (j / 2) + l];
-                        *v = if j % 2 == 0 { byte & 0xF } else { byte >> 4 };
-                    }
-                    let sc = &b[4..16];
-                    let (scale, min) = if j < 4 {
-                        (sc[j] & 63, sc[j + 4] & 63)
-                    } else {
-                        ((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4))
-                    };
-                    t[..4].copy_from_slice(&b[..4]);
-                    t[4] = scale;
-                    t[5] = min;
-                } else {
-                    let (n, qq) = (j / 4, j % 4);
-                    for (l, v) in q.iter_mut().enumerate() {
-                        let lb = b[64 * n + 32 * (qq & 1) + l];
-                        let low = if qq >= 2 { lb >> 4 } else { lb & 0xF };
-                        let high = (b[128 + 32 * n + l] >> (2 * qq)) & 3;
-                        *v = low | (high << 4);
-                    }
-                    let mut words = [0u32; 2];
-                    for (i, &v) in q.iter().enumerate() {
-                        let (h, w, byte) = (i / 16, (i % 16) / 4, i % 4);
-                        words[h] |= u32::from(v >> 4) << (8 * byte + 2 * w);
-                    }
-                    t[..4].copy_from_slice(&words[0].to_le_bytes());
-                    t[4..8].copy_from_slice(&words[1].to_le_bytes());
-                    t[8..10].copy_from_slice(&b[208..210]);
-                    t[10] = b[192 + 8 * n + 2 * qq];
-                    t[11] = b[192 + 8 * n + 2 * qq + 1];
-                }
-                for i in 0..16 {
-                    s[o * 16 + i] = (q[i] & 0xF) | ((q[i + 16] & 0xF) << 4);
-                }
-            }
-        }
-    }
-    out
-}
-
 /// Warps that share one weight row of length `k` in the matrix-vector kernels (long rows: more loads in flight).
 fn warps_per_row(k: usize) -> usize {
     if k >= 4096 { 4 } else { 1 }
@@ -769,12 +661,7 @@ pub fn kernel_source(
     s.push_str(&format!("#define XPERM {}\n", u8::from(q8.xperm)));
     s.push_str(&format!("#define FUSE_NORM {}\n#define QKV_ROPE {}\n", u8::from(q8.fuse_norm), u8::from(q8.qkv_rope)));
     s.push_str(&format!("#define ATT_MIN_SPLIT {}\n", 32 * att_warps));
-    s.push_str(&format!(
-        "#define GU_DOT2 {}\n#define WCG {}\n#define GU_DOWN_RED {}\n",
-        u8::from(q8.gu_dot2),
-        u8::from(q8.wcg),
-        u8::from(q8.gu_down_red)
-    ));
+    s.push_str(&format!("#define GU_DOT2 {}\n#define WCG {}\n", u8::from(q8.gu_dot2), u8::from(q8.wcg)));
     s.push_str(backend::cuda::KERNELS);
     s.push('\n');
     for &(ty, k) in mats {
@@ -884,21 +771,6 @@ pub fn kernel_source(
             ));
         }
     }
-    for &(ty, k, p, dt) in &q8.gu_down {
-        for mr in MRS {
-            let norm = q8.fuse_norm && k == cfg.hidden_size;
-            s.push_str(&format!(
-                "extern \"C\" __global__ void __launch_bounds__({}) {}(const u8* Wg, const u8* Wu, const i8* Xq, \
-                 const float2* Xd, float* Y, int m, int N, const float* X, const float* gn, const u8* Wd, \
-                 unsigned long long* dacc, u32* dcnt, float* xr) {{ pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, true, \
-                 {norm}, false, {}>(Wg, Wu, Xq, Xd, Y, m, N, nullptr, nullptr, X, gn, 0, Wd, dacc, dcnt, xr); }}\n",
-                32 * p,
-                gudq_name(ty, k, p, mr, dt),
-                type_id(ty),
-                type_id(dt)
-            ));
-        }
-    }
     for &(tq, tk, tv, p) in &q8.qkv {
         for mr in MRS {
             s.push_str(&format!(
@@ -997,7 +869,6 @@ impl CudaRunner {
             gu_dot2: opts.gu_dot2,
             x6: opts.x6,
             wcg: opts.wcg,
-            gu_down_red: opts.gu_down_red,
             ..Q8Kernels::default()
         };
         let mut q8_layers = Vec::with_capacity(weights.layers.len());
@@ -1023,12 +894,7 @@ impl CudaRunner {
                 add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
             }
             if l.w_gate.ty == l.w_up.ty {
-                let pt = q8_threads(l.w_gate.cols, l.w_gate.rows, it, 32);
-                add3(&mut q8k.gu, (l.w_gate.ty, l.w_gate.cols, pt));
-                let e = (l.w_gate.ty, l.w_gate.cols, pt, l.w_down.ty);
-                if gu_down_on(&opts, &cfg, l, it) && !q8k.gu_down.contains(&e) {
-                    q8k.gu_down.push(e);
-                }
+                add3(&mut q8k.gu, (l.w_gate.ty, l.w_gate.cols, q8_threads(l.w_gate.cols, l.w_gate.rows, it, 32)));
             } else {
                 for m in [&l.w_gate, &l.w_up] {
                     add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
@@ -1087,16 +953,13 @@ impl CudaRunner {
         for &(tq, tk, tv, p) in &q8k.qkv {
             names.extend(MRS.map(|mr| qkvq_name(tq, tk, tv, p, mr)));
         }
-        for &(ty, k, p, dt) in &q8k.gu_down {
-            names.extend(MRS.map(|mr| gudq_name(ty, k, p, mr, dt)));
-        }
         for n in names {
             let f = module.load_function(&n).map_err(|e| Error::Backend(format!("kernel {n}: {e:?}")))?;
             funcs.insert(n, f);
         }
 
         let t0 = std::time::Instant::now();
-        let (mut weight_bytes, mut slice_bytes) = (0usize, 0usize);
+        let mut weight_bytes = 0usize;
         let mut up_mat = |m: &backend::cpu::QMatrix| -> Result<GMat> {
             weight_bytes += m.bytes.as_slice().len();
             let buf = gpu.upload(&device_layout(m.ty, m.cols, m.bytes.as_slice(), opts.repack))?;
@@ -1124,15 +987,6 @@ impl CudaRunner {
                 gate: up_mat(&l.w_gate)?,
                 up: up_mat(&l.w_up)?,
                 down: up_mat(&l.w_down)?,
-                down_slices: match q8_layers[layers.len()] && gu_down_on(&opts, &cfg, l, it) {
-                    true => {
-                        let d = &l.w_down;
-                        let b = down_slices(d.ty, d.rows, d.cols, d.bytes.as_slice());
-                        slice_bytes += b.len();
-                        Some(gpu.upload(&b)?)
-                    }
-                    false => None,
-                },
             });
         }
         let output_norm = gpu.upload(&weights.output_norm)?;
@@ -1144,7 +998,6 @@ impl CudaRunner {
         gpu.sync()?;
         stats.upload_s = t0.elapsed().as_secs_f64();
         stats.weight_bytes = weight_bytes;
-        stats.down_slice_bytes = slice_bytes;
 
         // KV pool.
         let kvd = cfg.kv_dim();
@@ -1304,8 +1157,6 @@ impl CudaRunner {
             cand: g.alloc(r * TOPK_BLOCKS * (4 + DEVICE_CANDIDATES * 8))?,
             row_part: g.alloc(r * ARGMAX_BLOCKS * 16)?,
             row_counters: g.upload(&vec![0u32; r])?,
-            dacc: g.upload(&vec![0u64; m * c.hidden_size])?,
-            dcnt: g.upload(&[0u32])?,
             tokens: g.alloc(m * 4)?,
             pos: g.alloc(m * 4)?,
             slot: g.alloc(m * 4)?,
@@ -1666,30 +1517,6 @@ impl CudaRunner {
                     (s.xq8b.ptr + (r0 * c.ffn_size) as u64, s.xdsb.ptr + (r0 * (c.ffn_size / 32) * 8) as u64);
                 let mut down_in_q8 = false;
                 let l6 = self.opts.x6 && l.down.ty == GgmlType::Q6_K && l.down.cols == c.ffn_size;
-                if let Some(ds) = &l.down_slices {
-                    // Gate/up and down in one launch: the residual rows x get the down projection.
-                    let pt = q8_threads(l.gate.cols, l.gate.rows, self.opts.q8_its(), 32);
-                    let mr = pick_mr(m);
-                    let (ty, kc, n) = (l.gate.ty, l.gate.cols, l.gate.rows);
-                    let args = Args(vec![
-                        l.gate.buf.ptr,
-                        l.up.buf.ptr,
-                        fq,
-                        fd,
-                        gate,
-                        i(m),
-                        i(n),
-                        x,
-                        l.ffn_norm.ptr,
-                        ds.ptr,
-                        s.dacc.ptr,
-                        s.dcnt.ptr,
-                        x,
-                    ]);
-                    let grid = (n.div_ceil(32) as u32, m.div_ceil(mr) as u32, 1);
-                    self.launch(&gudq_name(ty, kc, pt, mr, l.down.ty), grid, 32 * pt as u32, args)?;
-                    continue;
-                }
                 if l.gate.ty == l.up.ty {
                     let pt = q8_threads(l.gate.cols, l.gate.rows, self.opts.q8_its(), 32);
                     let mr = pick_mr(m);
@@ -2205,58 +2032,6 @@ mod tests {
         assert!(matches!(device_layout(GgmlType::Q4_K, 256, &q6[..144], false), std::borrow::Cow::Borrowed(_)));
     }
 
-    /// Every weight of a down matrix, decoded from its 32-column slices the way the `GU_DOWN` kernels decode them
-    /// (`dslice_dot_q4k` / `dslice_dot_q6k`), equals gguf's dequantization of the stored rows.
-    #[test]
-    fn down_slices_decode_to_the_stored_weights() {
-        let (rows, nsb) = (3usize, 2usize);
-        let cols = nsb * 256;
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (x >> 33) as u8
-        };
-        let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
-        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
-            let sbb = if ty == GgmlType::Q4_K { 144 } else { 210 };
-            let mut bytes: Vec<u8> = (0..rows * nsb * sbb).map(|_| next()).collect();
-            for (i, b) in bytes.chunks_exact_mut(sbb).enumerate() {
-                if ty == GgmlType::Q4_K {
-                    b[..2].copy_from_slice(&f16(0.01 * (i + 1) as f32));
-                    b[2..4].copy_from_slice(&f16(0.003 * (i + 2) as f32));
-                } else {
-                    b[208..210].copy_from_slice(&f16(-0.02 * (i + 1) as f32));
-                }
-            }
-            let mut want = vec![0f32; rows * cols];
-            gguf::quant::dequantize(ty, &bytes, &mut want).unwrap();
-            let s = down_slices(ty, rows, cols, &bytes);
-            let tail = down_slice_tail(ty);
-            let stride = rows * (16 + tail);
-            assert_eq!(s.len(), cols / 32 * stride);
-            for b in 0..cols / 32 {
-                for o in 0..rows {
-                    let a = &s[b * stride + o * 16..b * stride + o * 16 + 16];
-                    let t = &s[b * stride + rows * 16 + o * tail..b * stride + rows * 16 + (o + 1) * tail];
-                    let h = |i: usize| half::f16::from_le_bytes([t[i], t[i + 1]]).to_f32();
-                    for l in 0..32 {
-                        let low = if l < 16 { a[l] & 0xF } else { a[l - 16] >> 4 };
-                        let got = if ty == GgmlType::Q4_K {
-                            h(0) * f32::from(t[4]) * f32::from(low) - h(2) * f32::from(t[5])
-                        } else {
-                            let w = u32::from_le_bytes(t[4 * (l / 16)..4 * (l / 16) + 4].try_into().unwrap());
-                            let high = (w >> (8 * (l % 4) + 2 * ((l % 16) / 4))) & 3;
-                            let q = i32::from(low) | (high as i32) << 4;
-                            h(8) * f32::from(t[10 + l / 16] as i8) * (q - 32) as f32
-                        };
-                        let w = want[o * cols + 32 * b + l];
-                        assert!((got - w).abs() <= 1e-6 * w.abs().max(1e-3), "{ty:?} slice {b} row {o} value {l}");
-                    }
-                }
-            }
-        }
-    }
-
     /// The repacked Q4_K / Q6_K rows hold every byte of the row once, at the place the kernels read it from (the
     /// field offsets of ggml's block_q4_K / block_q6_K, written out here independently of `repack_row`).
     #[test]
@@ -2365,8 +2140,6 @@ mod tests {
             gu_dot2: true,
             x6: true,
             wcg: true,
-            gu_down: vec![(Q4_K, 1536, 8, Q4_K), (Q4_K, 1536, 8, Q6_K)],
-            gu_down_red: true,
         };
         let src = kernel_source(&cfg, &mats, &[(Q4_K, 1536), (Q5_0, 1536)], &[(Q4_K, Q4_K, Q6_K)], (Q6_K, 1536), &q8);
         if let Ok(p) = std::env::var("SPLASH_DUMP_KERNEL_SOURCE") {

@@ -92,24 +92,19 @@ template <int K> __device__ __forceinline__ int4 xchunk(const i8* xr, int c) {
 
 // Quantizes v (element `lane` of the 32-block starting at value a0 of the activation row qrow of K values) into
 // that row (layout: xpos) and ds.
-// Returns this lane's 8-bit value of the warp's 32 values v; ds = {d, d * sum of the 8-bit values} (all lanes).
-__device__ __forceinline__ int q8_lane(float v, float2& ds) {
+__device__ __forceinline__ void q8_block(float v, i8* qrow, int a0, int K, float2* ds, int l6 = 0) {
+    const int lane = threadIdx.x & 31;
     const float amax = warp_max(fabsf(v));
     const float id = amax > 0.f ? 127.f / amax : 0.f;
     const int qi = (int)rintf(v * id);
     int s = qi;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    const float d = amax / 127.f;
-    ds = make_float2(d, d * (float)s);
-    return qi;
-}
-__device__ __forceinline__ void q8_block(float v, i8* qrow, int a0, int K, float2* ds, int l6 = 0) {
-    const int lane = threadIdx.x & 31;
-    float2 d;
-    const int qi = q8_lane(v, d);
     qrow[l6 ? xpos6(a0 + lane, K) : xpos(a0 + lane, K)] = (i8)qi;
-    if (lane == 0) *ds = d;
+    if (lane == 0) {
+        const float d = amax / 127.f;
+        *ds = make_float2(d, d * (float)s);
+    }
 }
 
 
@@ -1602,82 +1597,6 @@ __device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __
     }
 }
 
-// GU_DOWN: the down projection multiplied inside the gate/up kernel. Block b computes the FFN values 32b .. 32b + 32
-// and multiplies them (8-bit, as q8_block makes them) by slice b of the down matrix, laid out by `down_slices` in
-// cuda.rs: [HIDDEN x 16 bytes: the 32 low 4-bit parts, byte i = value i | value i + 16 << 4][HIDDEN x DB bytes:
-// the tail]. Each block's partial sums are added in fixed point (DOWN_FIX units), so the totals are exact and the
-// same whatever order the blocks run in; the last block adds them to the residual rows and zeroes the sums.
-#define DOWN_FIX 4294967296.f
-template <int DT> struct DSlice;
-// Tail: d, dmin (f16), the 6-bit scale and min.
-template <> struct DSlice<T_Q4_K> { typedef uint2 Tail; static const int DB = 8; };
-// Tail: the top 2 bits (word h, byte j, bits 2w: value 16h + 4w + j), d (f16) and the two 16-value scales (i8).
-template <> struct DSlice<T_Q6_K> { typedef uint4 Tail; static const int DB = 16; };
-
-// One row's slice (a, t) times the 32 8-bit values x (8 words) with xd = {d, d * sum}: the sums DQ4K::dot / the Q6_K
-// pdot form for one 32-block.
-__device__ __forceinline__ float dslice_dot(const uint4& a, const uint2& t, const int* x, float2 xd) {
-    const u32 aw[4] = {a.x, a.y, a.z, a.w};
-    int s = 0;
-#pragma unroll
-    for (int w = 0; w < 4; w++) s = dp4a((int)(aw[w] & 0x0F0F0F0Fu), x[w], s);
-#pragma unroll
-    for (int w = 0; w < 4; w++) s = dp4a((int)((aw[w] >> 4) & 0x0F0F0F0Fu), x[4 + w], s);
-    const float d = h2f((u16)(t.x & 0xFFFF)), dmin = h2f((u16)(t.x >> 16));
-    const int sc = t.y & 63, mn = (t.y >> 8) & 63;
-    return d * (xd.x * (float)(sc * s)) - dmin * ((float)mn * xd.y);
-}
-__device__ __forceinline__ float dslice_dot(const uint4& a, const uint4& t, const int* x, float2 xd) {
-    const u32 aw[4] = {a.x, a.y, a.z, a.w};
-    int s0 = 0, s1 = 0;
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-        s0 = dp4a(sub32x4((aw[w] & 0x0F0F0F0Fu) | (((t.x >> (2 * w)) & 0x03030303u) << 4)), x[w], s0);
-        s1 = dp4a(sub32x4(((aw[w] >> 4) & 0x0F0F0F0Fu) | (((t.y >> (2 * w)) & 0x03030303u) << 4)), x[4 + w], s1);
-    }
-    const float d = h2f((u16)(t.z & 0xFFFF));
-    const int sc0 = (int)(i8)(t.z >> 16), sc1 = (int)(i8)(t.z >> 24);
-    return d * (xd.x * (float)(sc0 * s0 + sc1 * s1));
-}
-
-// Slice ws of the down matrix times the block's m rows of 32 8-bit values (dq, dd), added in fixed point to acc
-// (m rows of HIDDEN). Thread t takes the down rows t, t + NT, ...
-template <int DT, int NT, int MR>
-__device__ __forceinline__ void down_slice(const u8* __restrict__ ws, const i8 (*dq)[32], const float2* dd, int m,
-                                           unsigned long long* acc) {
-    typedef typename DSlice<DT>::Tail Tail;
-    constexpr int J = (HIDDEN + NT - 1) / NT;
-    const int tid = threadIdx.x;
-    uint4 a[J];
-    Tail t[J];
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        const int o = min(tid + NT * j, HIDDEN - 1);
-        a[j] = *(const uint4*)(ws + (size_t)o * 16);
-        t[j] = *(const Tail*)(ws + (size_t)HIDDEN * 16 + (size_t)o * DSlice<DT>::DB);
-    }
-#pragma unroll
-    for (int r = 0; r < MR; r++) {
-        if (r < m) {
-            const int4 x0 = *(const int4*)dq[r], x1 = *(const int4*)(dq[r] + 16);
-            const int x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-            for (int j = 0; j < J; j++) {
-                const int o = tid + NT * j;
-                if (o < HIDDEN) {
-                    const float v = dslice_dot(a[j], t[j], x, dd[r]);
-#if GU_DOWN_RED
-                    atomicAdd(acc + (size_t)r * HIDDEN + o, (unsigned long long)__float2ll_rn(v * DOWN_FIX));
-#else
-                    // Timing only (SPLASH_CUDA_GU_DOWN=2): the sums without their adds, so wrong results.
-                    if (v == 1234.5f) acc[(size_t)r * HIDDEN + o] = 1;
-#endif
-                }
-            }
-        }
-    }
-}
-
 // Gate and up on 8-bit activations, writing silu(gate) * up (P <= 32). QOUT: blocks of 32 * P threads take 32
 // consecutive rows and also write the result quantized to 8 bits (Qo, Do: the down projection's input); else 128
 // threads.
@@ -1686,20 +1605,13 @@ __device__ __forceinline__ void down_slice(const u8* __restrict__ ws, const i8 (
 // US: the up rows' weights wait in shared memory (cp.async) instead of registers, so that more blocks fit on a
 // multiprocessor (the 1.5B's 280 gate/up blocks in one wave instead of 264 + 16).
 // l6: the 8-bit output in the xpos6 layout (the down matrix is Q6_K).
-// DT (Q4_K or Q6_K; QOUT): the down projection too (GU_DOWN above): Wd is the down matrix's slices, dacc (zero)
-// the fixed-point sums and dcnt (zero) the count of finished blocks; the last block adds the sums to the residual
-// rows xr and leaves dacc and dcnt zero again. Qo and Do are not written.
-template <int T, int K, int MR, int P, bool QOUT, bool NORM = false, bool US = false, int DT = 0>
+template <int T, int K, int MR, int P, bool QOUT, bool NORM = false, bool US = false>
 __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
                                          const i8* __restrict__ Xq, const float2* __restrict__ Xd,
                                          float* __restrict__ Y, int m, int N, i8* __restrict__ Qo,
                                          float2* __restrict__ Do, const float* __restrict__ X = nullptr,
-                                         const float* __restrict__ gn = nullptr, int l6 = 0,
-                                         const u8* __restrict__ Wd = nullptr, unsigned long long* dacc = nullptr,
-                                         u32* dcnt = nullptr, float* xr = nullptr) {
-    static_assert(DT == 0 || QOUT, "the fused down projection takes the blocks of 32 rows");
+                                         const float* __restrict__ gn = nullptr, int l6 = 0) {
     const int tid = threadIdx.x;
-    const int m_all = m;
     const int RPB = QOUT ? 32 : 128 / P;
     const int n = blockIdx.x * RPB + tid / P, part = tid % P;
     Xq += (size_t)blockIdx.y * MR * K;
@@ -1712,11 +1624,6 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
     constexpr int NT = QOUT ? 32 * P : 128;
     __shared__ __align__(16) PW usm[US ? RowQ<T, K, P>::IT * NT : 1];
     g.load(Wg + (size_t)min(n, N - 1) * rb, part);
-    if constexpr (DT != 0) {
-        // The block's down slice, on its way into L2 while the gate/up rows are multiplied.
-        constexpr int SB = HIDDEN * (16 + DSlice<DT>::DB);
-        for (int off = tid * 128; off < SB; off += NT * 128) prefetch_l2(Wd + (size_t)blockIdx.x * SB + off);
-    }
     if constexpr (US) RowQ<T, K, P>::load_smem(Wu + (size_t)min(n, N - 1) * rb, part, usm + tid, NT);
     else u.load(Wu + (size_t)min(n, N - 1) * rb, part);
     pdl_wait();
@@ -1753,47 +1660,6 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
             for (int r = 0; r < MR; r++) ys[r][tid / P] = a[r];
         }
         __syncthreads();
-        if constexpr (DT != 0) {
-            __shared__ __align__(16) i8 dq[MR][32];
-            __shared__ float2 dd[MR];
-            for (int r = tid >> 5; r < m; r += P) {
-                float2 ds;
-                dq[r][tid & 31] = (i8)q8_lane(ys[r][tid & 31], ds);
-                if ((tid & 31) == 0) dd[r] = ds;
-            }
-            __syncthreads();
-            constexpr int SB = HIDDEN * (16 + DSlice<DT>::DB);
-            down_slice<DT, NT, MR>(Wd + (size_t)blockIdx.x * SB, dq, dd, m,
-                                   dacc + (size_t)blockIdx.y * MR * HIDDEN);
-            __threadfence();
-            __syncthreads();
-            __shared__ bool last;
-            if (tid == 0) last = atomicAdd(dcnt, 1u) == gridDim.x * gridDim.y - 1;
-            __syncthreads();
-            if (last) {
-                // Every other block's adds were made before its count (fence), so plain L2 reads see them; eight
-                // reads in flight per thread, then the sums are zeroed for the next launch.
-                __threadfence();
-                for (int base = 0; base < m_all * HIDDEN; base += 8 * NT) {
-                    long long v[8];
-#pragma unroll
-                    for (int k = 0; k < 8; k++) {
-                        const int i = base + tid + NT * k;
-                        v[k] = i < m_all * HIDDEN ? __ldcg((const long long*)dacc + i) : 0;
-                    }
-#pragma unroll
-                    for (int k = 0; k < 8; k++) {
-                        const int i = base + tid + NT * k;
-                        if (i < m_all * HIDDEN) {
-                            xr[i] += __ll2float_rn(v[k]) * (1.f / DOWN_FIX);
-                            dacc[i] = 0ull;
-                        }
-                    }
-                }
-                if (tid == 0) *dcnt = 0;
-            }
-            return;
-        }
         const int n0 = blockIdx.x * 32;
         Qo += (size_t)blockIdx.y * MR * N;
         Do += (size_t)blockIdx.y * MR * (N / 32);
