@@ -285,11 +285,64 @@ struct Scratch {
     /// done (zero between launches).
     row_part: DevBuf,
     row_counters: DevBuf,
-    tokens: DevBuf,
-    pos: DevBuf,
-    slot: DevBuf,
-    table: DevBuf,
-    out_rows: DevBuf,
+    /// A pass's metadata (tokens, positions, slots, logit rows, page tables: [`Meta`]), copied in one piece from
+    /// `meta_host` (page-locked, so the copy is asynchronous; `meta_copied` marks its end before the next rewrite).
+    meta: DevBuf,
+    meta_host: backend::cuda::PinnedF32,
+    meta_copied: cudarc::driver::CudaEvent,
+}
+
+/// Where a pass's metadata lies in `Scratch::meta` (device addresses), packed for its rows `m`, logit rows `r` and
+/// sequences: tokens, positions and slots (`m` each), logit rows (`r`), then a page table per sequence. Graphs are
+/// kept per (m, r, sequences), so a replay finds the same places.
+#[derive(Debug, Clone, Copy, Default)]
+struct Meta {
+    tokens: u64,
+    pos: u64,
+    slot: u64,
+    out_rows: u64,
+    table: u64,
+}
+
+impl Meta {
+    /// The layout for `m` rows, `r` logit rows, from `base`; and the u32 words it takes with `nchunks` page tables of
+    /// `max_pages`.
+    fn packed(base: u64, m: usize, r: usize, nchunks: usize, max_pages: usize) -> (Meta, usize) {
+        let at = |words: usize| base + 4 * words as u64;
+        let meta = Meta { tokens: at(0), pos: at(m), slot: at(2 * m), out_rows: at(3 * m), table: at(3 * m + r) };
+        (meta, 3 * m + r + nchunks * max_pages)
+    }
+}
+
+/// Writes a pass's metadata in the [`Meta::packed`] layout (u32 words, stored as f32 bit patterns in the page-locked
+/// buffer) into `w`: each row's token, position and sequence slot, the logit rows, then each sequence's page table
+/// (`pages(chunk)`, zero-padded to `max_pages`).
+fn pack_meta<'p>(batch: &Batch<'_>, pages: impl Fn(usize) -> &'p [u32], max_pages: usize, w: &mut [f32]) {
+    let (m, r) = (batch.num_tokens(), batch.num_logit_rows());
+    let mut put = |at: usize, v: u32| w[at] = f32::from_bits(v);
+    let (mut t0, mut o) = (0usize, 0usize);
+    for (ci, c) in batch.chunks.iter().enumerate() {
+        for (j, &tok) in c.tokens.iter().enumerate() {
+            put(t0 + j, tok);
+            put(m + t0 + j, (c.start_pos + j) as u32);
+            put(2 * m + t0 + j, ci as u32);
+        }
+        let pg = pages(ci);
+        for p in 0..max_pages {
+            put(3 * m + r + ci * max_pages + p, pg.get(p).copied().unwrap_or(0));
+        }
+        let n = c.tokens.len();
+        let rows = match c.logits {
+            LogitsWanted::Last if n > 0 => t0 + n - 1..t0 + n,
+            LogitsWanted::None | LogitsWanted::Last => 0..0,
+            LogitsWanted::All => t0..t0 + n,
+        };
+        for t in rows {
+            put(3 * m + o, t as u32);
+            o += 1;
+        }
+        t0 += n;
+    }
 }
 
 /// A run of batch rows that goes through the layers together.
@@ -347,8 +400,10 @@ pub struct CudaRunner {
     free_pages: Vec<u32>,
     seqs: HashMap<SeqId, SeqState>,
     scratch: Option<Scratch>,
-    /// Per (rows, logit rows, pick on the device: `pick`).
-    graphs: HashMap<(usize, usize, u8), Graph>,
+    /// Per (rows, logit rows, sequences, pick on the device: `pick`).
+    graphs: HashMap<(usize, usize, usize, u8), Graph>,
+    /// Where this pass's metadata lies (set by `run` before its kernels are enqueued or its graph captured).
+    meta: std::cell::Cell<Meta>,
     /// Logits of the last forward pass (page-locked: copied straight from the device).
     logits: Option<backend::cuda::PinnedF32>,
     opts: CudaOptions,
@@ -1057,6 +1112,7 @@ impl CudaRunner {
             seqs: HashMap::new(),
             scratch: None,
             graphs: HashMap::new(),
+            meta: std::cell::Cell::new(Meta::default()),
             logits: None,
             opts,
             q8_layers,
@@ -1127,10 +1183,13 @@ impl CudaRunner {
         let old = self.scratch.as_ref().map_or((0, 0, 0), |s| (s.cap_m, s.cap_chunks, s.cap_r));
         let (m, chunks, r) = (m.max(old.0).max(8), chunks.max(old.1).max(8), r.max(old.2).max(8));
         self.graphs.clear();
+        // A copy from the old page-locked metadata may still be in flight.
+        self.gpu.sync()?;
         self.scratch = None;
         let c = &self.cfg;
         let g = &self.gpu;
         let f = 4usize;
+        let meta_words = Meta::packed(0, m, r, chunks, self.max_pages).1;
         self.scratch = Some(Scratch {
             cap_m: m,
             cap_chunks: chunks,
@@ -1157,11 +1216,12 @@ impl CudaRunner {
             cand: g.alloc(r * TOPK_BLOCKS * (4 + DEVICE_CANDIDATES * 8))?,
             row_part: g.alloc(r * ARGMAX_BLOCKS * 16)?,
             row_counters: g.upload(&vec![0u32; r])?,
-            tokens: g.alloc(m * 4)?,
-            pos: g.alloc(m * 4)?,
-            slot: g.alloc(m * 4)?,
-            table: g.alloc(chunks * self.max_pages * 4)?,
-            out_rows: g.alloc(r * 4)?,
+            meta: g.alloc(meta_words * 4)?,
+            meta_host: g.alloc_pinned_f32(meta_words)?,
+            meta_copied: g
+                .ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(event_err)?,
         });
         Ok(())
     }
@@ -1295,7 +1355,7 @@ impl CudaRunner {
             let out = self.output.as_ref().unwrap_or(&self.embd);
             let l6 = self.opts.x6 && out.ty == GgmlType::Q6_K;
             let h = self.cfg.hidden_size;
-            self.quant_l(s.x.ptr, self.output_norm.ptr, s.out_rows.ptr, s.xq8.ptr, s.xds.ptr, r, h, l6)?;
+            self.quant_l(s.x.ptr, self.output_norm.ptr, self.meta.get().out_rows, s.xq8.ptr, s.xds.ptr, r, h, l6)?;
             self.mmvq_l(out, s.xq8.ptr, s.xds.ptr, s.logits.ptr, None, r, false, l6)?;
         } else if r > 0 {
             let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
@@ -1303,7 +1363,7 @@ impl CudaRunner {
                 "rms_norm",
                 (r as u32, 1, 1),
                 256,
-                Args(vec![s.x.ptr, self.output_norm.ptr, s.xn.ptr, s.out_rows.ptr]),
+                Args(vec![s.x.ptr, self.output_norm.ptr, s.xn.ptr, self.meta.get().out_rows]),
             )?;
             let out = self.output.as_ref().unwrap_or(&self.embd);
             if r >= GEMM_MIN_ROWS && self.blas.is_some() && self.opts.gemm {
@@ -1342,7 +1402,8 @@ impl CudaRunner {
         let (q, k, v) = (row(&s.q, c.q_dim()), row(&s.k, c.kv_dim()), row(&s.v, c.kv_dim()));
         let att = row(&s.att, c.q_dim());
         let (gate, up) = (row(&s.gate, c.ffn_size), row(&s.up, c.ffn_size));
-        let (tokens, pos, slot) = (row(&s.tokens, 1), row(&s.pos, 1), row(&s.slot, 1));
+        let meta = self.meta.get();
+        let (tokens, pos, slot) = (meta.tokens + 4 * r0 as u64, meta.pos + 4 * r0 as u64, meta.slot + 4 * r0 as u64);
         self.launch(
             &embed_name(self.embd.ty, c.hidden_size),
             (mu, 1, 1),
@@ -1358,7 +1419,7 @@ impl CudaRunner {
                 self.linear(&l.wq, gs.xh.ptr, q, l.bq.as_ref(), m, false)?;
                 self.linear(&l.wk, gs.xh.ptr, k, l.bk.as_ref(), m, false)?;
                 self.linear(&l.wv, gs.xh.ptr, v, l.bv.as_ref(), m, false)?;
-                self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, s.table.ptr], mu)?;
+                self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, meta.table], mu)?;
                 self.gemm_attention(li, gc, q, att, m)?;
                 self.to_f16(att, gs.xh.ptr, m * c.q_dim())?;
                 self.linear(&l.wo, gs.xh.ptr, x, None, m, true)?;
@@ -1415,13 +1476,13 @@ impl CudaRunner {
                         self.inv_freq.ptr,
                         pos,
                         slot,
-                        s.table.ptr,
+                        meta.table,
                         self.kc[li].ptr,
                         self.vc[li].ptr,
                     ]),
                 )?;
                 if !self.opts.qkv_rope {
-                    self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, s.table.ptr], mu)?;
+                    self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, meta.table], mu)?;
                 }
             } else if !fused || !self.opts.fuse_rope {
                 if fused {
@@ -1454,7 +1515,7 @@ impl CudaRunner {
                     self.mmv_m(&l.wk, xn, k, l.bk.as_ref(), m, false, &mut memo)?;
                     self.mmv_m(&l.wv, xn, v, l.bv.as_ref(), m, false, &mut memo)?;
                 }
-                self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, s.table.ptr], mu)?;
+                self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, meta.table], mu)?;
             } else {
                 // RMSNorm, biases, RoPE and the KV write fused into one launch of the three projections.
                 let mr = pick_mr(m);
@@ -1476,7 +1537,7 @@ impl CudaRunner {
                         self.inv_freq.ptr,
                         pos,
                         slot,
-                        s.table.ptr,
+                        meta.table,
                         self.kc[li].ptr,
                         self.vc[li].ptr,
                         i(m),
@@ -1493,7 +1554,7 @@ impl CudaRunner {
                     self.vc[li].ptr,
                     pos,
                     slot,
-                    s.table.ptr,
+                    meta.table,
                     s.part.ptr,
                     att,
                     s.counters.ptr,
@@ -1630,45 +1691,30 @@ impl CudaRunner {
                 st.pages.push(self.free_pages.pop().expect("INVARIANT: validate counted the free pages"));
             }
         }
-        // Per-row metadata.
-        let mut tokens = Vec::with_capacity(m);
-        let mut pos = Vec::with_capacity(m);
-        let mut slot = Vec::with_capacity(m);
-        let mut table = vec![0u32; nchunks * self.max_pages];
-        let mut out_rows = Vec::with_capacity(r);
-        let mut t0 = 0usize;
-        for (ci, c) in batch.chunks.iter().enumerate() {
-            tokens.extend_from_slice(c.tokens);
-            pos.extend((0..c.tokens.len()).map(|j| (c.start_pos + j) as u32));
-            slot.extend(std::iter::repeat_n(ci as u32, c.tokens.len()));
-            let pages = &self.seqs[&c.seq].pages;
-            table[ci * self.max_pages..ci * self.max_pages + pages.len()].copy_from_slice(pages);
-            let n = c.tokens.len();
-            match c.logits {
-                LogitsWanted::None => {}
-                LogitsWanted::Last => out_rows.extend((n > 0).then(|| (t0 + n - 1) as u32)),
-                LogitsWanted::All => out_rows.extend((t0..t0 + n).map(|t| t as u32)),
-            }
-            t0 += n;
-        }
+        // Per-row metadata, packed into the page-locked buffer (once the previous pass's copy out of it is done) and
+        // copied in one piece.
+        let s = self.scratch.as_mut().expect("INVARIANT: ensured above");
+        let (meta, words) = Meta::packed(s.meta.ptr, m, r, nchunks, self.max_pages);
+        s.meta_copied.synchronize().map_err(event_err)?;
+        let seqs = &self.seqs;
+        pack_meta(
+            batch,
+            |ci| &seqs[&batch.chunks[ci].seq].pages,
+            self.max_pages,
+            &mut s.meta_host.as_mut_slice()[..words],
+        );
         if let Some(t) = &self.step_timer {
             t.start.record(&self.gpu.stream).map_err(event_err)?;
         }
-        {
-            let s = self.scratch.as_ref().expect("INVARIANT: ensured above");
-            self.gpu.htod(&s.tokens, &tokens)?;
-            self.gpu.htod(&s.pos, &pos)?;
-            self.gpu.htod(&s.slot, &slot)?;
-            self.gpu.htod(&s.table, &table)?;
-            if r > 0 {
-                self.gpu.htod(&s.out_rows, &out_rows)?;
-            }
-        }
+        self.gpu.htod(&s.meta, &s.meta_host.as_slice()[..words])?;
+        s.meta_copied.record(&self.gpu.stream).map_err(event_err)?;
+        self.meta.set(meta);
         if let Some(t) = &self.step_timer {
             t.copied.record(&self.gpu.stream).map_err(event_err)?;
         }
+        let key = (m, r, nchunks, self.pick.get());
         if self.opts.graphs && m <= MAX_GRAPH_ROWS {
-            if !self.graphs.contains_key(&(m, r, self.pick.get())) {
+            if !self.graphs.contains_key(&key) {
                 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
                 self.gpu
                     .stream
@@ -1681,16 +1727,13 @@ impl CudaRunner {
                 res?;
                 match g {
                     Ok(Some(g)) => {
-                        self.graphs.insert((m, r, self.pick.get()), Graph(g));
+                        self.graphs.insert(key, Graph(g));
                     }
                     Ok(None) => return Err(Error::Backend("graph capture produced no graph".into())),
                     Err(e) => return Err(Error::Backend(format!("graph capture: {e:?}"))),
                 }
             }
-            self.graphs[&(m, r, self.pick.get())]
-                .0
-                .launch()
-                .map_err(|e| Error::Backend(format!("graph launch: {e:?}")))?;
+            self.graphs[&key].0.launch().map_err(|e| Error::Backend(format!("graph launch: {e:?}")))?;
         } else {
             self.enqueue(m, r)?;
         }
@@ -1746,14 +1789,13 @@ impl CudaRunner {
     /// cache, on tensor cores: K and V gathered into contiguous f16 matrices, then per block of query rows scores
     /// (cuBLAS, f32), a causal softmax to f16 probabilities and the weighted sum of V (cuBLAS) into `att`.
     fn gemm_attention(&self, li: usize, gc: GemmChunk, q: u64, att: u64, m: usize) -> Result<()> {
-        let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
         let gs = self.gemm_scratch.as_ref().expect("INVARIANT: ensure_gemm_scratch ran");
         let blas = self.blas.as_ref().expect("INVARIANT: GEMM segments only exist with cuBLAS");
         let c = &self.cfg;
         let (d, kvd, qd) = (c.head_dim, c.kv_dim(), c.q_dim());
         let group = c.num_heads / c.num_kv_heads;
         let kv_len = gc.start_pos + m;
-        let table = s.table.ptr + (gc.ci * self.max_pages * 4) as u64;
+        let table = self.meta.get().table + (gc.ci * self.max_pages * 4) as u64;
         self.launch(
             "kv_gather",
             (kv_len as u32, 1, 1),
@@ -1972,6 +2014,37 @@ impl Runner for CudaRunner {
 mod tests {
     use super::*;
     use crate::Arch;
+
+    /// A pass's metadata lands where the kernels look for it: for each row its token, position and slot, the logit
+    /// rows each chunk asks for, and each sequence's pages then zeros (written out here without `pack_meta`).
+    #[test]
+    fn pass_metadata_is_packed_where_the_kernels_read_it() {
+        let toks: [&[u32]; 4] = [&[11, 12, 13], &[21, 22], &[31], &[]];
+        let wants = [LogitsWanted::Last, LogitsWanted::All, LogitsWanted::None, LogitsWanted::Last];
+        let chunks = (0..4)
+            .map(|i| crate::SeqChunk { seq: SeqId(i as u64), tokens: toks[i], start_pos: 100 * i, logits: wants[i] })
+            .collect();
+        let batch = Batch { chunks };
+        let (m, r, max_pages) = (batch.num_tokens(), batch.num_logit_rows(), 3);
+        assert_eq!((m, r), (6, 3));
+        let pages: [Vec<u32>; 4] = [vec![7], vec![8, 9], vec![], vec![4, 5, 6]];
+        let (meta, words) = Meta::packed(1000, m, r, 4, max_pages);
+        let mut w = vec![f32::NAN; words];
+        pack_meta(&batch, |ci| &pages[ci], max_pages, &mut w);
+        let at = |addr: u64, i: usize| w[(addr - 1000) as usize / 4 + i].to_bits();
+        let (tokens, pos, slot): (Vec<u32>, Vec<u32>, Vec<u32>) = (
+            (0..m).map(|i| at(meta.tokens, i)).collect(),
+            (0..m).map(|i| at(meta.pos, i)).collect(),
+            (0..m).map(|i| at(meta.slot, i)).collect(),
+        );
+        assert_eq!(tokens, [11, 12, 13, 21, 22, 31]);
+        assert_eq!(pos, [0, 1, 2, 100, 101, 200]);
+        assert_eq!(slot, [0, 0, 0, 1, 1, 2]);
+        assert_eq!((0..r).map(|i| at(meta.out_rows, i)).collect::<Vec<_>>(), [2, 3, 4]);
+        let table: Vec<u32> = (0..4 * max_pages).map(|i| at(meta.table, i)).collect();
+        assert_eq!(table, [7, 0, 0, 8, 9, 0, 0, 0, 0, 4, 5, 6]);
+        assert_eq!(words, 3 * m + r + 4 * max_pages);
+    }
 
     /// The padded device layouts keep every field of every block, in order.
     /// `fkey` of the kernels.
