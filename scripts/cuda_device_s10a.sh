@@ -1,4 +1,5 @@
 #!/bin/bash
+# (The switch was removed after this call: the code is in commit 59ac629.)
 # Stretch-10 device call A: the down projection fused into the gate/up kernel (`SPLASH_CUDA_GU_DOWN`, fixed-point
 # partial sums). Checks it against the CPU (cuda-check on the 1.5B and 0.5B, speculation identity), then decode speed
 # with it on and off alternated in the same call (ctx 512; aggregate 16 and 64 sequences) and the kernels of one

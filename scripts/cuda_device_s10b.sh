@@ -1,4 +1,5 @@
 #!/bin/bash
+# (The switch was removed after this call: the code is in commit 59ac629.)
 # Stretch-10 device call B: the fused down projection with its last block reading the sums with plain L2 loads, and
 # the cost of its adds (SPLASH_CUDA_GU_DOWN=2 leaves them out: timing only). Binary in $D.
 set -u

@@ -1,4 +1,5 @@
 #!/bin/bash
+# (The switch was removed after this call and never committed; BENCHMARKS.md stretch 10 describes the change.)
 # Stretch-10 device call D: the attention kernel's query-key dot as four partial sums (SPLASH_CUDA_ATT_ILP, default
 # on). cuda-check and speculation identity with it on, then decode at ctx 512 and 2048 alternated: on, off (this
 # binary) and the previous main ($D/splash0 with SPLASH_CUDA_GU_DOWN=0). Binaries in $D.

@@ -1,4 +1,5 @@
 #!/bin/bash
+# (The switch was removed after this call and never committed; BENCHMARKS.md stretch 10 describes the change.)
 # Stretch-10 device call G: the attention kernel's query loaded before the page-table lookup of its K/V prefetch
 # (SPLASH_CUDA_ATT_EARLY_Q, default on; the same bits). cuda-check with it on, decode alternated on/off. Binary in $D.
 set -u
