@@ -288,7 +288,7 @@ struct Scratch {
     /// A pass's metadata (tokens, positions, slots, logit rows, page tables: [`Meta`]), copied in one piece from
     /// `meta_host` (page-locked, so the copy is asynchronous; `meta_copied` marks its end before the next rewrite).
     meta: DevBuf,
-    meta_host: backend::cuda::PinnedF32,
+    meta_host: backend::cuda::Pinned<u32>,
     meta_copied: cudarc::driver::CudaEvent,
 }
 
@@ -314,12 +314,11 @@ impl Meta {
     }
 }
 
-/// Writes a pass's metadata in the [`Meta::packed`] layout (u32 words, stored as f32 bit patterns in the page-locked
-/// buffer) into `w`: each row's token, position and sequence slot, the logit rows, then each sequence's page table
-/// (`pages(chunk)`, zero-padded to `max_pages`).
-fn pack_meta<'p>(batch: &Batch<'_>, pages: impl Fn(usize) -> &'p [u32], max_pages: usize, w: &mut [f32]) {
+/// Writes a pass's metadata in the [`Meta::packed`] layout into `w`: each row's token, position and sequence slot,
+/// the logit rows, then each sequence's page table (`pages(chunk)`, zero-padded to `max_pages`).
+fn pack_meta<'p>(batch: &Batch<'_>, pages: impl Fn(usize) -> &'p [u32], max_pages: usize, w: &mut [u32]) {
     let (m, r) = (batch.num_tokens(), batch.num_logit_rows());
-    let mut put = |at: usize, v: u32| w[at] = f32::from_bits(v);
+    let mut put = |at: usize, v: u32| w[at] = v;
     let (mut t0, mut o) = (0usize, 0usize);
     for (ci, c) in batch.chunks.iter().enumerate() {
         for (j, &tok) in c.tokens.iter().enumerate() {
@@ -1217,7 +1216,7 @@ impl CudaRunner {
             row_part: g.alloc(r * ARGMAX_BLOCKS * 16)?,
             row_counters: g.upload(&vec![0u32; r])?,
             meta: g.alloc(meta_words * 4)?,
-            meta_host: g.alloc_pinned_f32(meta_words)?,
+            meta_host: g.alloc_pinned(meta_words)?,
             meta_copied: g
                 .ctx
                 .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -1898,7 +1897,7 @@ impl Runner for CudaRunner {
         if self.logits.as_ref().is_none_or(|l| l.len() < r * vocab) {
             self.logits = None;
             let cap = self.scratch.as_ref().map_or(r, |s| s.cap_r).max(r);
-            self.logits = Some(self.gpu.alloc_pinned_f32(cap * vocab)?);
+            self.logits = Some(self.gpu.alloc_pinned(cap * vocab)?);
         }
         let s = self.scratch.as_ref().expect("INVARIANT: run ensured it");
         let logits = self.logits.as_mut().expect("INVARIANT: allocated above");
@@ -2029,9 +2028,9 @@ mod tests {
         assert_eq!((m, r), (6, 3));
         let pages: [Vec<u32>; 4] = [vec![7], vec![8, 9], vec![], vec![4, 5, 6]];
         let (meta, words) = Meta::packed(1000, m, r, 4, max_pages);
-        let mut w = vec![f32::NAN; words];
+        let mut w = vec![u32::MAX; words];
         pack_meta(&batch, |ci| &pages[ci], max_pages, &mut w);
-        let at = |addr: u64, i: usize| w[(addr - 1000) as usize / 4 + i].to_bits();
+        let at = |addr: u64, i: usize| w[(addr - 1000) as usize / 4 + i];
         let (tokens, pos, slot): (Vec<u32>, Vec<u32>, Vec<u32>) = (
             (0..m).map(|i| at(meta.tokens, i)).collect(),
             (0..m).map(|i| at(meta.pos, i)).collect(),

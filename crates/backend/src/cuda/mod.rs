@@ -123,15 +123,15 @@ impl Gpu {
         self.sync()
     }
 
-    /// Page-locked host memory for `len` f32 values (device-to-host copies into it run at full link speed and
-    /// need no staging copy).
-    pub fn alloc_pinned_f32(&self, len: usize) -> Result<PinnedF32> {
+    /// Page-locked host memory for `len` values, zeroed (copies to and from it run at full link speed, need no
+    /// staging copy and are truly asynchronous).
+    pub fn alloc_pinned<T: PinnedValue>(&self, len: usize) -> Result<Pinned<T>> {
         self.bind()?;
-        let bytes = len.max(1) * 4;
+        let bytes = len.max(1) * std::mem::size_of::<T>();
         let ptr = unsafe { dres::malloc_host(bytes, 0) }.map_err(drv("allocating pinned host memory"))?;
-        // SAFETY: the allocation holds `bytes` bytes; zeroed so every value is initialised.
+        // SAFETY: the allocation holds `bytes` bytes; zeroed, which is a valid value of every `PinnedValue`.
         unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
-        Ok(PinnedF32 { ptr: ptr as *mut f32, len, ctx: self.ctx.clone() })
+        Ok(Pinned { ptr: ptr as *mut T, len, ctx: self.ctx.clone() })
     }
 
     /// Stream-ordered copy of `len` f32 values from `src` into `dst`; waits for the stream.
@@ -418,31 +418,38 @@ impl Drop for Blas {
 // SAFETY: the handle is used from one thread at a time (the runner's), with its context bound.
 unsafe impl Send for Blas {}
 
-/// Page-locked host memory holding f32 values, freed on drop.
-pub struct PinnedF32 {
-    ptr: *mut f32,
+/// Plain numbers for which all-zero bytes are a valid value (what [`Gpu::alloc_pinned`] hands out).
+pub trait PinnedValue: Copy {}
+impl PinnedValue for f32 {}
+impl PinnedValue for u32 {}
+
+/// Page-locked host memory holding `T` values, freed on drop.
+pub struct Pinned<T: PinnedValue> {
+    ptr: *mut T,
     len: usize,
     ctx: Arc<CudaContext>,
 }
 
-impl PinnedF32 {
+pub type PinnedF32 = Pinned<f32>;
+
+impl<T: PinnedValue> Pinned<T> {
     pub fn len(&self) -> usize {
         self.len
     }
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    pub fn as_slice(&self) -> &[f32] {
-        // SAFETY: ptr holds len f32 values, zeroed at allocation.
+    pub fn as_slice(&self) -> &[T] {
+        // SAFETY: ptr holds len values, zeroed at allocation.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
-    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
         // SAFETY: as above; &mut self gives exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
-impl Drop for PinnedF32 {
+impl<T: PinnedValue> Drop for Pinned<T> {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {
             unsafe {
@@ -453,7 +460,7 @@ impl Drop for PinnedF32 {
 }
 
 // SAFETY: plain host memory owned by this value.
-unsafe impl Send for PinnedF32 {}
+unsafe impl<T: PinnedValue> Send for Pinned<T> {}
 
 /// A device allocation, freed on drop.
 pub struct DevBuf {
