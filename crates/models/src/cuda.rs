@@ -139,15 +139,6 @@ pub struct CudaOptions {
     /// rows that every block re-reads (`SPLASH_CUDA_WCG=1`; 16-byte loads only; same bytes, same sums). Off by
     /// default: slower on the H200 (1.5B 1,002-1,015 vs 1,015-1,023, 32B 136.4 vs 137.8; BENCHMARKS.md, stretch 8).
     pub wcg: bool,
-    /// Weights pulled into L2 ahead of the kernel that reads them, by a kernel that leaves the memory system idle
-    /// (bit mask, `SPLASH_CUDA_L2PF`): 1 the attention kernel prefetches its layer's attention output, gate and up
-    /// matrices; 2 the down projection the next layer's Q, K and V; 4 the gate/up kernel its layer's down matrix.
-    pub l2pf: u32,
-    /// How (`SPLASH_CUDA_L2PF_MODE`): 1 one `prefetch.global.L2` per line, 2 `cp.async.bulk.prefetch.L2` (sm_90).
-    pub l2pf_mode: u32,
-    /// At most this many bytes prefetched per kernel (`SPLASH_CUDA_L2PF_MB`, default 24 MB of the H200's 50 MB L2):
-    /// matrices too large for it are prefetched from their start (the rows the first blocks read).
-    pub l2pf_bytes: usize,
 }
 
 impl CudaOptions {
@@ -198,9 +189,6 @@ impl Default for CudaOptions {
             gu_dot2: std::env::var("SPLASH_CUDA_GU_DOT2").map(|v| v != "0").unwrap_or(true),
             x6: std::env::var("SPLASH_CUDA_X6").is_ok_and(|v| v == "1"),
             wcg: std::env::var("SPLASH_CUDA_WCG").is_ok_and(|v| v == "1"),
-            l2pf: env_usize("SPLASH_CUDA_L2PF", 0) as u32,
-            l2pf_mode: env_usize("SPLASH_CUDA_L2PF_MODE", 1).clamp(1, 2) as u32,
-            l2pf_bytes: env_usize("SPLASH_CUDA_L2PF_MB", 24) << 20,
         }
     }
 }
@@ -804,16 +792,16 @@ pub fn kernel_source(
             for mode in 0..2 {
                 s.push_str(&format!(
                     "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* W, const i8* Xq, const float2* Xd, \
-                     float* Y, const float* bias, int m, int N, PF_PARAMS) {{ pdl_trigger(); mmvq_body<{}, {k}, {mr}, \
-                     {mode}, {p}>(W, Xq, Xd, Y, bias, m, N, PF_ARGS); }}\n",
+                     float* Y, const float* bias, int m, int N) {{ pdl_trigger(); mmvq_body<{}, {k}, {mr}, {mode}, {p}>(W, \
+                     Xq, Xd, Y, bias, m, N); }}\n",
                     mmvq_name(ty, k, p, mr, mode),
                     type_id(ty)
                 ));
                 if q8.x6 && ty == GgmlType::Q6_K {
                     s.push_str(&format!(
                         "extern \"C\" __global__ void __launch_bounds__(128) {}(const u8* W, const i8* Xq, const float2* \
-                         Xd, float* Y, const float* bias, int m, int N, PF_PARAMS) {{ pdl_trigger(); mmvq_body<{}, {k}, \
-                         {mr}, {mode}, {p}, true>(W, Xq, Xd, Y, bias, m, N, PF_ARGS); }}\n",
+                         Xd, float* Y, const float* bias, int m, int N) {{ pdl_trigger(); mmvq_body<{}, {k}, {mr}, {mode}, \
+                         {p}, true>(W, Xq, Xd, Y, bias, m, N); }}\n",
                         mmvq6_name(k, p, mr, mode),
                         type_id(ty)
                     ));
@@ -829,9 +817,9 @@ pub fn kernel_source(
             let bounds = if us { format!("{threads}, 3") } else { format!("{threads}") };
             s.push_str(&format!(
                 "extern \"C\" __global__ void __launch_bounds__({bounds}) {}(const u8* Wg, const u8* Wu, const i8* Xq, \
-                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn, int l6, \
-                 PF_PARAMS) {{ pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}, {us}>(Wg, Wu, Xq, Xd, Y, m, \
-                 N, Qo, Do, X, gn, l6, PF_ARGS); }}\n",
+                 const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn, int l6) \
+                 {{ pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}, {us}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do, \
+                 X, gn, l6); }}\n",
                 guq_name(ty, k, p, mr),
                 type_id(ty)
             ));
@@ -857,10 +845,6 @@ pub fn kernel_source(
 
 /// Kernel arguments: each stored in 8 bytes (ints in the low half, little-endian), passed by address.
 struct Args(Vec<u64>);
-
-/// The L2 prefetch arguments of a kernel (`PF_PARAMS`): three (address, bytes) ranges and the mode (0: none).
-#[derive(Debug, Clone, Copy, Default)]
-struct Pf([u64; 7]);
 
 impl Args {
     fn ptrs(&mut self) -> Vec<*mut c_void> {
@@ -1329,31 +1313,10 @@ impl CudaRunner {
         )
     }
 
-    /// The prefetch arguments of a kernel (`PF_PARAMS` in kernels.cu): the matrices `mats` when window `bit` of
-    /// [`CudaOptions::l2pf`] is on, at most [`CudaOptions::l2pf_bytes`] in all, shared out smallest first (each
-    /// matrix gets its whole size or an equal part of what is left, from its start).
-    fn pf(&self, bit: u32, mats: &[&GMat]) -> Pf {
-        let mut pf = Pf::default();
-        if self.opts.l2pf & bit == 0 || mats.is_empty() {
-            return pf;
-        }
-        let mut order: Vec<usize> = (0..mats.len().min(3)).collect();
-        order.sort_by_key(|&j| mats[j].buf.bytes);
-        let mut left = self.opts.l2pf_bytes;
-        for (done, &j) in order.iter().enumerate() {
-            let take = mats[j].buf.bytes.min(left / (order.len() - done)) & !127;
-            left -= take;
-            pf.0[2 * j] = mats[j].buf.ptr;
-            pf.0[2 * j + 1] = take as u64;
-        }
-        pf.0[6] = u64::from(self.opts.l2pf_mode);
-        pf
-    }
-
     /// Y[m, N] (+)= W X[m, K] (+ bias) on 8-bit activations (`quant` output).
     #[allow(clippy::too_many_arguments)]
     fn mmvq(&self, w: &GMat, xq: u64, xd: u64, y: u64, bias: Option<&DevBuf>, m: usize, residual: bool) -> Result<()> {
-        self.mmvq_l(w, xq, xd, y, bias, m, residual, false, Pf::default())
+        self.mmvq_l(w, xq, xd, y, bias, m, residual, false)
     }
     /// `mmvq` on an input in the xpos6 layout with `l6` (a Q6_K down projection, `CudaOptions::x6`).
     #[allow(clippy::too_many_arguments)]
@@ -1367,7 +1330,6 @@ impl CudaRunner {
         m: usize,
         residual: bool,
         l6: bool,
-        pf: Pf,
     ) -> Result<()> {
         let pt = q8_threads(w.cols, w.rows, self.opts.q8_its(), 128);
         let mr = pick_mr(m);
@@ -1378,12 +1340,7 @@ impl CudaRunner {
         };
         let grid = (w.rows.div_ceil((128 / pt).max(1)) as u32, m.div_ceil(mr) as u32, 1);
         let b = bias.map_or(0, |b| b.ptr);
-        self.launch(
-            &name,
-            grid,
-            128,
-            Args([w.buf.ptr, xq, xd, y, b, i(m), i(w.rows)].into_iter().chain(pf.0).collect()),
-        )
+        self.launch(&name, grid, 128, Args(vec![w.buf.ptr, xq, xd, y, b, i(m), i(w.rows)]))
     }
 
     /// Enqueues the whole forward pass for the batch's segments (`self.segs`, covering `m` rows) and `r` logit rows
@@ -1398,7 +1355,7 @@ impl CudaRunner {
             let l6 = self.opts.x6 && out.ty == GgmlType::Q6_K;
             let h = self.cfg.hidden_size;
             self.quant_l(s.x.ptr, self.output_norm.ptr, self.meta.get().out_rows, s.xq8.ptr, s.xds.ptr, r, h, l6)?;
-            self.mmvq_l(out, s.xq8.ptr, s.xds.ptr, s.logits.ptr, None, r, false, l6, Pf::default())?;
+            self.mmvq_l(out, s.xq8.ptr, s.xds.ptr, s.logits.ptr, None, r, false, l6)?;
         } else if r > 0 {
             let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
             self.launch(
@@ -1590,24 +1547,19 @@ impl CudaRunner {
                 "attention",
                 (mu, c.num_heads as u32, att_splits(m) as u32),
                 (32 * self.opts.att_warps) as u32,
-                Args(
-                    vec![
-                        q,
-                        self.kc[li].ptr,
-                        self.vc[li].ptr,
-                        pos,
-                        slot,
-                        meta.table,
-                        s.part.ptr,
-                        att,
-                        s.counters.ptr,
-                        if q8 && self.opts.att_q8 { qb(c.q_dim()).0 } else { 0 },
-                        if q8 && self.opts.att_q8 { qb(c.q_dim()).1 } else { 0 },
-                    ]
-                    .into_iter()
-                    .chain(self.pf(1, &[&l.wo, &l.gate, &l.up]).0)
-                    .collect(),
-                ),
+                Args(vec![
+                    q,
+                    self.kc[li].ptr,
+                    self.vc[li].ptr,
+                    pos,
+                    slot,
+                    meta.table,
+                    s.part.ptr,
+                    att,
+                    s.counters.ptr,
+                    if q8 && self.opts.att_q8 { qb(c.q_dim()).0 } else { 0 },
+                    if q8 && self.opts.att_q8 { qb(c.q_dim()).1 } else { 0 },
+                ]),
             )?;
             if q8 {
                 // The attention kernel also wrote its output as 8-bit activations (unless turned off).
@@ -1630,25 +1582,20 @@ impl CudaRunner {
                     let mr = pick_mr(m);
                     down_in_q8 = guq_fused(pt) && self.opts.gu_fuse;
                     let (ty, kc, n) = (l.gate.ty, l.gate.cols, l.gate.rows);
-                    let args = Args(
-                        vec![
-                            l.gate.buf.ptr,
-                            l.up.buf.ptr,
-                            fq,
-                            fd,
-                            gate,
-                            i(m),
-                            i(n),
-                            dq,
-                            dd,
-                            x,
-                            l.ffn_norm.ptr,
-                            u64::from(l6),
-                        ]
-                        .into_iter()
-                        .chain(self.pf(4, &[&l.down]).0)
-                        .collect(),
-                    );
+                    let args = Args(vec![
+                        l.gate.buf.ptr,
+                        l.up.buf.ptr,
+                        fq,
+                        fd,
+                        gate,
+                        i(m),
+                        i(n),
+                        dq,
+                        dd,
+                        x,
+                        l.ffn_norm.ptr,
+                        u64::from(l6),
+                    ]);
                     let (rows_per_block, threads) = if down_in_q8 { (32, 32 * pt) } else { (128 / pt, 128) };
                     self.launch(
                         &guq_name(ty, kc, pt, mr),
@@ -1665,8 +1612,7 @@ impl CudaRunner {
                 if !down_in_q8 {
                     self.quant_l(gate, 0, 0, dq, dd, m, c.ffn_size, l6)?;
                 }
-                let next = self.layers.get(li + 1).map(|n| [&n.wq, &n.wk, &n.wv]);
-                self.mmvq_l(&l.down, dq, dd, x, None, m, true, l6, next.map_or(Pf::default(), |n| self.pf(2, &n)))?;
+                self.mmvq_l(&l.down, dq, dd, x, None, m, true, l6)?;
                 continue;
             }
             self.mmv(&l.wo, att, x, None, m, true)?;

@@ -51,41 +51,6 @@ __device__ __forceinline__ void pdl_trigger() {
 #define PDL_ENTER pdl_trigger(); pdl_wait();
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// Weights of the kernels that come next, pulled into L2 while this (latency-bound) kernel leaves the memory system
-// idle: up to three byte ranges, each split evenly over all blocks of the launch (shares 128-byte aligned from the
-// range's start, which is an allocation's). pfm 1: one prefetch.global.L2 per 128-byte line, over the block's
-// threads; 2: cp.async.bulk.prefetch.L2 (sm_90) of up to 16 KB per instruction, one instruction per thread. Weights
-// are never written, so this may run before pdl_wait. A hint only: nothing waits for it.
-#define PF_PARAMS const u8* pf0, unsigned long long pn0, const u8* pf1, unsigned long long pn1, const u8* pf2, \
-    unsigned long long pn2, int pfm
-#define PF_ARGS pf0, pn0, pf1, pn1, pf2, pn2, pfm
-__device__ __forceinline__ void l2_share(const u8* p, unsigned long long n, int pfm) {
-    if (!p || !n) return;
-    const unsigned long long nb = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
-    const unsigned long long b = blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    const unsigned long long per = ((n + nb - 1) / nb + 127) & ~127ull;
-    const unsigned long long s = b * per, e = min(n, s + per);
-    if (s >= e) return;
-    if (pfm == 1) {
-        for (unsigned long long o = s + 128ull * threadIdx.x; o < e; o += 128ull * blockDim.x) prefetch_l2(p + o);
-        return;
-    }
-#if __CUDA_ARCH__ >= 900
-    const unsigned long long o = s + 16384ull * threadIdx.x;
-    if (o < e) {
-        // Sizes in 16-byte units; the last one rounded up stays within the allocation's 256-byte granularity.
-        const u32 len = (u32)((min(e - o, 16384ull) + 15) & ~15ull);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + o), "r"(len) : "memory");
-    }
-#endif
-}
-__device__ __forceinline__ void l2_prefetch(PF_PARAMS) {
-    if (!pfm) return;
-    l2_share(pf0, pn0, pfm);
-    l2_share(pf1, pn1, pfm);
-    l2_share(pf2, pn2, pfm);
-}
-
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
     int d;
     asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
@@ -859,9 +824,8 @@ extern "C" __global__ void act_q8_k(const float* x, float* out, int K) { PDL_ENT
 extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const float* __restrict__ q,
         const u16* __restrict__ kc, const u16* __restrict__ vc, const u32* __restrict__ pos,
         const u32* __restrict__ slot, const u32* __restrict__ table, float* __restrict__ part, float* out,
-        int* counters, i8* __restrict__ qo, float2* __restrict__ qd, PF_PARAMS) {
+        int* counters, i8* __restrict__ qo, float2* __restrict__ qd) {
     pdl_trigger();
-    l2_prefetch(PF_ARGS);
     const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, SG = gridDim.z;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int kvh = h / (NUM_HEADS / NUM_KV_HEADS);
@@ -1592,7 +1556,7 @@ template <int T, int K, int P> struct RowQ {
 template <int T, int K, int MR, int MODE, int P, bool L6 = false>
 __device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __restrict__ Xq,
                                           const float2* __restrict__ Xd, float* __restrict__ Y,
-                                          const float* __restrict__ bias, int m, int N, PF_PARAMS) {
+                                          const float* __restrict__ bias, int m, int N) {
     const int tid = threadIdx.x;
     const int n = blockIdx.x * (128 / P) + tid / P, part = tid % P;
     Xq += (size_t)blockIdx.y * MR * K;
@@ -1601,7 +1565,6 @@ __device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __
     m = min(m - (int)blockIdx.y * MR, MR);
     RowQ<T, K, P> rq;
     rq.load(W + (size_t)min(n, N - 1) * (K / Fmt<T>::BLOCK) * Fmt<T>::BYTES, part);
-    l2_prefetch(PF_ARGS);
     pdl_wait();
     float acc[MR];
     rq.template dot<MR, L6>(part, Xq, Xd, m, acc);
@@ -1646,8 +1609,8 @@ template <int T, int K, int MR, int P, bool QOUT, bool NORM = false, bool US = f
 __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
                                          const i8* __restrict__ Xq, const float2* __restrict__ Xd,
                                          float* __restrict__ Y, int m, int N, i8* __restrict__ Qo,
-                                         float2* __restrict__ Do, const float* __restrict__ X,
-                                         const float* __restrict__ gn, int l6, PF_PARAMS) {
+                                         float2* __restrict__ Do, const float* __restrict__ X = nullptr,
+                                         const float* __restrict__ gn = nullptr, int l6 = 0) {
     const int tid = threadIdx.x;
     const int RPB = QOUT ? 32 : 128 / P;
     const int n = blockIdx.x * RPB + tid / P, part = tid % P;
@@ -1663,7 +1626,6 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
     g.load(Wg + (size_t)min(n, N - 1) * rb, part);
     if constexpr (US) RowQ<T, K, P>::load_smem(Wu + (size_t)min(n, N - 1) * rb, part, usm + tid, NT);
     else u.load(Wu + (size_t)min(n, N - 1) * rb, part);
-    l2_prefetch(PF_ARGS);
     pdl_wait();
     if constexpr (NORM) {
         static_assert(K == HIDDEN, "the fused norm is the FFN's");
