@@ -44,6 +44,11 @@ const TOPK_BLOCKS: usize = 8;
 pub const MAX_GRAPH_ROWS: usize = 64;
 /// Default warps of an attention block (`CudaOptions::att_warps`).
 const ATT_WARPS: usize = 4;
+/// Default splits of a clustered attention launch (`CudaOptions::att_cl`) and the most rows it runs for: on the
+/// H200 it paid at batch 1 (1.5B +3%, 0.5B +4% at context 512) and cost 2-6% from 2 rows on (BENCHMARKS.md,
+/// stretch 11).
+const ATT_CL: usize = 8;
+const ATT_CL_ROWS: usize = 1;
 /// Threads of a `rope_kv` block; the rotation pairs of a row are spread over as many blocks as they fill.
 const ROPE_THREADS: u32 = 256;
 /// Chunks of at least this many tokens run on tensor cores (weights dequantized to f16, cuBLAS GEMMs, GEMM
@@ -139,6 +144,13 @@ pub struct CudaOptions {
     /// rows that every block re-reads (`SPLASH_CUDA_WCG=1`; 16-byte loads only; same bytes, same sums). Off by
     /// default: slower on the H200 (1.5B 1,002-1,015 vs 1,015-1,023, 32B 136.4 vs 137.8; BENCHMARKS.md, stretch 8).
     pub wcg: bool,
+    /// Attention of passes whose contexts need at most this many splits (of 32 x `att_warps` positions) runs
+    /// them as one thread-block cluster per (row, head), merged through distributed shared memory rather than
+    /// global memory and a counter; the same bits (`SPLASH_CUDA_ATT_CL`: 0 off, 2, 4, 8 or 16; 16 needs the
+    /// non-portable cluster size). Longer contexts keep the launch with more splits (its own CUDA graph).
+    pub att_cl: usize,
+    /// ... in passes of at most this many rows (`SPLASH_CUDA_ATT_CL_ROWS`).
+    pub att_cl_rows: usize,
 }
 
 impl CudaOptions {
@@ -189,6 +201,11 @@ impl Default for CudaOptions {
             gu_dot2: std::env::var("SPLASH_CUDA_GU_DOT2").map(|v| v != "0").unwrap_or(true),
             x6: std::env::var("SPLASH_CUDA_X6").is_ok_and(|v| v == "1"),
             wcg: std::env::var("SPLASH_CUDA_WCG").is_ok_and(|v| v == "1"),
+            att_cl: match env_usize("SPLASH_CUDA_ATT_CL", ATT_CL) {
+                c @ (2 | 4 | 8 | 16) => c,
+                _ => 0,
+            },
+            att_cl_rows: env_usize("SPLASH_CUDA_ATT_CL_ROWS", ATT_CL_ROWS),
         }
     }
 }
@@ -399,8 +416,11 @@ pub struct CudaRunner {
     free_pages: Vec<u32>,
     seqs: HashMap<SeqId, SeqState>,
     scratch: Option<Scratch>,
-    /// Per (rows, logit rows, sequences, pick on the device: `pick`).
-    graphs: HashMap<(usize, usize, usize, u8), Graph>,
+    /// Per (rows, logit rows, sequences, pick on the device: `pick`, clustered attention: `att_cl`).
+    graphs: HashMap<(usize, usize, usize, u8, bool), Graph>,
+    /// This pass's attention runs in clusters (`CudaOptions::att_cl`): set by `run` when every sequence's context
+    /// needs at most that many splits.
+    att_cl: std::cell::Cell<bool>,
     /// Where this pass's metadata lies (set by `run` before its kernels are enqueued or its graph captured).
     meta: std::cell::Cell<Meta>,
     /// Logits of the last forward pass (page-locked: copied straight from the device).
@@ -577,6 +597,8 @@ pub struct Q8Kernels {
     pub x6: bool,
     /// `CudaOptions::wcg`.
     pub wcg: bool,
+    /// `CudaOptions::att_cl` (0: no cluster kernel).
+    pub att_cl: usize,
 }
 
 /// Largest hidden size whose 8 rows of 8-bit activations (with their scales) the fused-norm kernels keep in static
@@ -714,7 +736,7 @@ pub fn kernel_source(
     s.push_str(&format!("#define REPACK {}\n#define ATT_DYN {}\n", u8::from(q8.repack), u8::from(q8.att_dyn)));
     s.push_str(&format!("#define XPERM {}\n", u8::from(q8.xperm)));
     s.push_str(&format!("#define FUSE_NORM {}\n#define QKV_ROPE {}\n", u8::from(q8.fuse_norm), u8::from(q8.qkv_rope)));
-    s.push_str(&format!("#define ATT_MIN_SPLIT {}\n", 32 * att_warps));
+    s.push_str(&format!("#define ATT_MIN_SPLIT {}\n#define ATT_CL {}\n", 32 * att_warps, q8.att_cl));
     s.push_str(&format!("#define GU_DOT2 {}\n#define WCG {}\n", u8::from(q8.gu_dot2), u8::from(q8.wcg)));
     s.push_str(backend::cuda::KERNELS);
     s.push('\n');
@@ -923,6 +945,7 @@ impl CudaRunner {
             gu_dot2: opts.gu_dot2,
             x6: opts.x6,
             wcg: opts.wcg,
+            att_cl: opts.att_cl,
             ..Q8Kernels::default()
         };
         let mut q8_layers = Vec::with_capacity(weights.layers.len());
@@ -1007,8 +1030,16 @@ impl CudaRunner {
         for &(tq, tk, tv, p) in &q8k.qkv {
             names.extend(MRS.map(|mr| qkvq_name(tq, tk, tv, p, mr)));
         }
+        if q8k.att_cl > 1 {
+            names.push("attention_cl".into());
+        }
         for n in names {
             let f = module.load_function(&n).map_err(|e| Error::Backend(format!("kernel {n}: {e:?}")))?;
+            if n == "attention_cl" && q8k.att_cl > 8 {
+                use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
+                f.set_attribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                    .map_err(|e| Error::Backend(format!("kernel {n}: cluster size {}: {e:?}", q8k.att_cl)))?;
+            }
             funcs.insert(n, f);
         }
 
@@ -1121,6 +1152,7 @@ impl CudaRunner {
             gemm_scratch: None,
             capturing: std::cell::Cell::new(false),
             pick: std::cell::Cell::new(0),
+            att_cl: std::cell::Cell::new(false),
             host_selected: std::cell::Cell::new(0),
             step_timer,
             stats,
@@ -1543,9 +1575,11 @@ impl CudaRunner {
                     ]),
                 )?;
             }
+            // Decode batches split the positions most: into one cluster of `att_cl` splits while the contexts fit.
+            let cl = self.att_cl.get() && m <= self.opts.att_cl_rows && att_splits(m) >= self.opts.att_cl;
             self.launch(
-                "attention",
-                (mu, c.num_heads as u32, att_splits(m) as u32),
+                if cl { "attention_cl" } else { "attention" },
+                (mu, c.num_heads as u32, if cl { self.opts.att_cl } else { att_splits(m) } as u32),
                 (32 * self.opts.att_warps) as u32,
                 Args(vec![
                     q,
@@ -1711,7 +1745,11 @@ impl CudaRunner {
         if let Some(t) = &self.step_timer {
             t.copied.record(&self.gpu.stream).map_err(event_err)?;
         }
-        let key = (m, r, nchunks, self.pick.get());
+        // Clustered attention while every context fits its splits (the same bits as the global merge there; past
+        // that the kernel with more splits runs: another graph).
+        let att_cap = self.opts.att_cl * 32 * self.opts.att_warps;
+        self.att_cl.set(att_cap > 0 && batch.chunks.iter().all(|c| c.start_pos + c.tokens.len() <= att_cap));
+        let key = (m, r, nchunks, self.pick.get(), self.att_cl.get());
         if self.opts.graphs && m <= MAX_GRAPH_ROWS {
             if !self.graphs.contains_key(&key) {
                 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -2212,6 +2250,7 @@ mod tests {
             gu_dot2: true,
             x6: true,
             wcg: true,
+            att_cl: 16,
         };
         let src = kernel_source(&cfg, &mats, &[(Q4_K, 1536), (Q5_0, 1536)], &[(Q4_K, Q4_K, Q6_K)], (Q6_K, 1536), &q8);
         if let Ok(p) = std::env::var("SPLASH_DUMP_KERNEL_SOURCE") {

@@ -820,11 +820,33 @@ extern "C" __global__ void act_q8_k(const float* x, float* out, int K) { PDL_ENT
 // (max, sum, acc[HEAD_DIM]) to part[((t * NUM_HEADS + h) * S + z) * (HEAD_DIM + 2)]; attn_combine merges them.
 // Inside a split each warp takes tiles of 32 positions, one position per lane for the scores. Queries are rounded
 // to f16 first, as the CPU backend does.
+// CL (attention_cl, gridDim.z == ATT_CL): the splits of (t, h) are one thread-block cluster, and block 0 merges
+// their partials from the blocks' shared memory (distributed shared memory, sm_90) after a cluster barrier, rather
+// than the last block from global memory after a fence and a counter. The same partials merged in the same order as
+// the global merge, so the same bits while the context needs at most ATT_CL splits (the host uses it only then).
 #define E (HEAD_DIM / 32)
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const float* __restrict__ q,
-        const u16* __restrict__ kc, const u16* __restrict__ vc, const u32* __restrict__ pos,
-        const u32* __restrict__ slot, const u32* __restrict__ table, float* __restrict__ part, float* out,
-        int* counters, i8* __restrict__ qo, float2* __restrict__ qd) {
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// The float at `p` (this block's shared memory) in the shared memory of block `rank` of the cluster.
+__device__ __forceinline__ float cluster_ld(const float* p, int rank) {
+    float v = 0.f;
+#if __CUDA_ARCH__ >= 900
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    u32 ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+#endif
+    return v;
+}
+template <bool CL>
+__device__ __forceinline__ void attention_body(const float* __restrict__ q, const u16* __restrict__ kc,
+                                               const u16* __restrict__ vc, const u32* __restrict__ pos,
+                                               const u32* __restrict__ slot, const u32* __restrict__ table,
+                                               float* __restrict__ part, float* out, int* counters,
+                                               i8* __restrict__ qo, float2* __restrict__ qd) {
     pdl_trigger();
     const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, SG = gridDim.z;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -832,14 +854,15 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
     const int n = (int)pos[t] + 1;
 #if ATT_DYN
     // Only the splits the context needs (at least ATT_MIN_SPLIT positions each) take part, in the merge too; the
-    // rest leave at once. Partials keep the launch's stride.
+    // rest leave at once (in a cluster, unless there is a merge: they take part in its barriers, with no
+    // positions). Partials keep the launch's stride.
     const int S = out ? min(SG, (n + ATT_MIN_SPLIT - 1) / ATT_MIN_SPLIT) : SG;
-    if (z >= S) return;
+    if (z >= S && (!CL || S == 1)) return;
 #else
     const int S = SG;
 #endif
     const int chunk = ((n + S - 1) / S + 32 * ATT_WARPS - 1) / (32 * ATT_WARPS) * (32 * ATT_WARPS);
-    const int start = z * chunk, end = min(n, start + chunk);
+    const int start = z * chunk, end = z < S ? min(n, start + chunk) : start;
     const u32* tab = table + (size_t)slot[t] * MAX_PAGES;
     // The warp's first tile of K and V into L2 while the query (written by the previous kernel) is awaited and read.
     // (Positions, slots and page tables are written by the host before the launch.)
@@ -935,6 +958,41 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
         }
         return;
     }
+    if constexpr (CL) {
+        // This block's partial in its shared memory; after the barrier block 0 merges splits 0..S-1 with the
+        // arithmetic of the global merge below; the second barrier keeps every block's shared memory alive until
+        // it has.
+        __shared__ float cp[HEAD_DIM + 2];
+        for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+            float a = 0.f;
+            for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][i] * __expf(sm[w] - M);
+            cp[2 + i] = a;
+        }
+        if (threadIdx.x == 0) {
+            float L = 0.f;
+            for (int w = 0; w < ATT_WARPS; w++) L += sl[w] * __expf(sm[w] - M);
+            cp[0] = M;
+            cp[1] = L;
+        }
+        cluster_sync();
+        if (z == 0) {
+            float MM = -1e30f;
+            for (int zz = 0; zz < S; zz++) MM = fmaxf(MM, cluster_ld(cp, zz));
+            for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+                float LL = 0.f, acc2 = 0.f;
+                for (int zz = 0; zz < S; zz++) {
+                    const float c = __expf(cluster_ld(cp, zz) - MM);
+                    LL += cluster_ld(cp + 1, zz) * c;
+                    acc2 += cluster_ld(cp + 2 + i, zz) * c;
+                }
+                const size_t oi = (size_t)t * Q_DIM + h * HEAD_DIM + i;
+                out[oi] = acc2 / LL;
+                if (qo) q8_block(acc2 / LL, qo + (size_t)t * Q_DIM, (h * HEAD_DIM + i) & ~31, Q_DIM, qd + oi / 32);
+            }
+        }
+        cluster_sync();
+        return;
+    }
     float* o = part + ((size_t)(t * NUM_HEADS + h) * SG + z) * (HEAD_DIM + 2);
     // (partials written below; the last split of (t, h) to finish merges them all)
     for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
@@ -970,12 +1028,26 @@ extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const flo
             LL += pp[zz * (HEAD_DIM + 2) + 1] * c;
             acc2 += pp[zz * (HEAD_DIM + 2) + 2 + i] * c;
         }
-        const size_t o = (size_t)t * Q_DIM + h * HEAD_DIM + i;
-        out[o] = acc2 / LL;
-        if (qo) q8_block(acc2 / LL, qo + (size_t)t * Q_DIM, (h * HEAD_DIM + i) & ~31, Q_DIM, qd + o / 32);
+        const size_t oi = (size_t)t * Q_DIM + h * HEAD_DIM + i;
+        out[oi] = acc2 / LL;
+        if (qo) q8_block(acc2 / LL, qo + (size_t)t * Q_DIM, (h * HEAD_DIM + i) & ~31, Q_DIM, qd + oi / 32);
     }
     if (threadIdx.x == 0) counters[t * NUM_HEADS + h] = 0;
 }
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const float* __restrict__ q,
+        const u16* __restrict__ kc, const u16* __restrict__ vc, const u32* __restrict__ pos,
+        const u32* __restrict__ slot, const u32* __restrict__ table, float* __restrict__ part, float* out,
+        int* counters, i8* __restrict__ qo, float2* __restrict__ qd) {
+    attention_body<false>(q, kc, vc, pos, slot, table, part, out, counters, qo, qd);
+}
+#if ATT_CL > 1
+extern "C" __global__ void __cluster_dims__(1, 1, ATT_CL) __launch_bounds__(32 * ATT_WARPS) attention_cl(
+        const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
+        const u32* __restrict__ pos, const u32* __restrict__ slot, const u32* __restrict__ table,
+        float* __restrict__ part, float* out, int* counters, i8* __restrict__ qo, float2* __restrict__ qd) {
+    attention_body<true>(q, kc, vc, pos, slot, table, part, out, counters, qo, qd);
+}
+#endif
 #undef E
 
 // out[t, h*D + i] = merge of the S partials of (t, h). Grid (m, NUM_HEADS), HEAD_DIM threads.
