@@ -227,8 +227,18 @@ pub fn nvrtc_cubin(src: &str, arch: &str) -> Result<Vec<u8>> {
     let csrc = CString::new(src).map_err(|_| CudaError::Compile("source holds a NUL byte".into()))?;
     let prog = cudarc::nvrtc::result::create_program(&csrc, Some(c"splash.cu"))
         .map_err(|e| CudaError::Compile(format!("{e:?}")))?;
-    let opts = [format!("--gpu-architecture={arch}"), "-default-device".into(), "--std=c++17".into()];
+    let mut opts = vec![format!("--gpu-architecture={arch}"), "-default-device".into(), "--std=c++17".into()];
+    // Development: each kernel's registers, spills and shared memory from ptxas, printed to stderr.
+    let verbose = std::env::var("SPLASH_NVRTC_VERBOSE").is_ok_and(|v| v == "1");
+    if verbose {
+        opts.push("--ptxas-options=-v".into());
+    }
     let res = unsafe { cudarc::nvrtc::result::compile_program(prog, &opts) };
+    if verbose && res.is_ok() {
+        let log = unsafe { cudarc::nvrtc::result::get_program_log(prog) }.unwrap_or_default();
+        let log: Vec<u8> = log.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
+        eprintln!("{}", String::from_utf8_lossy(&log));
+    }
     if res.is_err() {
         let log = unsafe { cudarc::nvrtc::result::get_program_log(prog) }.unwrap_or_default();
         let log: Vec<u8> = log.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
