@@ -965,22 +965,23 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ q, cons
         }
         return;
     }
+    // The block's partial: to global memory, or with CL to its shared memory, where after the barrier block 0 of
+    // the cluster merges splits 0..S-1 with the arithmetic of the global merge below (the second barrier keeps
+    // every block's shared memory alive until it has).
+    __shared__ float cp[CL ? HEAD_DIM + 2 : 1];
+    float* o = CL ? cp : part + ((size_t)(t * NUM_HEADS + h) * SG + z) * (HEAD_DIM + 2);
+    for (int i = ht; i < HEAD_DIM; i += HT) {
+        float a = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][i] * __expf(sm[w] - M);
+        o[2 + i] = a;
+    }
+    if (ht == 0) {
+        float L = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) L += sl[w] * __expf(sm[w] - M);
+        o[0] = M;
+        o[1] = L;
+    }
     if constexpr (CL) {
-        // This block's partial in its shared memory; after the barrier block 0 merges splits 0..S-1 with the
-        // arithmetic of the global merge below; the second barrier keeps every block's shared memory alive until
-        // it has.
-        __shared__ float cp[HEAD_DIM + 2];
-        for (int i = ht; i < HEAD_DIM; i += HT) {
-            float a = 0.f;
-            for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][i] * __expf(sm[w] - M);
-            cp[2 + i] = a;
-        }
-        if (ht == 0) {
-            float L = 0.f;
-            for (int w = 0; w < ATT_WARPS; w++) L += sl[w] * __expf(sm[w] - M);
-            cp[0] = M;
-            cp[1] = L;
-        }
         cluster_sync();
         if (z == 0) {
             float MM = -1e30f;
@@ -999,19 +1000,6 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ q, cons
         }
         cluster_sync();
         return;
-    }
-    float* o = part + ((size_t)(t * NUM_HEADS + h) * SG + z) * (HEAD_DIM + 2);
-    // (partials written below; the last split of (t, h) to finish merges them all)
-    for (int i = ht; i < HEAD_DIM; i += HT) {
-        float a = 0.f;
-        for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][i] * __expf(sm[w] - M);
-        o[2 + i] = a;
-    }
-    if (ht == 0) {
-        float L = 0.f;
-        for (int w = 0; w < ATT_WARPS; w++) L += sl[w] * __expf(sm[w] - M);
-        o[0] = M;
-        o[1] = L;
     }
     if (!out) return;
     // Fused merge: the last split to finish for (t, h) combines all S partials (counters return to 0 for the next
