@@ -3,8 +3,10 @@
 # launch (SPLASH_CUDA_ATT_HEADS; 1 = stretch 11's kernel). Each head's arithmetic is unchanged, so every figure must be
 # identical: cuda-check (256 and 2,048 positions), greedy text at prompts of ~3,000 and ~12,000 tokens, speculation
 # identity. Then decode at contexts 512-16K, alternated, on the 1.5B (heads 1, 2, 3) and the 0.5B (1, 2, 7 -> 2).
+# With the stretch-11 binary at $D0/splash (measured: carry both folders), also its decode at 512 against this one's.
 set -u
 R=$(pwd); D=${D:-$R/.dev/cuda/s12}; B=$D/splash; OUT=${OUT:-$R/cuda-out}; mkdir -p $OUT
+D0=${D0:-$R/.dev/cuda/s11}
 export SPLASH_HOME=${SPLASH_HOME:-/tmp/splash-home}; mkdir -p $SPLASH_HOME
 S=$OUT/summary.txt; W=/tmp/s12w; mkdir -p $W
 log() { echo "== [$SECONDS s] $*" | tee -a $S; }
@@ -29,5 +31,10 @@ v() { echo "heads=$1 $2 ctx=$3: $(SPLASH_CUDA_ATT_HEADS=$1 timeout 120 $B bench 
 log "decode, alternated"
 for N in 512 2048 4096 8192 16384; do for h in 1 2 3; do v $h q15 $N; done; done
 for N in 4096 16384; do for h in 1 2; do v $h q05 $N; done; done
+if [ -x $D0/splash ]; then
+  log "decode @ 512, stretch-11 binary (old) vs this one (new), defaults"
+  SPLASH_HOME=/tmp/splash-home0 timeout 240 $D0/splash bench -m /tmp/q15.gguf --device cuda --prompt-tokens 16 --gen-tokens 2 --repetitions 1 > /dev/null 2>&1
+  for r in 1 2; do for X in $D0/splash $B; do echo "$X: $(SPLASH_HOME=$([ $X = $B ] && echo $SPLASH_HOME || echo /tmp/splash-home0) timeout 100 $X bench -m /tmp/q15.gguf --device cuda --prompt-tokens 512 --gen-tokens 128 --repetitions 3 2>&1 | grep -E "^decode" | tr '\n' ' ')" | tee -a $S; done; done
+fi
 log "aggregate 16 (split launch at any context)"; for h in 1 3; do echo "heads=$h: $(SPLASH_CUDA_ATT_HEADS=$h timeout 100 $B bench -m /tmp/q15.gguf --device cuda --prompt-tokens 512 --gen-tokens 128 --repetitions 1 --concurrent 16 2>&1 | grep -E "sequences" | tr '\n' ' ')" | tee -a $S; done
 log done
