@@ -4,6 +4,7 @@
 # identical: cuda-check (256 and 2,048 positions), greedy text at prompts of ~3,000 and ~12,000 tokens, speculation
 # identity. Then decode at contexts 512-16K, alternated, on the 1.5B (heads 1, 2, 3) and the 0.5B (1, 2, 7 -> 2).
 # With the stretch-11 binary at $D0/splash (measured: carry both folders), also its decode at 512 against this one's.
+# Then splits per head at long contexts (SPLASH_CUDA_ATT_SPLITS 16 / 32 / 64) with heads 1 and 3.
 set -u
 R=$(pwd); D=${D:-$R/.dev/cuda/s12}; B=$D/splash; OUT=${OUT:-$R/cuda-out}; mkdir -p $OUT
 D0=${D0:-$R/.dev/cuda/s11}
@@ -36,5 +37,9 @@ if [ -x $D0/splash ]; then
   SPLASH_HOME=/tmp/splash-home0 timeout 240 $D0/splash bench -m /tmp/q15.gguf --device cuda --prompt-tokens 16 --gen-tokens 2 --repetitions 1 > /dev/null 2>&1
   for r in 1 2; do for X in $D0/splash $B; do echo "$X: $(SPLASH_HOME=$([ $X = $B ] && echo $SPLASH_HOME || echo /tmp/splash-home0) timeout 100 $X bench -m /tmp/q15.gguf --device cuda --prompt-tokens 512 --gen-tokens 128 --repetitions 3 2>&1 | grep -E "^decode" | tr '\n' ' ')" | tee -a $S; done; done
 fi
+log "decode at long contexts: splits per head (SPLASH_CUDA_ATT_SPLITS) x heads per block"
+w() { echo "splits=$1 heads=$2 ctx=$3: $(SPLASH_CUDA_ATT_SPLITS=$1 SPLASH_CUDA_ATT_HEADS=$2 timeout 120 $B bench -m /tmp/q15.gguf --device cuda --prompt-tokens $3 --batch 4096 --gen-tokens 128 --repetitions 2 2>&1 | grep -E "^decode|rror" | tr '\n' ' ')" | tee -a $S; }
+for N in 4096 16384; do for sp in 16 32 64; do for h in 1 3; do w $sp $h $N; done; done; done
+log "check q15 splits 64 heads 3, 4,096 positions"; SPLASH_CUDA_ATT_SPLITS=64 SPLASH_CUDA_ATT_HEADS=3 timeout 200 $B cuda-check -m /tmp/q15.gguf -t 16 --positions 4096 2>&1 | grep -E "^decode|batched|rror" | tee -a $S
 log "aggregate 16 (split launch at any context)"; for h in 1 3; do echo "heads=$h: $(SPLASH_CUDA_ATT_HEADS=$h timeout 100 $B bench -m /tmp/q15.gguf --device cuda --prompt-tokens 512 --gen-tokens 128 --repetitions 1 --concurrent 16 2>&1 | grep -E "sequences" | tr '\n' ' ')" | tee -a $S; done
 log done

@@ -156,6 +156,10 @@ pub struct CudaOptions {
     /// warps and arithmetic are as in a block of its own: the same bits. Taken down to a divisor of the head count
     /// with at most 512 threads per block ([`att_heads`]). Not yet measured on a GPU.
     pub att_heads: usize,
+    /// Attention splits of a decode pass (up to 16 rows) past what `att_cl` covers (`SPLASH_CUDA_ATT_SPLITS`, default
+    /// 16, 1..=128). More splits: fewer positions per warp at long contexts, more partials to merge. Rows keep their
+    /// bits across batches either way; a different count changes them past `count x 128` positions.
+    pub att_splits: usize,
 }
 
 impl CudaOptions {
@@ -212,6 +216,7 @@ impl Default for CudaOptions {
             },
             att_cl_rows: env_usize("SPLASH_CUDA_ATT_CL_ROWS", ATT_CL_ROWS),
             att_heads: env_usize("SPLASH_CUDA_ATT_HEADS", 1).max(1),
+            att_splits: env_usize("SPLASH_CUDA_ATT_SPLITS", 16).clamp(1, 128),
         }
     }
 }
@@ -695,11 +700,12 @@ fn att_heads(cfg: &ModelConfig, opts: &CudaOptions) -> usize {
         .unwrap_or(1)
 }
 
-/// Attention splits over the positions for a batch of `m` rows: many for decode, where rows x heads alone would
-/// leave most of the GPU idle.
-fn att_splits(m: usize) -> usize {
+/// Attention splits over the positions for a batch of `m` rows: many for decode (`decode`, up to 16 rows), where
+/// rows x heads alone would leave most of the GPU idle. A row's splits depend on its context only (each split takes
+/// at least `ATT_MIN_SPLIT` positions), never on the other rows of its batch up to 16.
+fn att_splits(m: usize, decode: usize) -> usize {
     match m {
-        0..=16 => 16,
+        0..=16 => decode,
         17..=64 => 4,
         _ => 1,
     }
@@ -1262,8 +1268,12 @@ impl CudaRunner {
             xds: g.alloc(m.max(r) * c.hidden_size.max(c.q_dim()).max(c.ffn_size) / 32 * 8)?,
             xq8b: g.alloc(m * c.ffn_size)?,
             xdsb: g.alloc(m * c.ffn_size / 32 * 8)?,
-            part: g
-                .alloc((1..=m).map(|k| k * att_splits(k)).max().unwrap_or(1) * c.num_heads * (c.head_dim + 2) * f)?,
+            part: g.alloc(
+                (1..=m).map(|k| k * att_splits(k, self.opts.att_splits)).max().unwrap_or(1)
+                    * c.num_heads
+                    * (c.head_dim + 2)
+                    * f,
+            )?,
             counters: g.upload(&vec![0u32; m * c.num_heads])?,
             logits: g.alloc(r * c.vocab_size * f)?,
             ids: g.alloc(r * 4)?,
@@ -1600,11 +1610,12 @@ impl CudaRunner {
                 )?;
             }
             // Decode batches split the positions most: into one cluster of `att_cl` splits while the contexts fit.
-            let cl = self.att_cl.get() && m <= self.opts.att_cl_rows && att_splits(m) >= self.opts.att_cl;
+            let splits = att_splits(m, self.opts.att_splits);
+            let cl = self.att_cl.get() && m <= self.opts.att_cl_rows && splits >= self.opts.att_cl;
             let hb = if cl { 1 } else { self.att_heads };
             self.launch(
                 if cl { "attention_cl" } else { "attention" },
-                (mu, (c.num_heads / hb) as u32, if cl { self.opts.att_cl } else { att_splits(m) } as u32),
+                (mu, (c.num_heads / hb) as u32, if cl { self.opts.att_cl } else { splits } as u32),
                 (32 * self.opts.att_warps * hb) as u32,
                 Args(vec![
                     q,
