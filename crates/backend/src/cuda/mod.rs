@@ -234,18 +234,21 @@ pub fn nvrtc_cubin(src: &str, arch: &str) -> Result<Vec<u8>> {
         opts.push("--ptxas-options=-v".into());
     }
     let res = unsafe { cudarc::nvrtc::result::compile_program(prog, &opts) };
-    if verbose && res.is_ok() {
+    // SAFETY: `prog` is a live program, compiled (successfully or not) above.
+    let log = || {
         let log = unsafe { cudarc::nvrtc::result::get_program_log(prog) }.unwrap_or_default();
         let log: Vec<u8> = log.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
-        eprintln!("{}", String::from_utf8_lossy(&log));
+        String::from_utf8_lossy(&log).into_owned()
+    };
+    if verbose && res.is_ok() {
+        eprintln!("{}", log());
     }
     if res.is_err() {
-        let log = unsafe { cudarc::nvrtc::result::get_program_log(prog) }.unwrap_or_default();
-        let log: Vec<u8> = log.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
+        let log = log();
         unsafe {
             let _ = cudarc::nvrtc::result::destroy_program(prog);
         }
-        return Err(CudaError::Compile(String::from_utf8_lossy(&log).into_owned()));
+        return Err(CudaError::Compile(log));
     }
     let mut size = 0usize;
     let bin = unsafe {

@@ -8,12 +8,12 @@
 //! when it is smaller, refuse plainly instead of inflating it, unless the user asks for `--allow-small-context`.
 //!
 //! The profile's `SOUL.md` (Hermes's identity, the first part of its system prompt) is Hermes's own default identity
-//! plus [`WORKDIR_NOTE`] (a file holding an earlier version of it is updated). Hermes's prompt names "User home directory" before "Current working directory", and the
-//! Qwen2.5-Coder 0.5B and 1.5B answered "create hello.txt" with `write_file` on `<home>/hello.txt`, an absolute path
-//! they chose: Hermes resolves relative paths in the right place (for its local terminal backend it sets
-//! `TERMINAL_CWD` to its own working directory), so there is no directory to pass, only the model to point at it. A
-//! `SOUL.md` the user wrote into our profile is kept: we write it only when it is missing, Hermes's seeded default, or
-//! ours.
+//! plus [`WORKDIR_NOTE`] (a file holding an earlier version of it is updated). Hermes's prompt names "User home
+//! directory" before "Current working directory", and the Qwen2.5-Coder 0.5B and 1.5B answered "create hello.txt"
+//! with `write_file` on `<home>/hello.txt`, an absolute path they chose: Hermes resolves relative paths in the right
+//! place (for its local terminal backend it sets `TERMINAL_CWD` to its own working directory), so there is no
+//! directory to pass, only the model to point at it. A `SOUL.md` the user wrote into our profile is kept: we write it
+//! only when it is missing, Hermes's seeded default, or ours.
 
 use anyhow::{Result, bail};
 
