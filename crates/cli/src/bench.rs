@@ -99,7 +99,8 @@ pub fn main(a: Args) -> Result<()> {
         let t1 = Instant::now();
         for i in 0..a.gen_tokens {
             let tokens = [last];
-            // Greedy: the argmax is taken where the logits are (on the GPU, one id comes back per step).
+            // Greedy: the argmax is taken where the logits are (on the GPU, one id comes back per step), and the
+            // step after it may start before it comes back (decode ahead, as the engine's lone greedy sequences).
             let batch = Batch {
                 chunks: vec![SeqChunk {
                     seq,
@@ -111,7 +112,7 @@ pub fn main(a: Args) -> Result<()> {
             last = if a.candidates > 0 {
                 runner.forward_candidates(&batch, a.candidates)?.first().and_then(|c| c.first()).map_or(0, |c| c.0)
             } else {
-                runner.forward_argmax(&batch)?.first().copied().unwrap_or(0)
+                runner.forward_argmax_ahead(&batch)?.first().copied().unwrap_or(0)
             };
         }
         if a.gen_tokens > 0 {

@@ -295,6 +295,34 @@ pub fn main(a: Args) -> Result<()> {
         if dev_same { "identical" } else { "DIFFER" }
     );
 
+    // Decode ahead (`forward_argmax_ahead`: each step enqueued, fed on the device, before the pick before it comes
+    // back) against plain steps; halfway the caller feeds a token other than the pick, as a stop or a constraint
+    // would, so the step started ahead is dropped and the next one runs afresh.
+    let mut ahead_same = true;
+    if let Some(p) = prompts.first() {
+        let vocab = gpu.config().vocab_size as u32;
+        let mut decode = |id: SeqId, ahead: bool| -> Result<Vec<u32>> {
+            let pick = |gpu: &mut CudaRunner, b: &Batch<'_>| -> Result<u32> {
+                let ids = if ahead { gpu.forward_argmax_ahead(b)? } else { gpu.forward_argmax(b)? };
+                Ok(ids.first().copied().unwrap_or(u32::MAX))
+            };
+            let mut next = pick(&mut gpu, &one(id, p, 0, LogitsWanted::Last))?;
+            let mut out = vec![next];
+            for step in 0..a.steps {
+                let fed = if step == a.steps / 2 { (next + 1) % vocab } else { next };
+                next = pick(&mut gpu, &one(id, &[fed], p.len() + step, LogitsWanted::Last))?;
+                out.push(next);
+            }
+            gpu.release(id);
+            Ok(out)
+        };
+        ahead_same = decode(SeqId(500), false)? == decode(SeqId(501), true)?;
+    }
+    println!(
+        "decode ahead vs step by step (one token overridden halfway): {}",
+        if ahead_same { "identical" } else { "DIFFER" }
+    );
+
     // The pick's probability on the device (`forward_top`) against `models::top_prob` of the copied logits, one
     // sequence following the host's picks.
     let (mut top_same, mut top_diff) = (true, 0f32);
@@ -390,6 +418,9 @@ pub fn main(a: Args) -> Result<()> {
     }
     if !dev_same {
         failed.push("the device's greedy pick differs from the host argmax".into());
+    }
+    if !ahead_same {
+        failed.push("decoding ahead gives other tokens than step by step".into());
     }
     if max_p >= 1e-2 || max_d >= 1e-2 {
         failed.push(format!("relative error {:.3e} >= 1e-2", max_p.max(max_d)));

@@ -96,6 +96,12 @@ impl Runner for AnyRunner {
             AnyRunner::Cuda(r) => r.forward_argmax(batch),
         }
     }
+    fn forward_argmax_ahead(&mut self, batch: &Batch<'_>) -> models::Result<Vec<u32>> {
+        match self {
+            AnyRunner::Cpu(r) => r.forward_argmax_ahead(batch),
+            AnyRunner::Cuda(r) => r.forward_argmax_ahead(batch),
+        }
+    }
     fn forward_top(&mut self, batch: &Batch<'_>) -> models::Result<Vec<(u32, f32)>> {
         match self {
             AnyRunner::Cpu(r) => r.forward_top(batch),

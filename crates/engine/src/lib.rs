@@ -592,6 +592,12 @@ impl<R: Runner> Engine<R> {
 
     /// Chooses the proposer for a decoding sequence (the one faster for it alone) and proposes as many tokens as it
     /// may; [`Self::choose_depths`] then trims them for the whole step.
+    /// Whether speculation may ever propose drafts for `s` (it then may change the shape of its next step).
+    fn may_propose(&self, s: &Sequence) -> bool {
+        let spec = &self.config.spec;
+        spec.max_draft_tokens > 0 && (spec.ngram || s.uses_draft)
+    }
+
     fn propose(&self, s: &Sequence, max_rows: usize) -> Proposal {
         let spec = &self.config.spec;
         let max_context = self.runner.config().max_context;
@@ -1048,7 +1054,15 @@ impl<R: Runner> Engine<R> {
                 .try_fold(0, |n, (&(i, _, _), (_, p))| self.seqs[i].candidates_wanted(&p.tokens).map(|c| n.max(c)))
         };
         let target_start = Instant::now();
-        let out = if argmax_only {
+        // One sequence decoding alone, with no speculation that could turn its next step into more rows: the runner
+        // may start that step before this one's pick comes back (decode ahead).
+        let ahead = argmax_only
+            && prefills.is_empty()
+            && batch.num_tokens() == 1
+            && scheduled.iter().all(|&(i, _, _)| !self.may_propose(&self.seqs[i]));
+        let out = if ahead {
+            RowsOut::Picks(self.runner.forward_argmax_ahead(&batch)?)
+        } else if argmax_only {
             RowsOut::Picks(self.runner.forward_argmax(&batch)?)
         } else if let Some(n) = candidates.filter(|&n| n > 0) {
             RowsOut::Candidates(self.runner.forward_candidates(&batch, n)?)

@@ -100,6 +100,8 @@ struct FakeRunner {
     released: Vec<SeqId>,
     /// Batches run through `forward_argmax` (the others through `forward`).
     argmax_batches: usize,
+    /// Of those, the batches that came through `forward_argmax_ahead`.
+    ahead_batches: usize,
     /// Batches run through `forward_candidates`, and the largest count asked for.
     candidate_batches: usize,
     max_candidates: usize,
@@ -136,6 +138,7 @@ impl FakeRunner {
             batches: Vec::new(),
             released: Vec::new(),
             argmax_batches: 0,
+            ahead_batches: 0,
             candidate_batches: 0,
             max_candidates: 0,
             out: Vec::new(),
@@ -199,6 +202,11 @@ impl Runner for FakeRunner {
     fn forward_argmax(&mut self, batch: &Batch<'_>) -> models::Result<Vec<u32>> {
         self.argmax_batches += 1;
         Ok(self.forward(batch)?.chunks_exact(VOCAB).map(models::argmax).collect())
+    }
+
+    fn forward_argmax_ahead(&mut self, batch: &Batch<'_>) -> models::Result<Vec<u32>> {
+        self.ahead_batches += 1;
+        self.forward_argmax(batch)
     }
 
     fn forward_candidates(&mut self, batch: &Batch<'_>, n: usize) -> models::Result<Vec<Vec<(u32, f32)>>> {
@@ -990,6 +998,46 @@ fn greedy_steps_let_the_runner_pick_the_argmax() {
     let (with_logprobs, _, _) = e.generate(req, |_| {}).expect("generate");
     assert_eq!(with_logprobs, tokens);
     assert_eq!(e.runner().argmax_batches, 0);
+}
+
+/// Decode ahead: a lone greedy sequence whose next steps speculation cannot reshape lets the runner start each step
+/// before the last pick comes back (`forward_argmax_ahead`), from its first decode step to its last; with n-gram
+/// speculation on, or while another sequence shares the steps, it does not.
+#[test]
+fn a_lone_greedy_sequence_without_speculation_decodes_ahead() {
+    let prompt = bytes("ahead");
+    let no_spec = || EngineConfig {
+        max_batch_tokens: 64,
+        max_prefill_tokens_while_decoding: 64,
+        spec: engine::SpecConfig { max_draft_tokens: 0, ..Default::default() },
+        ..Default::default()
+    };
+    let mut e = Engine::new(FakeRunner::new(1024, letters_script), build_tokenizer(), no_spec());
+    let (tokens, _, _) = e.generate(greedy(prompt.clone(), 20), |_| {}).expect("generate");
+    assert_eq!(tokens, expected_letters(&prompt, 20));
+    let r = e.runner();
+    // The prompt's step picks the first token; the 19 steps that follow feed one token each.
+    assert_eq!(r.batches.len(), 20);
+    assert_eq!(r.ahead_batches, 19);
+    assert_eq!(r.argmax_batches, 20);
+
+    // With n-gram speculation (the default) any step may carry drafts: none ahead.
+    let mut e = engine_with(FakeRunner::new(1024, letters_script), 64);
+    assert_eq!(e.generate(greedy(prompt.clone(), 20), |_| {}).expect("generate").0, tokens);
+    assert_eq!(e.runner().ahead_batches, 0);
+
+    // Two sequences: ahead only once the shorter one has finished.
+    let mut e = Engine::new(FakeRunner::new(1024, letters_script), build_tokenizer(), no_spec());
+    let a = e.add_request(greedy(prompt.clone(), 20)).expect("valid");
+    let b = e.add_request(greedy(bytes("other"), 5)).expect("valid");
+    let out = run_to_end(&mut e);
+    assert_eq!(out[&a].tokens, tokens);
+    assert_eq!(out[&b].tokens, expected_letters(&bytes("other"), 5));
+    let r = e.runner();
+    let lone_steps = r.batches.iter().filter(|b| b.len() == 1 && b[0].tokens.len() == 1).count();
+    assert_eq!(r.ahead_batches, lone_steps);
+    assert_eq!(lone_steps, 15, "{:?}", r.batches);
+    assert_all_released(&e, &[a, b]);
 }
 
 /// Top-k sampling with penalties (the packs' defaults) picks from each row's largest logits: the runner returns only

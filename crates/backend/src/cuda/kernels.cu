@@ -857,10 +857,13 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ q, cons
     const int kvh = h / (NUM_HEADS / NUM_KV_HEADS);
     const int n = (int)pos[t] + 1;
 #if ATT_DYN
-    // Only the splits the context needs (at least ATT_MIN_SPLIT positions each) take part, in the merge too; the
-    // rest leave at once (in a cluster, unless there is a merge: they take part in its barriers, with no
-    // positions). Partials keep the launch's stride.
-    const int S = out ? min(SG, (n + ATT_MIN_SPLIT - 1) / ATT_MIN_SPLIT) : SG;
+    // Only the splits the context needs (at least ATT_MIN_SPLIT positions each, at most ATT_SPLITS; past
+    // ATT_SPLITS x ATT_LONG positions one per ATT_LONG, as the host sized the launch) take part, in the merge too;
+    // the rest leave at once (in a cluster, unless there is a merge: they take part in its barriers, with no
+    // positions). Partials keep the launch's stride. A row's count depends on its own context alone.
+    const int want = max(min(ATT_SPLITS, (n + ATT_MIN_SPLIT - 1) / ATT_MIN_SPLIT),
+                         ATT_LONG ? (n + ATT_LONG - 1) / max(ATT_LONG, 1) : 1);
+    const int S = out ? min(SG, want) : SG;
     if (z >= S && (!CL || S == 1)) return;
 #else
     const int S = SG;
@@ -1907,9 +1910,12 @@ __device__ __forceinline__ void block_argmax(float& bv, int& bi) {
 // larger than -inf), as the host's argmax over the copied logits gives. With probs set, also probs[i] = the pick's
 // softmax probability, 1 / sum(exp(logit - max)) (models::top_prob; another summation order, so not its bits): each
 // block sums exp(logit - its own max), the merge rescales. part: 4 floats per (row, block). Grid (rows, blocks).
+// With feed set (one row), the pick is also written there: the token of the next pass when the host started that
+// pass before knowing it (decode ahead).
 extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* __restrict__ logits, int n,
                                                               u32* __restrict__ ids, float* __restrict__ probs,
-                                                              float* __restrict__ part, u32* __restrict__ counters) {
+                                                              float* __restrict__ part, u32* __restrict__ counters,
+                                                              u32* __restrict__ feed) {
     PDL_ENTER
     __shared__ float sh[32];
     const float* x = logits + (size_t)blockIdx.x * n;
@@ -1946,7 +1952,11 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* __res
     for (int b = threadIdx.x; b < (int)gridDim.y; b += blockDim.x) arg_better(rp[4 * b], rpi[4 * b + 1], bv, bi);
     block_argmax(bv, bi);
     const float mx = bi == 0x7fffffff ? x[0] : bv;
-    if (threadIdx.x == 0) ids[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
+    if (threadIdx.x == 0) {
+        const u32 pick = bi == 0x7fffffff ? 0u : (u32)bi;
+        ids[blockIdx.x] = pick;
+        if (feed) *feed = pick;
+    }
     if (!probs) return;
     float t = 0.f;
     for (int b = threadIdx.x; b < (int)gridDim.y; b += blockDim.x) {

@@ -117,6 +117,20 @@ impl Gpu {
         unsafe { dres::memcpy_htod_async(dst.ptr, src, self.stream.cu_stream()) }.map_err(drv("copy to device"))
     }
 
+    /// Stream-ordered copy into `dst` at byte offset `at`.
+    pub fn htod_at<T: Copy>(&self, dst: &DevBuf, at: usize, src: &[T]) -> Result<()> {
+        debug_assert!(at + std::mem::size_of_val(src) <= dst.bytes);
+        unsafe { dres::memcpy_htod_async(dst.ptr + at as u64, src, self.stream.cu_stream()) }
+            .map_err(drv("copy to device"))
+    }
+
+    /// Stream-ordered copy of `n` values from `src` into `dst[at..at + n]`, without waiting: they are there once the
+    /// stream has passed this point (an event recorded after it).
+    pub fn dtoh_pinned_async<T: PinnedValue>(&self, dst: &mut Pinned<T>, at: usize, n: usize, src: u64) -> Result<()> {
+        unsafe { dres::memcpy_dtoh_async(&mut dst.as_mut_slice()[at..at + n], src, self.stream.cu_stream()) }
+            .map_err(drv("copy to host"))
+    }
+
     /// Stream-ordered copy out of `src`; waits for the stream.
     pub fn dtoh<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<()> {
         unsafe { dres::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }.map_err(drv("copy to host"))?;
