@@ -15,7 +15,8 @@
 //! converted to f32 (Q4_K, Q6_K, Q8_0, Q5_0). Q4_K and Q6_K rows are regrouped field by field on upload (neighbouring
 //! threads load neighbouring 16 bytes), Q8_0 and Q5_0 blocks padded (aligned fields), see `device_layout`. Other types
 //! keep the f32-activation kernels. Greedy callers ([`Runner::forward_argmax`]) get each row's argmax picked on the
-//! device at the end of the graph and copy back one id per row instead of the logits.
+//! device at the end of the graph and copy back one id per row instead of the logits; a lone greedy sequence
+//! ([`Runner::forward_argmax_ahead`]) has its next step enqueued before that id comes back, fed with it on the device.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -151,11 +152,6 @@ pub struct CudaOptions {
     pub att_cl: usize,
     /// ... in passes of at most this many rows (`SPLASH_CUDA_ATT_CL_ROWS`).
     pub att_cl_rows: usize,
-    /// Query heads per block of the split attention launch (`SPLASH_CUDA_ATT_HEADS`, default 1): the heads of a KV
-    /// group then read its K and V on one multiprocessor, through its L1, rather than each from L2. Each head's
-    /// warps and arithmetic are as in a block of its own: the same bits. Taken down to a divisor of the head count
-    /// with at most 512 threads per block ([`att_heads`]). Not yet measured on a GPU.
-    pub att_heads: usize,
     /// Attention splits of a decode pass (up to 16 rows) past what `att_cl` covers (`SPLASH_CUDA_ATT_SPLITS`, default
     /// 16, 1..=128). More splits: fewer positions per warp at long contexts, more partials to merge. Rows keep their
     /// bits across batches either way; a different count changes them past `count x 128` positions.
@@ -225,7 +221,6 @@ impl Default for CudaOptions {
                 _ => 0,
             },
             att_cl_rows: env_usize("SPLASH_CUDA_ATT_CL_ROWS", ATT_CL_ROWS),
-            att_heads: env_usize("SPLASH_CUDA_ATT_HEADS", 1).max(1),
             att_splits: env_usize("SPLASH_CUDA_ATT_SPLITS", 16).clamp(1, 128),
             att_long: env_usize("SPLASH_CUDA_ATT_LONG", 512),
             ahead: std::env::var("SPLASH_CUDA_AHEAD").map_or(true, |v| v != "0"),
@@ -455,8 +450,6 @@ pub struct CudaRunner {
     opts: CudaOptions,
     /// Layers whose products run on 8-bit activations (every matrix Q4_K / Q6_K, `CudaOptions::q8`).
     q8_layers: Vec<bool>,
-    /// Query heads per block of the split attention launch ([`att_heads`]).
-    att_heads: usize,
     /// The output matrix runs on 8-bit activations.
     q8_out: bool,
     blas: Option<Blas>,
@@ -652,8 +645,6 @@ pub struct Q8Kernels {
     pub wcg: bool,
     /// `CudaOptions::att_cl` (0: no cluster kernel).
     pub att_cl: usize,
-    /// Query heads per block of the split attention launch ([`att_heads`]; 0 reads as 1).
-    pub att_heads: usize,
     /// Decode attention splits a row takes at most while its context is short (`CudaOptions::att_splits`) ...
     pub att_splits: usize,
     /// ... and positions per split past that (`CudaOptions::att_long`; 0: no more splits).
@@ -733,17 +724,6 @@ fn warps_per_row(k: usize) -> usize {
     if k >= 4096 { 4 } else { 1 }
 }
 
-/// Query heads per block of the split attention launch: the largest divisor of the head count up to the one asked for
-/// (`CudaOptions::att_heads`) whose block keeps to 512 threads (the kernel's ~126 registers per thread then fit a
-/// multiprocessor's 64K without spilling).
-fn att_heads(cfg: &ModelConfig, opts: &CudaOptions) -> usize {
-    let warps = if opts.att_warps == 0 { ATT_WARPS } else { opts.att_warps };
-    (1..=opts.att_heads.max(1))
-        .rev()
-        .find(|&hb| cfg.num_heads.is_multiple_of(hb) && 32 * warps * hb <= 512)
-        .unwrap_or(1)
-}
-
 /// Attention splits over the positions for a batch of `m` rows: many for decode (`decode`, up to 16 rows), where
 /// rows x heads alone would leave most of the GPU idle. A row's splits depend on its context only (each split takes
 /// at least `ATT_MIN_SPLIT` positions), never on the other rows of its batch up to 16.
@@ -819,7 +799,6 @@ pub fn kernel_source(
     s.push_str(&format!("#define XPERM {}\n", u8::from(q8.xperm)));
     s.push_str(&format!("#define FUSE_NORM {}\n#define QKV_ROPE {}\n", u8::from(q8.fuse_norm), u8::from(q8.qkv_rope)));
     s.push_str(&format!("#define ATT_MIN_SPLIT {}\n#define ATT_CL {}\n", 32 * att_warps, q8.att_cl));
-    s.push_str(&format!("#define ATT_HB {}\n", q8.att_heads.max(1)));
     s.push_str(&format!("#define ATT_SPLITS {}\n#define ATT_LONG {}\n", q8.att_splits.max(1), q8.att_long));
     s.push_str(&format!("#define GU_DOT2 {}\n#define WCG {}\n", u8::from(q8.gu_dot2), u8::from(q8.wcg)));
     s.push_str(backend::cuda::KERNELS);
@@ -1030,7 +1009,6 @@ impl CudaRunner {
             x6: opts.x6,
             wcg: opts.wcg,
             att_cl: opts.att_cl,
-            att_heads: att_heads(&cfg, &opts),
             att_splits: opts.att_splits,
             att_long: opts.att_long,
             ..Q8Kernels::default()
@@ -1237,7 +1215,6 @@ impl CudaRunner {
             logits: None,
             opts,
             q8_layers,
-            att_heads: q8k.att_heads,
             q8_out,
             blas,
             segs: Vec::new(),
@@ -1707,11 +1684,10 @@ impl CudaRunner {
             // Decode batches split the positions most: into one cluster of `att_cl` splits while the contexts fit.
             let splits = att_splits(m, self.att_sg.get());
             let cl = self.att_cl.get() && m <= self.opts.att_cl_rows && splits >= self.opts.att_cl;
-            let hb = if cl { 1 } else { self.att_heads };
             self.launch(
                 if cl { "attention_cl" } else { "attention" },
-                (mu, (c.num_heads / hb) as u32, if cl { self.opts.att_cl } else { splits } as u32),
-                (32 * self.opts.att_warps * hb) as u32,
+                (mu, c.num_heads as u32, if cl { self.opts.att_cl } else { splits } as u32),
+                (32 * self.opts.att_warps) as u32,
                 Args(vec![
                     q,
                     self.kc[li].ptr,
@@ -2394,48 +2370,6 @@ mod tests {
         }
     }
 
-    /// Heads per attention block: the largest divisor of the head count up to the one asked for, within 512 threads.
-    #[test]
-    fn attention_heads_per_block_divide_the_heads() {
-        let cfg = |num_heads| ModelConfig {
-            arch: Arch::Qwen2,
-            num_layers: 2,
-            hidden_size: num_heads * 64,
-            ffn_size: 256,
-            num_heads,
-            num_kv_heads: 2,
-            head_dim: 64,
-            vocab_size: 1000,
-            rms_eps: 1e-6,
-            rope_theta: 1e6,
-            rope_dim: 64,
-            rope_style: RopeStyle::Neox,
-            max_context: 4096,
-            qkv_bias: true,
-            qk_norm: false,
-            tied_embeddings: false,
-        };
-        let opts = |att_heads, att_warps| CudaOptions { att_heads, att_warps, ..CudaOptions::default() };
-        // (heads, asked, warps) -> chosen
-        for (heads, asked, warps, want) in [
-            (12, 1, 4, 1),
-            (12, 3, 4, 3),
-            (12, 4, 4, 4),
-            (12, 6, 4, 4),
-            (14, 3, 4, 2),
-            (14, 7, 4, 2),
-            (40, 5, 4, 4),
-            (12, 3, 8, 2),
-            (12, 2, 16, 1),
-        ] {
-            assert_eq!(
-                att_heads(&cfg(heads), &opts(asked, warps)),
-                want,
-                "{heads} heads, {asked} asked, {warps} warps"
-            );
-        }
-    }
-
     /// The generated source compiles for Hopper with every supported type (runs where NVRTC can be loaded).
     #[test]
     fn kernels_compile_with_nvrtc() {
@@ -2488,7 +2422,6 @@ mod tests {
             x6: true,
             wcg: true,
             att_cl: 16,
-            att_heads: 2,
             att_splits: 16,
             att_long: 512,
         };

@@ -841,19 +841,15 @@ __device__ __forceinline__ float cluster_ld(const float* p, int rank) {
 #endif
     return v;
 }
-template <bool CL, int HB>
+template <bool CL>
 __device__ __forceinline__ void attention_body(const float* __restrict__ q, const u16* __restrict__ kc,
                                                const u16* __restrict__ vc, const u32* __restrict__ pos,
                                                const u32* __restrict__ slot, const u32* __restrict__ table,
                                                float* __restrict__ part, float* out, int* counters,
                                                i8* __restrict__ qo, float2* __restrict__ qd) {
     pdl_trigger();
-    // HB heads per block (blockIdx.y * HB + hj): each one's ATT_WARPS warps (wid), threads ht, as a block of its
-    // own would have them; the heads of a KV group then read its K and V on one multiprocessor (L1).
-    constexpr int HT = 32 * ATT_WARPS;
-    const int hj = threadIdx.x / HT, ht = threadIdx.x % HT;
-    const int t = blockIdx.x, h = blockIdx.y * HB + hj, z = blockIdx.z, SG = gridDim.z;
-    const int lane = threadIdx.x & 31, wid = ht >> 5;
+    const int t = blockIdx.x, h = blockIdx.y, z = blockIdx.z, SG = gridDim.z;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int kvh = h / (NUM_HEADS / NUM_KV_HEADS);
     const int n = (int)pos[t] + 1;
 #if ATT_DYN
@@ -883,13 +879,10 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ q, cons
     }
     pdl_wait();
     const float scale = rsqrtf((float)HEAD_DIM);
-    __shared__ float qsb[HB][HEAD_DIM];
-    __shared__ float smb[HB][ATT_WARPS], slb[HB][ATT_WARPS], saccb[HB][ATT_WARPS][HEAD_DIM];
-    float* qs = qsb[hj];
-    float* sm = smb[hj];
-    float* sl = slb[hj];
-    float (*sacc)[HEAD_DIM] = saccb[hj];
-    for (int i = ht; i < HEAD_DIM; i += HT) qs[i] = h2f(f2h(q[(size_t)t * Q_DIM + h * HEAD_DIM + i])) * scale;
+    __shared__ float qs[HEAD_DIM];
+    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], sacc[ATT_WARPS][HEAD_DIM];
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x)
+        qs[i] = h2f(f2h(q[(size_t)t * Q_DIM + h * HEAD_DIM + i])) * scale;
     __syncthreads();
     float mx = -1e30f, l = 0.f, acc[E];
 #pragma unroll
@@ -959,7 +952,7 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ q, cons
         // the bits the merge below gives for one partial: its factor is exp(0) = 1).
         float L = 0.f;
         for (int w = 0; w < ATT_WARPS; w++) L += sl[w] * __expf(sm[w] - M);
-        for (int i = ht; i < HEAD_DIM; i += HT) {
+        for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
             float a = 0.f;
             for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][i] * __expf(sm[w] - M);
             const size_t oi = (size_t)t * Q_DIM + h * HEAD_DIM + i;
@@ -973,12 +966,12 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ q, cons
     // every block's shared memory alive until it has).
     __shared__ float cp[CL ? HEAD_DIM + 2 : 1];
     float* o = CL ? cp : part + ((size_t)(t * NUM_HEADS + h) * SG + z) * (HEAD_DIM + 2);
-    for (int i = ht; i < HEAD_DIM; i += HT) {
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
         float a = 0.f;
         for (int w = 0; w < ATT_WARPS; w++) a += sacc[w][i] * __expf(sm[w] - M);
         o[2 + i] = a;
     }
-    if (ht == 0) {
+    if (threadIdx.x == 0) {
         float L = 0.f;
         for (int w = 0; w < ATT_WARPS; w++) L += sl[w] * __expf(sm[w] - M);
         o[0] = M;
@@ -989,7 +982,7 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ q, cons
         if (z == 0) {
             float MM = -1e30f;
             for (int zz = 0; zz < S; zz++) MM = fmaxf(MM, cluster_ld(cp, zz));
-            for (int i = ht; i < HEAD_DIM; i += HT) {
+            for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
                 float LL = 0.f, acc2 = 0.f;
                 for (int zz = 0; zz < S; zz++) {
                     const float c = __expf(cluster_ld(cp, zz) - MM);
@@ -1007,19 +1000,19 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ q, cons
     if (!out) return;
     // Fused merge: the last split to finish for (t, h) combines all S partials (counters return to 0 for the next
     // launch, so graph replays need no reset).
-    __shared__ int last[HB];
+    __shared__ int last;
     __threadfence();
     __syncthreads();
-    if (ht == 0) last[hj] = atomicAdd(&counters[t * NUM_HEADS + h], 1) == S - 1;
+    if (threadIdx.x == 0) last = atomicAdd(&counters[t * NUM_HEADS + h], 1) == S - 1;
     __syncthreads();
-    if (!last[hj]) return;
+    if (!last) return;
     __threadfence();
     const volatile float* pp = part + (size_t)(t * NUM_HEADS + h) * SG * (HEAD_DIM + 2);
     float MM = -1e30f;
     for (int zz = 0; zz < S; zz++) MM = fmaxf(MM, pp[zz * (HEAD_DIM + 2)]);
     // Blocks of 32 threads hold 32-blocks of the output (HEAD_DIM is a multiple of 32): with qo, also quantized to 8
     // bits for the output projection.
-    for (int i = ht; i < HEAD_DIM; i += HT) {
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
         float LL = 0.f, acc2 = 0.f;
         for (int zz = 0; zz < S; zz++) {
             const float c = __expf(pp[zz * (HEAD_DIM + 2)] - MM);
@@ -1030,20 +1023,20 @@ __device__ __forceinline__ void attention_body(const float* __restrict__ q, cons
         out[oi] = acc2 / LL;
         if (qo) q8_block(acc2 / LL, qo + (size_t)t * Q_DIM, (h * HEAD_DIM + i) & ~31, Q_DIM, qd + oi / 32);
     }
-    if (ht == 0) counters[t * NUM_HEADS + h] = 0;
+    if (threadIdx.x == 0) counters[t * NUM_HEADS + h] = 0;
 }
-extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS * ATT_HB) attention(const float* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(32 * ATT_WARPS) attention(const float* __restrict__ q,
         const u16* __restrict__ kc, const u16* __restrict__ vc, const u32* __restrict__ pos,
         const u32* __restrict__ slot, const u32* __restrict__ table, float* __restrict__ part, float* out,
         int* counters, i8* __restrict__ qo, float2* __restrict__ qd) {
-    attention_body<false, ATT_HB>(q, kc, vc, pos, slot, table, part, out, counters, qo, qd);
+    attention_body<false>(q, kc, vc, pos, slot, table, part, out, counters, qo, qd);
 }
 #if ATT_CL > 1
 extern "C" __global__ void __cluster_dims__(1, 1, ATT_CL) __launch_bounds__(32 * ATT_WARPS) attention_cl(
         const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
         const u32* __restrict__ pos, const u32* __restrict__ slot, const u32* __restrict__ table,
         float* __restrict__ part, float* out, int* counters, i8* __restrict__ qo, float2* __restrict__ qd) {
-    attention_body<true, 1>(q, kc, vc, pos, slot, table, part, out, counters, qo, qd);
+    attention_body<true>(q, kc, vc, pos, slot, table, part, out, counters, qo, qd);
 }
 #endif
 #undef E
