@@ -84,8 +84,8 @@ pub struct CudaOptions {
     pub gemm: bool,
     /// Launch kernels outside CUDA graphs (prefill) with programmatic dependent launch (Hopper and later): each
     /// kernel's start and weight prefetch overlap the previous kernel's end. Measured on the H200: prefill 512
-    /// +10%, 4096 +2.5%; inside decode graphs it was slower (1.5B 441 vs 450 tok/s, 0.5B 640 vs 718), so graphs
-    /// never use it.
+    /// +10%, 4096 +2.5%; inside decode graphs on every kernel it was slower (1.5B 441 vs 450 tok/s, 0.5B 640 vs
+    /// 718), so graphs use it only where `graph_pdl_att` says.
     pub pdl: bool,
     /// Fuse the FFN RMSNorm into the gate/up kernel where the QKV kernel fuses the attention norm.
     pub fuse_ffn_norm: bool,
@@ -101,6 +101,13 @@ pub struct CudaOptions {
     /// Programmatic dependent launch inside CUDA graphs too (the 8-bit kernels load their weights before waiting
     /// for the previous kernel).
     pub graph_pdl: bool,
+    /// ... for the kernels whose names contain one of these (`SPLASH_CUDA_GRAPH_PDL_K=a,b`; experiments) ...
+    pub graph_pdl_kernels: Vec<String>,
+    /// ... for the attention kernel and the output projection after it (`SPLASH_CUDA_GRAPH_PDL_ATT=0` turns it off):
+    /// the attention's metadata and page-table reads and K/V prefetch, then the projection's weight loads, overlap
+    /// the kernel before each. Measured on the H200 (stretch 12, call F): 1.5B decode 1,194 vs 1,145 tok/s, 0.5B
+    /// 1,796 vs 1,672; with the QKV kernel too 1,083, every kernel 1,129.
+    pub graph_pdl_att: bool,
     /// Select the largest logits for sampling on the device (`topk_rows`) instead of copying rows back
     /// (`SPLASH_CUDA_CANDIDATES=0` turns it off).
     pub device_candidates: bool,
@@ -203,6 +210,10 @@ impl Default for CudaOptions {
             q8_iters,
             q8_iters_small: env_usize("SPLASH_CUDA_Q8_IT_SMALL", q8_iters).clamp(1, 8),
             graph_pdl: std::env::var("SPLASH_CUDA_GRAPH_PDL").is_ok_and(|v| v == "1"),
+            graph_pdl_att: std::env::var("SPLASH_CUDA_GRAPH_PDL_ATT").map_or(true, |v| v != "0"),
+            graph_pdl_kernels: std::env::var("SPLASH_CUDA_GRAPH_PDL_K")
+                .map(|v| v.split(',').map(str::to_string).filter(|s| !s.is_empty()).collect())
+                .unwrap_or_default(),
             device_candidates: std::env::var("SPLASH_CUDA_CANDIDATES").map_or(true, |v| v != "0"),
             gu_fuse: std::env::var("SPLASH_CUDA_GU_FUSE").map(|v| v != "0").unwrap_or(true),
             att_q8: std::env::var("SPLASH_CUDA_ATT_Q8").map(|v| v != "0").unwrap_or(true),
@@ -455,8 +466,10 @@ pub struct CudaRunner {
     blas: Option<Blas>,
     segs: Vec<Seg>,
     gemm_scratch: Option<GemmScratch>,
-    /// A CUDA graph is being captured (no programmatic dependent launch inside graphs).
+    /// A CUDA graph is being captured (programmatic dependent launch inside graphs only where chosen).
     capturing: std::cell::Cell<bool>,
+    /// The kernels launched now may use programmatic dependent launch inside graphs too (`CudaOptions::graph_pdl_att`).
+    pdl_scope: std::cell::Cell<bool>,
     /// What the pass ends with: 0 the logits, 1 their argmax per row (`Runner::forward_argmax`), 2 also its
     /// probability (`Runner::forward_top`), 3 each row's largest logits (`Runner::forward_candidates`).
     pick: std::cell::Cell<u8>,
@@ -467,9 +480,9 @@ pub struct CudaRunner {
     step_timer: Option<StepTimer>,
     /// The pass started ahead by [`Runner::forward_argmax_ahead`], not yet asked for.
     ahead: Option<Ahead>,
-    /// Where the picks of decode-ahead passes come back: a page-locked slot and an event per pass in flight (the
-    /// one being read and the one started after it).
-    ahead_ids: backend::cuda::Pinned<u32>,
+    /// Where one-row passes leave their pick for the host (`argmax_rows`' ring: page-locked, two u64 slots keyed by
+    /// the pass's position), and an event per slot marking the pass's end.
+    ahead_ring: backend::cuda::Pinned<u32>,
     ahead_done: [cudarc::driver::CudaEvent; 2],
     pub stats: CudaLoadStats,
 }
@@ -481,8 +494,6 @@ struct Ahead {
     pos: usize,
     /// The pick it was fed, which the call that takes it must hold as its token.
     token: u32,
-    /// Its pick's slot in `ahead_ids` / `ahead_done`.
-    slot: usize,
 }
 
 impl Drop for CudaRunner {
@@ -1193,7 +1204,7 @@ impl CudaRunner {
         let blocking =
             || gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(event_err);
         let ahead_done = [blocking()?, blocking()?];
-        let ahead_ids = gpu.alloc_pinned::<u32>(2)?;
+        let ahead_ring = gpu.alloc_pinned::<u32>(4)?;
         Ok(CudaRunner {
             cfg,
             gpu,
@@ -1220,22 +1231,23 @@ impl CudaRunner {
             segs: Vec::new(),
             gemm_scratch: None,
             capturing: std::cell::Cell::new(false),
+            pdl_scope: std::cell::Cell::new(false),
             pick: std::cell::Cell::new(0),
             att_cl: std::cell::Cell::new(false),
             att_sg: std::cell::Cell::new(0),
             host_selected: std::cell::Cell::new(0),
             step_timer,
             ahead: None,
-            ahead_ids,
+            ahead_ring,
             ahead_done,
             stats,
         })
     }
 
-    /// Enqueues position `pos` of `seq` behind the pass in the stream, fed with that pass's pick ([`Ahead`]), and the
-    /// copy of its own pick into `slot`. Nothing when the sequence may not grow (its context or the KV cache is
-    /// full): a call for that step then runs it and reports why it cannot.
-    fn start_ahead(&mut self, seq: SeqId, pos: usize, slot: usize) -> Result<()> {
+    /// Enqueues position `pos` of `seq` behind the pass in the stream, fed with that pass's pick ([`Ahead`]). Nothing
+    /// when the sequence may not grow (its context or the KV cache is full): a call for that step then runs it and
+    /// reports why it cannot.
+    fn start_ahead(&mut self, seq: SeqId, pos: usize) -> Result<()> {
         let fed_on_device = [0u32];
         let chunk = crate::SeqChunk { seq, tokens: &fed_on_device, start_pos: pos, logits: LogitsWanted::Last };
         let next = Batch { chunks: vec![chunk] };
@@ -1246,17 +1258,22 @@ impl CudaRunner {
         let res = self.run(&next, true);
         self.pick.set(0);
         res?;
-        self.copy_pick(slot)?;
-        self.ahead = Some(Ahead { seq, pos, token: u32::MAX, slot });
+        self.ahead_done[pos % 2].record(&self.gpu.stream).map_err(event_err)?;
+        self.ahead = Some(Ahead { seq, pos, token: u32::MAX });
         Ok(())
     }
 
-    /// Copies the pick of the one-row pass just enqueued into `ahead_ids[slot]` and marks the stream after it
-    /// (`ahead_done[slot]`).
-    fn copy_pick(&mut self, slot: usize) -> Result<()> {
-        let ids = self.scratch.as_ref().expect("INVARIANT: run ensured it").ids.ptr;
-        self.gpu.dtoh_pinned_async(&mut self.ahead_ids, slot, 1, ids)?;
-        self.ahead_done[slot].record(&self.gpu.stream).map_err(event_err)
+    /// The pick of the one-row pass at position `pos` once it is done (`ahead_done[pos % 2]` recorded after it),
+    /// from the ring `argmax_rows` writes.
+    fn ring_pick(&self, pos: usize) -> Result<u32> {
+        self.ahead_done[pos % 2].synchronize().map_err(event_err)?;
+        // A little-endian u64: the pick, then the position. (The next pass may be writing the other slot.)
+        let (pick, at) =
+            (self.ahead_ring.read_volatile(2 * (pos % 2)), self.ahead_ring.read_volatile(2 * (pos % 2) + 1));
+        if at as usize != pos {
+            return Err(Error::Backend(format!("decode ahead: no pick for position {pos} (found {at})")));
+        }
+        Ok(pick)
     }
 
     /// Lowers the context a sequence may reach. Never raises it past the model's own.
@@ -1367,7 +1384,10 @@ impl CudaRunner {
             return Ok(());
         }
         let mut p = args.ptrs();
-        let pdl = self.opts.pdl && (!self.capturing.get() || self.opts.graph_pdl);
+        let in_graph = self.opts.graph_pdl
+            || self.pdl_scope.get()
+            || self.opts.graph_pdl_kernels.iter().any(|k| name.contains(k.as_str()));
+        let pdl = self.opts.pdl && (!self.capturing.get() || in_graph);
         self.gpu.launch_pdl(f, grid, block, &mut p, pdl)?;
         Ok(())
     }
@@ -1519,9 +1539,9 @@ impl CudaRunner {
             let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
             let vocab = self.cfg.vocab_size;
             let probs = if self.pick.get() == 2 { s.probs.ptr } else { 0 };
-            // One row of one token: its pick is also the next pass's token, should that pass start ahead.
-            let feed = if m == 1 && r == 1 { self.meta.get().tokens } else { 0 };
-            let args = vec![s.logits.ptr, i(vocab), s.ids.ptr, probs, s.row_part.ptr, s.row_counters.ptr, feed];
+            // One row of one token: its pick also feeds the next pass, should that pass have started ahead.
+            let (feed, ring) = if m == 1 && r == 1 { (self.meta.get().tokens, self.ahead_ring.addr()) } else { (0, 0) };
+            let args = vec![s.logits.ptr, i(vocab), s.ids.ptr, probs, s.row_part.ptr, s.row_counters.ptr, feed, ring];
             self.launch("argmax_rows", (r as u32, ARGMAX_BLOCKS as u32, 1), 256, Args(args))?;
         }
         Ok(())
@@ -1684,6 +1704,8 @@ impl CudaRunner {
             // Decode batches split the positions most: into one cluster of `att_cl` splits while the contexts fit.
             let splits = att_splits(m, self.att_sg.get());
             let cl = self.att_cl.get() && m <= self.opts.att_cl_rows && splits >= self.opts.att_cl;
+            // From the attention to its output projection, kernels start while the one before drains, in graphs too.
+            self.pdl_scope.set(self.opts.graph_pdl_att);
             self.launch(
                 if cl { "attention_cl" } else { "attention" },
                 (mu, c.num_heads as u32, if cl { self.opts.att_cl } else { splits } as u32),
@@ -1709,6 +1731,7 @@ impl CudaRunner {
                     self.quant(att, 0, 0, aq, ad, m, c.q_dim())?;
                 }
                 self.mmvq(&l.wo, aq, ad, x, None, m, true)?;
+                self.pdl_scope.set(false);
                 let (fq, fd) = qb(c.hidden_size);
                 // The gate/up kernel normalises and quantizes its input itself with `fuse_norm`.
                 if !(self.opts.fuse_norm && l.gate.ty == l.up.ty) {
@@ -1757,6 +1780,7 @@ impl CudaRunner {
                 continue;
             }
             self.mmv(&l.wo, att, x, None, m, true)?;
+            self.pdl_scope.set(false);
             let mut memo = None;
             if l.gate.ty == l.up.ty && fused && self.opts.fuse_ffn_norm {
                 // The FFN RMSNorm fused into the gate/up kernel (as the attention norm is into QKV).
@@ -1796,6 +1820,7 @@ impl CudaRunner {
     /// ([`Ahead`]): its token is already on the device (the copy leaves it), and no length is advanced.
     fn run(&mut self, batch: &Batch<'_>, ahead: bool) -> Result<usize> {
         self.validate(batch)?;
+        self.pdl_scope.set(false);
         if !ahead {
             // Whatever was started ahead is not this batch: dropped (it wrote nothing a later pass reads before
             // rewriting it, and the stream runs it before them).
@@ -1830,34 +1855,40 @@ impl CudaRunner {
             self.ensure_gemm_scratch(m, r, max_kv)?;
         }
         // Pages for the new tokens.
+        let mut new_pages = false;
         for c in &batch.chunks {
             let st = self.seqs.entry(c.seq).or_insert_with(|| SeqState { len: 0, pages: Vec::new() });
             let need = (c.start_pos + c.tokens.len()).div_ceil(PAGE_SIZE);
             while st.pages.len() < need {
                 st.pages.push(self.free_pages.pop().expect("INVARIANT: validate counted the free pages"));
+                new_pages = true;
             }
         }
         // Per-row metadata, packed into the page-locked buffer (once the previous pass's copy out of it is done) and
-        // copied in one piece.
+        // copied in one piece. A pass started ahead follows one row of the same sequence, whose pick already wrote
+        // its token and advanced the position: nothing is copied unless its page table grew, and then not the
+        // token.
         let s = self.scratch.as_mut().expect("INVARIANT: ensured above");
         let (meta, words) = Meta::packed(s.meta.ptr, m, r, nchunks, self.max_pages);
-        s.meta_copied.synchronize().map_err(event_err)?;
-        let seqs = &self.seqs;
-        pack_meta(
-            batch,
-            |ci| &seqs[&batch.chunks[ci].seq].pages,
-            self.max_pages,
-            &mut s.meta_host.as_mut_slice()[..words],
-        );
-        if let Some(t) = &self.step_timer {
-            t.start.record(&self.gpu.stream).map_err(event_err)?;
+        if !ahead || new_pages {
+            s.meta_copied.synchronize().map_err(event_err)?;
+            let seqs = &self.seqs;
+            pack_meta(
+                batch,
+                |ci| &seqs[&batch.chunks[ci].seq].pages,
+                self.max_pages,
+                &mut s.meta_host.as_mut_slice()[..words],
+            );
+            if let Some(t) = &self.step_timer {
+                t.start.record(&self.gpu.stream).map_err(event_err)?;
+            }
+            if ahead {
+                self.gpu.htod_at(&s.meta, 4, &s.meta_host.as_slice()[1..words])?;
+            } else {
+                self.gpu.htod(&s.meta, &s.meta_host.as_slice()[..words])?;
+            }
+            s.meta_copied.record(&self.gpu.stream).map_err(event_err)?;
         }
-        if ahead {
-            self.gpu.htod_at(&s.meta, 4, &s.meta_host.as_slice()[1..words])?;
-        } else {
-            self.gpu.htod(&s.meta, &s.meta_host.as_slice()[..words])?;
-        }
-        s.meta_copied.record(&self.gpu.stream).map_err(event_err)?;
         self.meta.set(meta);
         if let Some(t) = &self.step_timer {
             t.copied.record(&self.gpu.stream).map_err(event_err)?;
@@ -2097,23 +2128,20 @@ impl Runner for CudaRunner {
             return self.forward_argmax(batch);
         };
         let (seq, pos, token) = (c.seq, c.start_pos, c.tokens[0]);
-        let slot = match self.ahead.take() {
+        match self.ahead.take() {
             Some(a) if a.seq == seq && a.pos == pos && a.token == token && self.seq_len(seq) == pos => {
                 self.seqs.get_mut(&seq).expect("INVARIANT: started ahead for a held sequence").len += 1;
-                a.slot
             }
             _ => {
                 self.pick.set(1);
                 let res = self.run(batch, false);
                 self.pick.set(0);
                 res?;
-                self.copy_pick(0)?;
-                0
+                self.ahead_done[pos % 2].record(&self.gpu.stream).map_err(event_err)?;
             }
-        };
-        self.start_ahead(seq, pos + 1, 1 - slot)?;
-        self.ahead_done[slot].synchronize().map_err(event_err)?;
-        let pick = self.ahead_ids.as_slice()[slot];
+        }
+        self.start_ahead(seq, pos + 1)?;
+        let pick = self.ring_pick(pos)?;
         if let Some(a) = self.ahead.as_mut() {
             a.token = pick;
         }

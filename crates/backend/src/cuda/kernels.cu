@@ -1903,12 +1903,15 @@ __device__ __forceinline__ void block_argmax(float& bv, int& bi) {
 // larger than -inf), as the host's argmax over the copied logits gives. With probs set, also probs[i] = the pick's
 // softmax probability, 1 / sum(exp(logit - max)) (models::top_prob; another summation order, so not its bits): each
 // block sums exp(logit - its own max), the merge rescales. part: 4 floats per (row, block). Grid (rows, blocks).
-// With feed set (one row), the pick is also written there: the token of the next pass when the host started that
-// pass before knowing it (decode ahead).
+// Decode ahead (one row): with feed set (the pass's metadata: its token, then its position), the pick becomes the
+// token and the position advances by one, ready for a next pass that the host enqueued before knowing the pick and
+// without copying its metadata; with ring set (page-locked host memory), the pick and the pass's position p also go
+// to ring[p % 2] as p << 32 | pick, where the host reads it once the pass is done, with no copy in the stream.
 extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* __restrict__ logits, int n,
                                                               u32* __restrict__ ids, float* __restrict__ probs,
                                                               float* __restrict__ part, u32* __restrict__ counters,
-                                                              u32* __restrict__ feed) {
+                                                              u32* __restrict__ feed,
+                                                              unsigned long long* __restrict__ ring) {
     PDL_ENTER
     __shared__ float sh[32];
     const float* x = logits + (size_t)blockIdx.x * n;
@@ -1948,7 +1951,12 @@ extern "C" __global__ void __launch_bounds__(256) argmax_rows(const float* __res
     if (threadIdx.x == 0) {
         const u32 pick = bi == 0x7fffffff ? 0u : (u32)bi;
         ids[blockIdx.x] = pick;
-        if (feed) *feed = pick;
+        if (feed) {
+            const u32 p = feed[1];
+            feed[0] = pick;
+            feed[1] = p + 1;
+            if (ring) ring[p & 1] = (unsigned long long)p << 32 | pick;
+        }
     }
     if (!probs) return;
     float t = 0.f;

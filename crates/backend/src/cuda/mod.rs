@@ -124,13 +124,6 @@ impl Gpu {
             .map_err(drv("copy to device"))
     }
 
-    /// Stream-ordered copy of `n` values from `src` into `dst[at..at + n]`, without waiting: they are there once the
-    /// stream has passed this point (an event recorded after it).
-    pub fn dtoh_pinned_async<T: PinnedValue>(&self, dst: &mut Pinned<T>, at: usize, n: usize, src: u64) -> Result<()> {
-        unsafe { dres::memcpy_dtoh_async(&mut dst.as_mut_slice()[at..at + n], src, self.stream.cu_stream()) }
-            .map_err(drv("copy to host"))
-    }
-
     /// Stream-ordered copy out of `src`; waits for the stream.
     pub fn dtoh<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<()> {
         unsafe { dres::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }.map_err(drv("copy to host"))?;
@@ -465,6 +458,17 @@ impl<T: PinnedValue> Pinned<T> {
     }
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+    /// The address, which kernels may use too (page-locked memory is mapped into the device's address space).
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+    /// Value `i`, read as it is now: the device may write this memory while the host holds it (the caller has
+    /// waited for the write it wants).
+    pub fn read_volatile(&self, i: usize) -> T {
+        assert!(i < self.len, "index {i} out of {}", self.len);
+        // SAFETY: in bounds (checked above) of an allocation of len values, zeroed at allocation.
+        unsafe { std::ptr::read_volatile(self.ptr.add(i)) }
     }
     pub fn as_slice(&self) -> &[T] {
         // SAFETY: ptr holds len values, zeroed at allocation.
