@@ -590,14 +590,14 @@ impl<R: Runner> Engine<R> {
         self.seqs.len()
     }
 
-    /// Chooses the proposer for a decoding sequence (the one faster for it alone) and proposes as many tokens as it
-    /// may; [`Self::choose_depths`] then trims them for the whole step.
     /// Whether speculation may ever propose drafts for `s` (it then may change the shape of its next step).
     fn may_propose(&self, s: &Sequence) -> bool {
         let spec = &self.config.spec;
         spec.max_draft_tokens > 0 && (spec.ngram || s.uses_draft)
     }
 
+    /// Chooses the proposer for a decoding sequence (the one faster for it alone) and proposes as many tokens as it
+    /// may; [`Self::choose_depths`] then trims them for the whole step.
     fn propose(&self, s: &Sequence, max_rows: usize) -> Proposal {
         let spec = &self.config.spec;
         let max_context = self.runner.config().max_context;
@@ -1054,12 +1054,16 @@ impl<R: Runner> Engine<R> {
                 .try_fold(0, |n, (&(i, _, _), (_, p))| self.seqs[i].candidates_wanted(&p.tokens).map(|c| n.max(c)))
         };
         let target_start = Instant::now();
-        // One sequence decoding alone, with no speculation that could turn its next step into more rows: the runner
-        // may start that step before this one's pick comes back (decode ahead).
+        // One sequence decoding alone, with no speculation that could turn its next step into more rows and a next
+        // step to come (this pick is not its last by the output limit): the runner may start that step before this
+        // one's pick comes back (decode ahead).
         let ahead = argmax_only
             && prefills.is_empty()
             && batch.num_tokens() == 1
-            && scheduled.iter().all(|&(i, _, _)| !self.may_propose(&self.seqs[i]));
+            && scheduled.iter().all(|&(i, _, _)| {
+                let s = &self.seqs[i];
+                !self.may_propose(s) && s.num_output_tokens() + 1 < s.max_tokens
+            });
         let out = if ahead {
             RowsOut::Picks(self.runner.forward_argmax_ahead(&batch)?)
         } else if argmax_only {

@@ -497,7 +497,7 @@ struct Ahead {
 }
 
 impl Drop for CudaRunner {
-    /// Copies into the page-locked buffers may still be in flight (a pass started ahead).
+    /// A pass started ahead may still be running, and it writes the page-locked ring.
     fn drop(&mut self) {
         let _ = self.gpu.sync();
     }
@@ -1817,7 +1817,8 @@ impl CudaRunner {
 
     /// Runs the batch up to its logits and what `pick` asks for, enqueued on the stream without waiting; the
     /// sequences' lengths are advanced. Returns the number of logit rows. `ahead`: a decode pass started ahead
-    /// ([`Ahead`]): its token is already on the device (the copy leaves it), and no length is advanced.
+    /// ([`Ahead`]): its token and position are already on the device (written by the pass before), and no length is
+    /// advanced.
     fn run(&mut self, batch: &Batch<'_>, ahead: bool) -> Result<usize> {
         self.validate(batch)?;
         self.pdl_scope.set(false);
