@@ -297,20 +297,22 @@ pub fn main(a: Args) -> Result<()> {
 
     // Decode ahead (`forward_argmax_ahead`: each step enqueued, fed on the device, before the pick before it comes
     // back) against plain steps; halfway the caller feeds a token other than the pick, as a stop or a constraint
-    // would, so the step started ahead is dropped and the next one runs afresh.
+    // would, so the step started ahead is dropped and the next one runs afresh; the last step is asked for with
+    // `forward_argmax`, which takes the step under way and starts none (as the engine at its output limit).
     let mut ahead_same = true;
     if let Some(p) = prompts.first() {
         let vocab = gpu.config().vocab_size as u32;
         let mut decode = |id: SeqId, ahead: bool| -> Result<Vec<u32>> {
-            let pick = |gpu: &mut CudaRunner, b: &Batch<'_>| -> Result<u32> {
+            let pick = |gpu: &mut CudaRunner, b: &Batch<'_>, ahead: bool| -> Result<u32> {
                 let ids = if ahead { gpu.forward_argmax_ahead(b)? } else { gpu.forward_argmax(b)? };
                 Ok(ids.first().copied().unwrap_or(u32::MAX))
             };
-            let mut next = pick(&mut gpu, &one(id, p, 0, LogitsWanted::Last))?;
+            let mut next = pick(&mut gpu, &one(id, p, 0, LogitsWanted::Last), ahead)?;
             let mut out = vec![next];
             for step in 0..a.steps {
                 let fed = if step == a.steps / 2 { (next + 1) % vocab } else { next };
-                next = pick(&mut gpu, &one(id, &[fed], p.len() + step, LogitsWanted::Last))?;
+                let fed = [fed];
+                next = pick(&mut gpu, &one(id, &fed, p.len() + step, LogitsWanted::Last), ahead && step + 1 < a.steps)?;
                 out.push(next);
             }
             gpu.release(id);

@@ -1263,6 +1263,26 @@ impl CudaRunner {
         Ok(())
     }
 
+    /// The pass started ahead, when `batch` is exactly its step (one chunk: its sequence, the pick it was fed, its
+    /// position, a logit row): it counts from now, and its position is returned (its pick: [`Self::ring_pick`]).
+    /// Otherwise it stays where it is (any later pass drops it).
+    fn take_ahead(&mut self, batch: &Batch<'_>) -> Option<usize> {
+        let a = self.ahead.as_ref()?;
+        let [c] = batch.chunks.as_slice() else { return None };
+        let same = c.seq == a.seq
+            && c.start_pos == a.pos
+            && c.tokens == [a.token]
+            && c.logits != LogitsWanted::None
+            && self.seq_len(a.seq) == a.pos;
+        if !same {
+            return None;
+        }
+        let pos = a.pos;
+        self.ahead = None;
+        self.seqs.get_mut(&c.seq).expect("INVARIANT: started ahead for a held sequence").len += 1;
+        Some(pos)
+    }
+
     /// The pick of the one-row pass at position `pos` once it is done (`ahead_done[pos % 2]` recorded after it),
     /// from the ring `argmax_rows` writes.
     fn ring_pick(&self, pos: usize) -> Result<u32> {
@@ -2103,6 +2123,9 @@ impl Runner for CudaRunner {
     /// The greedy token of each logit row, picked on the device (`argmax_rows` at the end of the graph): one u32
     /// per row comes back instead of the row's logits.
     fn forward_argmax(&mut self, batch: &Batch<'_>) -> Result<Vec<u32>> {
+        if let Some(pos) = self.take_ahead(batch) {
+            return Ok(vec![self.ring_pick(pos)?]);
+        }
         self.pick.set(1);
         let res = self.run(batch, false);
         self.pick.set(0);
@@ -2128,18 +2151,13 @@ impl Runner for CudaRunner {
         let Some(c) = one.filter(|_| self.opts.ahead && self.step_timer.is_none()) else {
             return self.forward_argmax(batch);
         };
-        let (seq, pos, token) = (c.seq, c.start_pos, c.tokens[0]);
-        match self.ahead.take() {
-            Some(a) if a.seq == seq && a.pos == pos && a.token == token && self.seq_len(seq) == pos => {
-                self.seqs.get_mut(&seq).expect("INVARIANT: started ahead for a held sequence").len += 1;
-            }
-            _ => {
-                self.pick.set(1);
-                let res = self.run(batch, false);
-                self.pick.set(0);
-                res?;
-                self.ahead_done[pos % 2].record(&self.gpu.stream).map_err(event_err)?;
-            }
+        let (seq, pos) = (c.seq, c.start_pos);
+        if self.take_ahead(batch).is_none() {
+            self.pick.set(1);
+            let res = self.run(batch, false);
+            self.pick.set(0);
+            res?;
+            self.ahead_done[pos % 2].record(&self.gpu.stream).map_err(event_err)?;
         }
         self.start_ahead(seq, pos + 1)?;
         let pick = self.ring_pick(pos)?;

@@ -149,9 +149,10 @@ pub trait Runner: Send {
 
     /// Runs the batch like [`Runner::forward_argmax`]. When the batch is one sequence's next token, the runner may
     /// also start the step after it, fed with this pick where the pick is made, so that a GPU does not wait for the
-    /// host between steps. A next call whose batch is exactly that step (the same sequence, this pick as its token,
-    /// the next position) finds it under way; any other call drops it, and nothing of it is kept (the sequence's
-    /// length counts only the steps asked for). For greedy decoding of a single sequence that will likely go on.
+    /// host between steps. A next call of either method whose batch is exactly that step (the same sequence, this
+    /// pick as its token, the next position) finds it under way; any other call drops it, and nothing of it is kept
+    /// (the sequence's length counts only the steps asked for). For greedy decoding of a single sequence that will
+    /// likely go on; its last step goes through [`Runner::forward_argmax`], which starts nothing more.
     fn forward_argmax_ahead(&mut self, batch: &Batch<'_>) -> Result<Vec<u32>> {
         self.forward_argmax(batch)
     }
