@@ -3,6 +3,7 @@
 # multiprocessor: 264 at once and 16 in a second wave. SPLASH_CUDA_GU_MINB=3 bounds it to 3 per multiprocessor (80
 # registers, ~110 bytes of spills per thread: one wave); SPLASH_CUDA_GU_SMEM=1 (stretch 7's up rows in shared
 # memory, also 3 per multiprocessor) for comparison. Same sums, so cuda-check must be unchanged.
+# (SPLASH_CUDA_GU_MINB lived in an uncommitted build: 5% slower, not kept; BENCHMARKS.md, stretch 12.)
 set -u
 R=$(pwd); D=${D:-$R/.dev/cuda/s12}; B=$D/splash; OUT=${OUT:-$R/cuda-out}; mkdir -p $OUT
 export SPLASH_HOME=${SPLASH_HOME:-/tmp/splash-home}; mkdir -p $SPLASH_HOME
