@@ -2270,6 +2270,32 @@ mod tests {
         assert_eq!(decode_splits(&CudaOptions { att_splits: 64, att_long: 512, ..o(512) }, 16_384), 64);
     }
 
+    /// What decode ahead relies on: a one-row pass's metadata is its token in word 0 and its position in word 1
+    /// (`argmax_rows` writes the pick and the next position there), and the next position's metadata differs from
+    /// it in those two words alone while the page table is the same (so a pass started ahead needs no copy), and
+    /// only in the table and those words when it needs a new page (the copy then leaves word 0, the fed token).
+    #[test]
+    fn a_one_row_pass_differs_from_the_next_in_its_token_and_position() {
+        let (max_pages, pages) = (4, vec![3u32, 9]);
+        let packed = |pos: usize, token: u32, pages: &[u32]| {
+            let toks = [token];
+            let chunk = crate::SeqChunk { seq: SeqId(7), tokens: &toks, start_pos: pos, logits: LogitsWanted::Last };
+            let batch = Batch { chunks: vec![chunk] };
+            let (meta, words) = Meta::packed(4096, 1, 1, 1, max_pages);
+            assert_eq!((meta.tokens, meta.pos), (4096, 4100));
+            let mut w = vec![u32::MAX; words];
+            pack_meta(&batch, |_| pages, max_pages, &mut w);
+            w
+        };
+        let (a, b) = (packed(100, 11, &pages), packed(101, 12, &pages));
+        assert_eq!((a[0], a[1], b[0], b[1]), (11, 100, 12, 101));
+        assert_eq!(a[2..], b[2..]);
+        let grown = [3u32, 9, 5];
+        let c = packed(128, 13, &grown);
+        assert_eq!(c[1], 128);
+        assert_ne!(c[2..], a[2..]);
+    }
+
     /// A pass's metadata lands where the kernels look for it: for each row its token, position and slot, the logit
     /// rows each chunk asks for, and each sequence's pages then zeros (written out here without `pack_meta`).
     #[test]
