@@ -147,8 +147,8 @@ pub struct Prepared {
     pub request: GenerateRequest,
     /// Text appended to the prompt after the generation prompt (the start of a forced tool call).
     pub prefill: String,
-    /// The declared tools whose calls are parsed out of the output; empty = no parsing.
-    pub tool_names: Vec<String>,
+    /// The declared tools (name, parameter schema) whose calls are parsed out of the output; empty = no parsing.
+    pub tools: Vec<(String, serde_json::Value)>,
     pub parallel_tool_calls: bool,
     /// A grammar forces the reply to be one call: its arguments can be streamed as they are generated.
     pub streams_call: bool,
@@ -171,8 +171,9 @@ pub struct Rendered {
     pub text: String,
     /// Text appended after the generation prompt (the start of a forced tool call).
     pub prefill: String,
-    /// The tools shown to the model (empty when there are none or `tool_choice` is `none`).
-    pub tool_names: Vec<String>,
+    /// The tools shown to the model, with their parameter schemas (empty when there are none or `tool_choice` is
+    /// `none`).
+    pub tools: Vec<(String, serde_json::Value)>,
     /// The tools a forced call may name, with their parameter schemas (empty when no call is forced).
     pub forced_tools: Vec<(String, serde_json::Value)>,
     /// The reasoning is split from the content: `Some(prompt_opened)` (the prompt ends inside the reasoning).
@@ -241,6 +242,7 @@ pub fn render(state: &AppState, turn: &ChatTurn) -> Result<Rendered, ApiError> {
     let reasoning = (thinks && !constrained && state.config.reasoning_format == ReasoningFormat::Auto)
         .then(|| chat::reasoning::prompt_opens_reasoning(&text));
     let schema = |t: &chat::Tool| (t.name.clone(), t.parameters.clone());
+    let tools = if use_tools { turn.conversation.tools.iter().map(schema).collect() } else { Vec::new() };
     let forced_tools: Vec<(String, serde_json::Value)> = match &turn.tool_choice {
         _ if !forced => Vec::new(),
         ToolChoice::Required => conversation.tools.iter().map(schema).collect(),
@@ -249,7 +251,7 @@ pub fn render(state: &AppState, turn: &ChatTurn) -> Result<Rendered, ApiError> {
     };
     let prefill = if forced_tools.is_empty() { String::new() } else { FORCED_CALL_PREFIX.to_string() };
     text.push_str(&prefill);
-    Ok(Rendered { text, prefill, tool_names: if use_tools { tool_names } else { Vec::new() }, forced_tools, reasoning })
+    Ok(Rendered { text, prefill, tools, forced_tools, reasoning })
 }
 
 /// The grammar of a forced call: the tools' own argument schemas, or (when one of them cannot be compiled) any JSON
@@ -266,7 +268,7 @@ fn forced_call_constraint(
 
 /// Renders and tokenizes a turn. CPU-bound (templates, tokenizer): call from a blocking thread.
 pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
-    let Rendered { mut text, mut prefill, tool_names, forced_tools, reasoning } = render(state, &turn)?;
+    let Rendered { mut text, mut prefill, tools, forced_tools, reasoning } = render(state, &turn)?;
     let constraint = if forced_tools.is_empty() {
         Constraint::for_format(&state.tokenizer, &turn.output_format, "response_format")?
     } else {
@@ -288,7 +290,7 @@ pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
     if constraint.is_none()
         && state.config.tool_grammar
         && turn.tool_choice == ToolChoice::Auto
-        && !tool_names.is_empty()
+        && !tools.is_empty()
         && turn.output_format == OutputFormat::Text
         && let Some(mut lazy) = lazy_tool_grammar(state, &turn)
     {
@@ -306,7 +308,7 @@ pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
     Ok(Prepared {
         request,
         prefill,
-        tool_names,
+        tools,
         parallel_tool_calls: turn.parallel_tool_calls,
         streams_call,
         call_starts,
@@ -383,9 +385,9 @@ pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<Reply, ApiEr
     let prepared = tokio::task::spawn_blocking(move || prepare(&s, turn))
         .await
         .map_err(|e| ApiError::internal(format!("preparing the prompt failed: {e}")))??;
-    let Prepared { request, prefill, tool_names, parallel_tool_calls, streams_call, call_starts, reasoning } = prepared;
+    let Prepared { request, prefill, tools, parallel_tool_calls, streams_call, call_starts, reasoning } = prepared;
     let stream = state.engine.submit(request)?;
-    let mut reply = Reply::new(stream, &prefill, tool_names, parallel_tool_calls);
+    let mut reply = Reply::new(stream, &prefill, &tools, parallel_tool_calls);
     if streams_call {
         reply.forced_call = Some(ForcedCall::default());
     }
@@ -488,8 +490,15 @@ impl ForcedCall {
 }
 
 impl Reply {
-    pub fn new(stream: RequestStream, prefill: &str, tool_names: Vec<String>, parallel_tool_calls: bool) -> Self {
-        let mut parser = (!tool_names.is_empty()).then(|| ToolCallParser::new(tool_names));
+    /// `tools`: the declared tools (name, parameter schema) whose calls are read out of the output.
+    pub fn new(
+        stream: RequestStream,
+        prefill: &str,
+        tools: &[(String, serde_json::Value)],
+        parallel_tool_calls: bool,
+    ) -> Self {
+        let mut parser = (!tools.is_empty())
+            .then(|| ToolCallParser::new(tools.iter().map(|(name, _)| name.clone())).with_schemas(tools));
         if let Some(p) = &mut parser {
             // The forced start of a call is part of the reply as far as the parser is concerned; it yields no text.
             let _ = p.push(prefill);

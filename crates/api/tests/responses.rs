@@ -171,6 +171,30 @@ async fn codex_turn_with_function_call() {
 }
 
 #[tokio::test]
+async fn a_reply_of_bare_arguments_in_an_invented_tag_is_the_call() {
+    // What Qwen2.5-Coder-0.5B answered Codex's "create hello.txt" about half the time: exec_command's arguments
+    // without the tool's name, wrapped in a tag of its own.
+    let h = harness(Options::default());
+    h.reply("<commands>\n{\"cmd\": \"printf 'hi' > hello.txt\"}\n</commands>");
+    let body = json!({"model": "m", "stream": true, "input": "create hello.txt holding hi", "tools": [exec_tool()]});
+    let ev = stream(&h, &body).await;
+    let done = &ev.last().unwrap().1["response"];
+    let output = done["output"].as_array().unwrap();
+    assert_eq!(output.len(), 1, "one call and no text: {output:?}");
+    assert_eq!((output[0]["type"].as_str(), output[0]["name"].as_str()), (Some("function_call"), Some("exec_command")));
+    let args: Value = serde_json::from_str(output[0]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"cmd": "printf 'hi' > hello.txt"}));
+    assert!(ev.iter().all(|(n, _)| n != "response.output_text.delta"), "no text streamed: {ev:?}");
+
+    // The same object followed by prose is the model talking about a command: text.
+    let said = "{\"cmd\": \"ls\"}\nThat command lists the files.";
+    h.reply(said);
+    let (status, r) = h.post_json(RESPONSES, &json!({"model": "m", "input": "how?", "tools": [exec_tool()]})).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    assert_eq!(r["output"][0]["content"][0]["text"], said);
+}
+
+#[tokio::test]
 async fn probe_and_limits() {
     let h = harness(Options::default());
     h.reply("Hello there, this is long.");

@@ -11,7 +11,13 @@
 //! * what the Qwen2.5-Coder models write instead of tags (see `models.md` §11): a fenced code block
 //!   (```` ```json ````, ```` ``` ````, ```` ```tool_call ````) holding one call or an array of calls, or a bare JSON
 //!   object `{"name": ..., "arguments": ...}` (or array of them) starting a line. These count only when every call
-//!   names a declared tool; otherwise the text is released unchanged.
+//!   names a declared tool; otherwise the text is released unchanged;
+//! * with the tools' parameter schemas ([`ToolCallParser::with_schemas`]), a call written without its name: a reply
+//!   that is nothing but one tool's arguments object, alone or wrapped in an invented tag or a fence
+//!   (`<commands>\n{"cmd": "printf 'hi' > hello.txt"}\n</commands>`, as Qwen2.5-Coder-0.5B answers Codex about half
+//!   the time). It counts only when the object's keys are all parameters of exactly one declared tool and hold all
+//!   of that tool's required ones, and nothing but blanks and the wrapper's closing line comes before the end of the
+//!   output; the reply is held until then (a reply that starts otherwise is not held for this).
 //!
 //! Text that may still turn into a call (a partial `<tool_call>` tag, an opening fence, a `{` starting a line) is held
 //! back until it is decided, so no partial tag or JSON leaks into the text. Once a call has been found, later text
@@ -49,6 +55,38 @@ enum Mode {
     Fence,
     /// A bare JSON object or array that starts like a call; `held` starts at its line.
     Bare,
+    /// The reply may be a call written without its name ([`Signature`]); `held` is the whole reply so far.
+    Nameless,
+}
+
+/// What a declared tool's arguments may hold, from its parameter schema.
+#[derive(Debug, Clone)]
+struct Signature {
+    name: String,
+    params: Vec<String>,
+    required: Vec<String>,
+}
+
+impl Signature {
+    fn from_schema(name: &str, schema: &Value) -> Signature {
+        let keys = |v: Option<&Value>| -> Vec<String> {
+            match v {
+                Some(Value::Object(o)) => o.keys().cloned().collect(),
+                Some(Value::Array(a)) => a.iter().filter_map(|k| k.as_str().map(str::to_owned)).collect(),
+                _ => Vec::new(),
+            }
+        };
+        Signature {
+            name: name.to_owned(),
+            params: keys(schema.get("properties")),
+            required: keys(schema.get("required")),
+        }
+    }
+
+    /// Whether `args` can be this tool's arguments: every key a parameter, every required parameter there.
+    fn accepts(&self, args: &Map<String, Value>) -> bool {
+        args.keys().all(|k| self.params.contains(k)) && self.required.iter().all(|k| args.contains_key(k))
+    }
 }
 
 /// Streaming tool-call extraction for one reply.
@@ -63,6 +101,10 @@ pub struct ToolCallParser {
     num_calls: usize,
     /// Non-blank text came after a call.
     done: bool,
+    /// The declared tools' parameters, for calls written without a name (empty: such calls are not read).
+    signatures: Vec<Signature>,
+    /// Nothing has ruled out that the reply is a call written without its name.
+    nameless_open: bool,
 }
 
 /// What a line starting with `{`, `[` or a backtick turned out to be.
@@ -91,7 +133,17 @@ impl ToolCallParser {
             line_start: true,
             num_calls: 0,
             done: false,
+            signatures: Vec::new(),
+            nameless_open: false,
         }
+    }
+
+    /// Also reads a reply that is one tool's arguments written without the tool's name (see the module docs), given
+    /// each declared tool's name and parameter schema.
+    pub fn with_schemas(mut self, tools: &[(String, Value)]) -> Self {
+        self.signatures = tools.iter().map(|(name, schema)| Signature::from_schema(name, schema)).collect();
+        self.nameless_open = self.signatures.iter().any(|s| !s.params.is_empty());
+        self
     }
 
     /// Adds generated text; returns what is decided now.
@@ -164,6 +216,7 @@ impl ToolCallParser {
                 Mode::Tag => self.scan_tag(out, at_end),
                 Mode::Fence => self.scan_fence(out, at_end),
                 Mode::Bare => self.scan_bare(out, at_end),
+                Mode::Nameless => self.scan_nameless(out, at_end),
             };
             if !progressed {
                 return;
@@ -174,6 +227,16 @@ impl ToolCallParser {
     /// Text mode: releases what cannot start a call and switches mode at the first candidate. Returns whether it
     /// changed mode (so scanning should go on).
     fn scan_text(&mut self, out: &mut Vec<ParseEvent>, at_end: bool) -> bool {
+        if self.nameless_open {
+            match self.classify_nameless(at_end) {
+                Verdict::Yes => {
+                    self.mode = Mode::Nameless;
+                    return true;
+                }
+                Verdict::Maybe => return false,
+                Verdict::No => self.nameless_open = false,
+            }
+        }
         let tag = self.held.find(TAG_OPEN);
         let line = self.first_line_candidate(tag.unwrap_or(self.held.len()));
         match (tag, line) {
@@ -360,6 +423,66 @@ impl ToolCallParser {
         true
     }
 
+    /// At the start of the reply: may it be a call written without its name? `Yes` once the arguments object's first
+    /// key is a parameter of a declared tool (and not a key that makes an object a named call).
+    fn classify_nameless(&self, at_end: bool) -> Verdict {
+        let s = self.held.trim_start();
+        let verdict = match nameless_object_start(s) {
+            Err(v) => v,
+            Ok(at) => match first_key(s[at + 1..].trim_start()) {
+                Err(v) => v,
+                Ok(key) if CALL_KEYS.iter().any(|k| k.trim_matches('"') == key) => Verdict::No,
+                Ok(key) if self.signatures.iter().any(|t| t.params.iter().any(|p| p == key)) => Verdict::Yes,
+                Ok(_) => Verdict::No,
+            },
+        };
+        if at_end && verdict == Verdict::Maybe { Verdict::No } else { verdict }
+    }
+
+    /// The reply so far is an opening line, an arguments object and perhaps a closing line: waits for the end of
+    /// the output, then reads the object as the call of the one tool that accepts it. Anything else after the
+    /// object, or no such tool, and the reply is scanned again as ordinary text.
+    fn scan_nameless(&mut self, out: &mut Vec<ParseEvent>, at_end: bool) -> bool {
+        let lead = self.held.len() - self.held.trim_start().len();
+        let start = nameless_object_start(&self.held[lead..]);
+        let Ok(at) = start.map(|at| lead + at) else {
+            // Not reached: what was classified stays so as the reply grows. Read as ordinary text.
+            self.nameless_open = false;
+            self.mode = Mode::Text;
+            return true;
+        };
+        let trailer = json_extent(&self.held[at..]).map(|len| (len, closing_line(self.held[at + len..].trim_start())));
+        let call = match trailer {
+            Some((len, Verdict::Yes)) if at_end => self.nameless_call(&self.held[at..at + len]),
+            Some((_, Verdict::Yes | Verdict::Maybe)) | None if !at_end => return false,
+            _ => None,
+        };
+        match call {
+            Some(call) => {
+                self.held.clear();
+                self.emit_calls(vec![call], out);
+                self.line_start = false;
+            }
+            None => self.nameless_open = false,
+        }
+        self.mode = Mode::Text;
+        true
+    }
+
+    /// `object` as the arguments of the one declared tool that accepts them.
+    fn nameless_call(&self, object: &str) -> Option<ToolCall> {
+        let Ok(Value::Object(args)) = serde_json::from_str::<Value>(object) else { return None };
+        if args.is_empty() {
+            return None;
+        }
+        let mut fits = self.signatures.iter().filter(|t| t.accepts(&args));
+        let tool = fits.next()?;
+        if fits.next().is_some() {
+            return None;
+        }
+        Some(ToolCall { id: None, name: tool.name.clone(), arguments: Value::Object(args) })
+    }
+
     /// The candidate in `held` is not a call: release its first character as text and scan the rest again.
     fn give_up(&mut self, out: &mut Vec<ParseEvent>) {
         let indent = self.held.len() - self.held.trim_start_matches([' ', '\t']).len();
@@ -390,6 +513,81 @@ fn call_prefix_verdict(body: &str) -> Verdict {
     } else {
         Verdict::No
     }
+}
+
+/// Where the arguments object of a call written without its name starts in `s` (the reply from its first non-blank
+/// byte): after an optional opening line, either a tag of one word (`<commands>`, not `<tool_call>`) or a fence of
+/// a JSON-ish language. `Err` while that is unknown (`Maybe`) or when it is not so (`No`).
+fn nameless_object_start(s: &str) -> Result<usize, Verdict> {
+    let object_line = if let Some(r) = s.strip_prefix('<') {
+        let word = r.bytes().take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-')).count();
+        let Some(line) = r[word..].strip_prefix('>') else {
+            return Err(if r.len() == word && word <= MAX_FENCE_INFO_BYTES { Verdict::Maybe } else { Verdict::No });
+        };
+        if word == 0 || TAG_OPEN == &s[..word + 2] {
+            return Err(Verdict::No);
+        }
+        let blanks = line.len() - line.trim_start_matches([' ', '\t', '\r']).len();
+        match line[blanks..].chars().next() {
+            None => return Err(Verdict::Maybe),
+            Some('\n') => 1 + word + 1 + blanks + 1,
+            Some(_) => return Err(Verdict::No),
+        }
+    } else if let Some(r) = s.strip_prefix(FENCE) {
+        let Some(nl) = r.find('\n') else {
+            return Err(if r.len() > MAX_FENCE_INFO_BYTES { Verdict::No } else { Verdict::Maybe });
+        };
+        if !FENCE_LANGS.contains(&r[..nl].trim().to_ascii_lowercase().as_str()) {
+            return Err(Verdict::No);
+        }
+        FENCE.len() + nl + 1
+    } else if s.starts_with('`') && FENCE.starts_with(s) {
+        return Err(Verdict::Maybe);
+    } else {
+        0
+    };
+    let rest = &s[object_line..];
+    match rest.trim_start().as_bytes().first() {
+        None => Err(Verdict::Maybe),
+        Some(b'{') => Ok(object_line + rest.len() - rest.trim_start().len()),
+        Some(_) => Err(Verdict::No),
+    }
+}
+
+/// The first key of an object whose `{` came just before `s` (blanks skipped); `Err(Maybe)` while it is unfinished,
+/// `Err(No)` when the object does not start with a plain key.
+fn first_key(s: &str) -> Result<&str, Verdict> {
+    let Some(r) = s.strip_prefix('"') else {
+        return Err(if s.is_empty() { Verdict::Maybe } else { Verdict::No });
+    };
+    match r.find(['"', '\\']) {
+        Some(end) if r.as_bytes()[end] == b'"' => Ok(&r[..end]),
+        Some(_) => Err(Verdict::No),
+        None => Err(if r.len() <= MAX_FENCE_INFO_BYTES { Verdict::Maybe } else { Verdict::No }),
+    }
+}
+
+/// What may follow the arguments object of a call written without its name (blanks skipped): nothing, or a line
+/// closing its wrapper (`</word>` or a fence), then blanks only. `Yes`: complete; `Maybe`: could still become so.
+fn closing_line(s: &str) -> Verdict {
+    if s.is_empty() {
+        return Verdict::Yes;
+    }
+    let rest = if let Some(r) = s.strip_prefix(FENCE) {
+        r
+    } else if let Some(r) = s.strip_prefix("</") {
+        let word = r.bytes().take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-')).count();
+        match r[word..].strip_prefix('>') {
+            Some(rest) if word > 0 => rest,
+            None if r.len() == word && word <= MAX_FENCE_INFO_BYTES => return Verdict::Maybe,
+            _ => return Verdict::No,
+        }
+    } else if FENCE.starts_with(s) || "</".starts_with(s) {
+        return Verdict::Maybe;
+    } else {
+        return Verdict::No;
+    };
+    if rest.trim().is_empty() { Verdict::Yes } else { Verdict::No }
 }
 
 /// The byte length of the JSON object or array at the start of `s` (brackets matched outside strings), or `None`
@@ -590,7 +788,10 @@ mod tests {
 
     /// Feeds `text` in pieces split at `cuts` (byte offsets on char boundaries) and returns the merged events.
     fn run_split(text: &str, cuts: &[usize]) -> (Vec<ParseEvent>, bool) {
-        let mut p = ToolCallParser::new(tools());
+        run_split_with(ToolCallParser::new(tools()), text, cuts)
+    }
+
+    fn run_split_with(mut p: ToolCallParser, text: &str, cuts: &[usize]) -> (Vec<ParseEvent>, bool) {
         let mut events = Vec::new();
         let mut last = 0;
         for &c in cuts.iter().chain(std::iter::once(&text.len())) {
@@ -623,12 +824,91 @@ mod tests {
     /// The same result for the whole text at once, for every single split point and byte by byte; partial markup
     /// never shows up in a text event before it is decided.
     fn check(input: &str, expected: &[ParseEvent]) {
+        check_with(&|| ToolCallParser::new(tools()), input, expected);
+    }
+
+    fn check_with(parser: &dyn Fn() -> ToolCallParser, input: &str, expected: &[ParseEvent]) {
         let boundaries: Vec<usize> = (1..input.len()).filter(|&i| input.is_char_boundary(i)).collect();
-        assert_eq!(run_split(input, &[]).0, expected, "whole input {input:?}");
+        assert_eq!(run_split_with(parser(), input, &[]).0, expected, "whole input {input:?}");
         for &b in &boundaries {
-            assert_eq!(run_split(input, &[b]).0, expected, "split at {b} of {input:?}");
+            assert_eq!(run_split_with(parser(), input, &[b]).0, expected, "split at {b} of {input:?}");
         }
-        assert_eq!(run_split(input, &boundaries).0, expected, "char by char {input:?}");
+        assert_eq!(run_split_with(parser(), input, &boundaries).0, expected, "char by char {input:?}");
+    }
+
+    /// Codex's two shell tools (trimmed schemas of Codex 0.171), and a tool whose parameters overlap them.
+    fn codex_parser() -> ToolCallParser {
+        let tools = [
+            (
+                "exec_command",
+                json!({"type": "object", "properties": {"cmd": {}, "workdir": {}, "yield_time_ms": {}}, "required": ["cmd"]}),
+            ),
+            (
+                "write_stdin",
+                json!({"type": "object", "properties": {"session_id": {}, "chars": {}, "yield_time_ms": {}}, "required": ["session_id"]}),
+            ),
+            ("wait", json!({"type": "object", "properties": {"session_id": {}, "yield_time_ms": {}}})),
+        ];
+        let tools: Vec<(String, Value)> = tools.into_iter().map(|(n, s)| (n.to_owned(), s)).collect();
+        ToolCallParser::new(tools.iter().map(|t| t.0.clone())).with_schemas(&tools)
+    }
+
+    #[test]
+    fn a_reply_that_is_one_tools_arguments_is_its_call() {
+        let exec = call("exec_command", json!({"cmd": "printf 'hi' > hello.txt"}));
+        // The forms Qwen2.5-Coder-0.5B wrote for Codex: an invented tag, closed by a fence or by the tag.
+        for input in [
+            "<commands>\n{\"cmd\": \"printf 'hi' > hello.txt\"}\n```",
+            "<commands>\n{\"cmd\": \"printf 'hi' > hello.txt\"}\n</commands>\n",
+            "{\"cmd\": \"printf 'hi' > hello.txt\"}",
+            "\n```json\n{\"cmd\": \"printf 'hi' > hello.txt\"}\n```\n",
+        ] {
+            check_with(&codex_parser, input, std::slice::from_ref(&exec));
+        }
+        check_with(
+            &codex_parser,
+            "{\"session_id\": 3, \"chars\": \"y\\n\"}",
+            &[call("write_stdin", json!({"session_id": 3, "chars": "y\n"}))],
+        );
+        // Held to the end of the output: what follows could still make it text.
+        let mut p = codex_parser();
+        assert!(p.push("<commands>\n{\"cmd\": \"ls\"}\n</commands>\n").is_empty());
+        assert_eq!(p.finish(), vec![call("exec_command", json!({"cmd": "ls"}))]);
+        // Named calls are read as before.
+        check_with(
+            &codex_parser,
+            "<tool_call>\n{\"name\": \"exec_command\", \"arguments\": {\"cmd\": \"ls\"}}\n</tool_call>",
+            &[call("exec_command", json!({"cmd": "ls"}))],
+        );
+    }
+
+    #[test]
+    fn arguments_that_are_not_the_whole_reply_or_fit_no_single_tool_are_text() {
+        for input in [
+            // Prose after the object, or before it.
+            "{\"cmd\": \"ls\"}\nThat lists the files.",
+            "Run this:\n{\"cmd\": \"ls\"}",
+            "<commands>\n{\"cmd\": \"ls\"}\n</commands>\nDone.",
+            // A key no tool has, a required parameter missing, parameters two tools share, no keys at all.
+            "{\"cmd\": \"ls\", \"color\": true}",
+            "{\"chars\": \"y\"}",
+            "{\"session_id\": 3, \"yield_time_ms\": 5}",
+            "{}",
+            // The first key is no parameter, or the wrapper is not one tag or a JSON fence.
+            "{\"city\": \"Paris\"}",
+            "<b>bold</b>\n{\"cmd\": \"ls\"}",
+            "```python\n{\"cmd\": \"ls\"}\n```",
+            "<tool_call>\n{\"cmd\": \"ls\"}\n</tool_call>",
+        ] {
+            check_with(&codex_parser, input, &[text(input)]);
+        }
+        // Text that cannot start such a call is not held for it.
+        let mut p = codex_parser();
+        assert_eq!(p.push("Sure"), vec![text("Sure")]);
+        let mut p = codex_parser();
+        assert_eq!(p.push("{\"city\": 1"), vec![text("{\"city\": 1")]);
+        let mut p = codex_parser();
+        assert_eq!(merge(p.push("<div>\n<p>")), vec![text("<div>\n<p>")]);
     }
 
     #[test]
