@@ -883,6 +883,49 @@ mod tests {
     }
 
     #[test]
+    fn replies_built_from_call_fragments_split_anywhere_give_the_same_events_and_lose_no_text() {
+        const PIECES: [&str; 16] = [
+            "<commands>",
+            "</commands>",
+            "\n",
+            " ",
+            "```",
+            "```json\n",
+            "{\"cmd\": \"ls\"}",
+            "{\"session_id\": 1}",
+            "{\"name\": \"bash\", \"arguments\": {}}",
+            "<tool_call>",
+            "</tool_call>",
+            "{",
+            "}",
+            "\"",
+            "Done é",
+            "{\"cmd\"",
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..3000 {
+            let mut input = String::new();
+            for _ in 0..1 + state % 6 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                input.push_str(PIECES[(state >> 32) as usize % PIECES.len()]);
+            }
+            let (whole, _) = run_split_with(codex_parser(), &input, &[]);
+            let boundaries: Vec<usize> = (1..input.len()).filter(|&i| input.is_char_boundary(i)).collect();
+            assert_eq!(run_split_with(codex_parser(), &input, &boundaries).0, whole, "char by char {input:?}");
+            for &b in &boundaries {
+                assert_eq!(run_split_with(codex_parser(), &input, &[b]).0, whole, "split at {b} of {input:?}");
+            }
+            if !whole.iter().any(|e| matches!(e, ParseEvent::ToolCall(_))) {
+                let out: String =
+                    whole.iter().map(|e| if let ParseEvent::Text(t) = e { t.as_str() } else { "" }).collect();
+                assert_eq!(out, input);
+            }
+        }
+    }
+
+    #[test]
     fn arguments_that_are_not_the_whole_reply_or_fit_no_single_tool_are_text() {
         for input in [
             // Prose after the object, or before it.

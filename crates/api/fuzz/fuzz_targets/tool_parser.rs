@@ -6,7 +6,11 @@ use chat::{ParseEvent, ToolCallParser};
 use libfuzzer_sys::fuzz_target;
 
 fn run(text: &str, cuts: &[usize]) -> Vec<ParseEvent> {
-    let mut parser = ToolCallParser::new(["get_weather", "bash"]);
+    let tools = [
+        ("get_weather".to_owned(), serde_json::json!({"properties": {"city": {}}, "required": ["city"]})),
+        ("bash".to_owned(), serde_json::json!({"properties": {"command": {}, "timeout": {}}, "required": ["command"]})),
+    ];
+    let mut parser = ToolCallParser::new(["get_weather", "bash"]).with_schemas(&tools);
     let mut events = Vec::new();
     let mut last = 0;
     for &c in cuts.iter().chain(std::iter::once(&text.len())) {
