@@ -193,8 +193,6 @@ fn close_objects_in(schema: &mut Value, closable: bool) {
 /// A compiled grammar, ready to constrain one request.
 pub struct Constraint {
     matcher: Matcher,
-    /// Sampling temperature in place of the request's ([`Self::sampled_at`]).
-    temperature: Option<f32>,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -216,13 +214,7 @@ impl Constraint {
         if let Some(e) = matcher.get_error() {
             return Err(ApiError::invalid_param(param, format!("The schema cannot be used: {e}")));
         }
-        Ok(Constraint { matcher, temperature: None })
-    }
-
-    /// Samples what this constraint holds at `temperature` instead of the request's (`None`: the request's).
-    pub fn sampled_at(mut self, temperature: Option<f32>) -> Self {
-        self.temperature = temperature;
-        self
+        Ok(Constraint { matcher })
     }
 
     /// The constraint of an output format (`None` for plain text); `param` names the field in errors.
@@ -267,10 +259,6 @@ impl engine::TokenConstraint for Constraint {
 
     fn is_finished(&self) -> bool {
         self.matcher.is_stopped()
-    }
-
-    fn temperature(&self) -> Option<f32> {
-        self.temperature
     }
 }
 

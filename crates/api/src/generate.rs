@@ -56,8 +56,6 @@ pub struct ChatTurn {
     pub tool_choice: ToolChoice,
     pub parallel_tool_calls: bool,
     pub sampling: SamplingParams,
-    /// The request set its own temperature (else the server's default applies, and its call temperature).
-    pub temperature_given: bool,
     /// `None`: the server's default (always lowered to what fits the context).
     pub max_tokens: Option<usize>,
     pub stop: Vec<String>,
@@ -271,11 +269,10 @@ fn forced_call_constraint(
 /// Renders and tokenizes a turn. CPU-bound (templates, tokenizer): call from a blocking thread.
 pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
     let Rendered { mut text, mut prefill, tools, forced_tools, reasoning } = render(state, &turn)?;
-    let call_temperature = state.config.call_temperature.filter(|_| !turn.temperature_given);
     let constraint = if forced_tools.is_empty() {
         Constraint::for_format(&state.tokenizer, &turn.output_format, "response_format")?
     } else {
-        let c = forced_call_constraint(&state.tokenizer, &forced_tools).map(|c| c.sampled_at(call_temperature));
+        let c = forced_call_constraint(&state.tokenizer, &forced_tools);
         if c.is_none() {
             // No grammar: fall back to opening the call in the prompt.
             text.truncate(text.len() - prefill.len());
@@ -300,7 +297,6 @@ pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
         if let Some(prompt_opened) = reasoning {
             lazy.wait_for_reasoning(prompt_opened);
         }
-        lazy.sample_calls_at(call_temperature);
         call_starts = Some(lazy.call_starts());
         constraint = Some(Box::new(lazy));
     }

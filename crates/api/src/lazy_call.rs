@@ -115,8 +115,6 @@ pub struct LazyToolCalls {
     active: Option<Matcher>,
     num_calls: usize,
     finished: bool,
-    /// Sampling temperature while a call is held ([`Self::sample_calls_at`]).
-    temperature: Option<f32>,
 }
 
 impl std::fmt::Debug for LazyToolCalls {
@@ -232,7 +230,6 @@ impl LazyToolCalls {
             active: None,
             num_calls: 0,
             finished: false,
-            temperature: None,
         };
         // Compile the JSON form now: a schema llguidance rejects is known before the request runs.
         if lazy.grammar(Form::Bare).is_err() {
@@ -240,12 +237,6 @@ impl LazyToolCalls {
             lazy.grammar(Form::Bare)?;
         }
         Ok(lazy)
-    }
-
-    /// Samples each call the grammar holds (its name and arguments) at `temperature` instead of the request's;
-    /// `None` leaves the request's. The text around the calls keeps the request's temperature.
-    pub fn sample_calls_at(&mut self, temperature: Option<f32>) {
-        self.temperature = temperature;
     }
 
     /// The model thinks first (its template writes `<think>` … `</think>`): no call is looked for inside a reasoning
@@ -517,10 +508,6 @@ impl engine::TokenConstraint for LazyToolCalls {
 
     fn is_dormant(&self) -> bool {
         self.active.is_none()
-    }
-
-    fn temperature(&self) -> Option<f32> {
-        self.temperature
     }
 }
 

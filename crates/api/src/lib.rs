@@ -62,9 +62,6 @@ pub struct ServerConfig {
     pub tool_grammar: bool,
     /// Whether the reasoning of thinking models (`<think>` … `</think>`) is split from the content.
     pub reasoning_format: ReasoningFormat,
-    /// Temperature of a tool call's name and arguments (while a grammar holds the call) for requests that set no
-    /// temperature of their own; the text around calls keeps the request's. `None`: the request's throughout.
-    pub call_temperature: Option<f32>,
 }
 
 /// What happens to a thinking model's reasoning (llama-server's `--reasoning-format`).
@@ -93,7 +90,6 @@ impl Default for ServerConfig {
             webui: true,
             tool_grammar: true,
             reasoning_format: ReasoningFormat::Auto,
-            call_temperature: None,
         }
     }
 }

@@ -181,32 +181,6 @@ async fn streaming_tool_call() {
 }
 
 #[tokio::test]
-async fn calls_follow_the_call_temperature_unless_the_request_sets_its_own() {
-    // A server whose default sampling is nearly uniform (the scripted model puts its token only 10 logits above the
-    // rest) and whose calls are decoded greedily.
-    let mut server = ServerConfig::default();
-    server.default_sampling.temperature = 50.0;
-    server.default_sampling.top_k = 0;
-    server.default_sampling.top_p = 1.0;
-    server.call_temperature = Some(0.0);
-    let h = harness(Options { server, ..Default::default() });
-    let tools = json!([weather_tool()]);
-    let script = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\"}}\n</tool_call>";
-    let args_of = |body: &Value| body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"].clone();
-    h.reply(script);
-    let request = json!({"messages": user("Lima?"), "tools": tools, "tool_choice": "required", "seed": 1});
-    let (status, body) = h.post_json(CHAT, &request).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(args_of(&body), json!("{\"city\":\"Lima\"}"), "the call at the call temperature: {body}");
-    // A temperature of the request's own applies to the call too.
-    let mut request = request;
-    request["temperature"] = json!(2.0);
-    let (status, body) = h.post_json(CHAT, &request).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_ne!(args_of(&body), json!("{\"city\":\"Lima\"}"), "sampled at the request's temperature: {body}");
-}
-
-#[tokio::test]
 async fn required_and_named_tool_choice_force_the_call() {
     let h = harness(Options::default());
     let bash = json!({"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}});

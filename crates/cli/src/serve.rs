@@ -58,11 +58,6 @@ pub struct Args {
     /// With tools and `tool_choice: auto`, let the model write calls freely (no grammar once a call starts).
     #[arg(long)]
     no_tool_grammar: bool,
-    /// Temperature of tool calls (name and arguments, while the grammar holds them) for requests that set no
-    /// temperature; the text around them keeps the default. Default: the pack's (0 for the Qwen2.5-Coder packs),
-    /// else the request's temperature throughout.
-    #[arg(long, value_parser = parse_temperature)]
-    call_temperature: Option<f32>,
     /// A thinking model's reasoning (`<think>` … `</think>`, when its chat template has it): `auto` sends it apart
     /// from the content (`reasoning_content`, reasoning items, thinking blocks); `none` leaves it in the content.
     #[arg(long, value_enum, default_value = "auto")]
@@ -166,13 +161,6 @@ pub(crate) fn apply_pack_template(
             Ok(Some(t.with_source(source).context("compiling the pack's chat template")?))
         }
         None => Ok(None),
-    }
-}
-
-fn parse_temperature(s: &str) -> Result<f32, String> {
-    match s.parse::<f32>() {
-        Ok(t) if t.is_finite() && (0.0..=2.0).contains(&t) => Ok(t),
-        _ => Err(format!("expected a temperature from 0 to 2, got {s:?}")),
     }
 }
 
@@ -290,9 +278,7 @@ pub fn main(a: Args) -> Result<()> {
     };
     if let Some(m) = pack_of(&a.model) {
         apply_pack_sampling(&mut config.default_sampling, &m.sampling);
-        config.call_temperature = m.sampling.call_temperature;
     }
-    config.call_temperature = a.call_temperature.or(config.call_temperature);
     let max_context = handle.limits().max_context;
     let mut state = AppState::new(handle, tokenizer, template, model_id.clone(), config);
     state.aliases = names.collect();
@@ -380,15 +366,5 @@ mod tests {
         assert_eq!((s.temperature, s.top_p, s.top_k, s.repetition_penalty), (0.2, 0.9, 20, 1.0));
         apply_pack_sampling(&mut s, &pack::pack("qwen2.5-coder-1.5b").expect("built in").sampling);
         assert_eq!((s.temperature, s.top_p, s.top_k, s.repetition_penalty), (0.7, 0.8, 20, 1.05));
-        // Calls: greedy on the Qwen2.5-Coder packs; packs that say nothing keep the request's temperature.
-        let call = |name| pack::pack(name).expect("built in").sampling.call_temperature;
-        assert_eq!(
-            (call("qwen2.5-coder-0.5b"), call("qwen2.5-coder-1.5b"), call("smollm2-135m")),
-            (Some(0.0), Some(0.0), None)
-        );
-        assert_eq!(parse_temperature("0.3"), Ok(0.3));
-        assert!(
-            parse_temperature("-1").is_err() && parse_temperature("nan").is_err() && parse_temperature("3").is_err()
-        );
     }
 }

@@ -156,7 +156,6 @@ impl Sequence {
     /// constraint allows nothing or fails.
     fn sample(&mut self, logits: &[f32]) -> Result<u32, String> {
         let mut l = logits.to_vec();
-        let temperature = self.constraint.as_ref().filter(|c| !c.is_dormant()).and_then(|c| c.temperature());
         if let Some(c) = self.constraint.as_mut().filter(|c| !c.is_dormant()) {
             let mut allowed = vec![u32::MAX; l.len().div_ceil(32)];
             c.allowed_tokens(&mut allowed)?;
@@ -169,15 +168,7 @@ impl Sequence {
                 }
             }
         }
-        let token = match temperature {
-            Some(t) => {
-                let own = std::mem::replace(&mut self.sampler.params.temperature, t);
-                let token = self.sampler.sample(&mut l, &self.tokens);
-                self.sampler.params.temperature = own;
-                token
-            }
-            None => self.sampler.sample(&mut l, &self.tokens),
-        };
+        let token = self.sampler.sample(&mut l, &self.tokens);
         if let Some(c) = self.constraint.as_mut() {
             c.commit(token)?;
         }

@@ -28,10 +28,6 @@ pub trait TokenConstraint: Send {
     fn is_dormant(&self) -> bool {
         false
     }
-    /// A temperature for the next pick in place of the request's (a lazy tool-call grammar while it holds a call).
-    fn temperature(&self) -> Option<f32> {
-        None
-    }
 }
 
 /// A generation request: token ids in, tokens and text out. Knows nothing about HTTP or chat formats.

@@ -823,46 +823,6 @@ fn a_zero_token_budget_still_makes_progress() {
     assert_all_released(&e, &[RequestId(0)]);
 }
 
-/// An awake constraint that allows every token and samples at its own temperature (`None`: the request's).
-struct AtTemperature(Option<f32>);
-
-impl engine::TokenConstraint for AtTemperature {
-    fn allowed_tokens(&mut self, _: &mut [u32]) -> Result<(), String> {
-        Ok(())
-    }
-
-    fn commit(&mut self, _: u32) -> Result<(), String> {
-        Ok(())
-    }
-
-    fn is_finished(&self) -> bool {
-        false
-    }
-
-    fn temperature(&self) -> Option<f32> {
-        self.0
-    }
-}
-
-#[test]
-fn a_constraint_may_sample_what_it_holds_at_its_own_temperature() {
-    let prompt = bytes("sample");
-    let params = SamplingParams { temperature: 1.0, top_k: 40, seed: Some(3), ..Default::default() };
-    let run = |constraint: Option<AtTemperature>| {
-        let mut e = engine_with(FakeRunner::new(1024, noisy_script), 8);
-        let mut req = GenerateRequest::new(prompt.clone(), params.clone(), 30);
-        req.constraint = constraint.map(|c| Box::new(c) as Box<dyn engine::TokenConstraint>);
-        let (tokens, _, _) = e.generate(req, |_| {}).expect("generate");
-        tokens
-    };
-    let mut e = engine_with(FakeRunner::new(1024, noisy_script), 8);
-    let (greedy_tokens, _, _) = e.generate(greedy(prompt.clone(), 30), |_| {}).expect("generate");
-    assert_eq!(run(Some(AtTemperature(Some(0.0)))), greedy_tokens, "temperature 0 while held: the argmax");
-    let sampled = run(None);
-    assert_eq!(run(Some(AtTemperature(None))), sampled, "no temperature of its own: the request's sampling");
-    assert_ne!(sampled, greedy_tokens);
-}
-
 /// A constraint that only watches until it has seen `wake_after` tokens, then allows only `forced` for `num_forced`
 /// tokens and ends the output: the shape of a lazy tool-call grammar. Records every committed token.
 struct WakingConstraint {

@@ -109,9 +109,6 @@ pub struct Sampling {
     pub top_p: Option<f32>,
     pub top_k: Option<u32>,
     pub repetition_penalty: Option<f32>,
-    /// Temperature of a tool call's name and arguments, for requests that set no temperature (the text around the
-    /// calls keeps `temperature`).
-    pub call_temperature: Option<f32>,
 }
 
 /// Context lengths in tokens: what to run with by default, and the most the pack supports.

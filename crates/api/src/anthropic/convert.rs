@@ -72,7 +72,6 @@ pub fn to_turn(req: wire::MessagesRequest, defaults: &SamplingParams) -> Result<
         tool_choice,
         parallel_tool_calls,
         sampling,
-        temperature_given: req.temperature.is_some(),
         max_tokens,
         stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
         output_format: Default::default(),

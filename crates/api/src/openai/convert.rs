@@ -109,7 +109,6 @@ pub fn to_turn(req: wire::ChatRequest, defaults: &SamplingParams) -> Result<Chat
         tool_choice,
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         sampling,
-        temperature_given: requested.temperature.is_some(),
         max_tokens,
         stop: convert_stop(req.stop.as_ref())?,
         output_format,

@@ -409,7 +409,6 @@ pub fn to_turn(
         tool_choice: convert_tool_choice(req.tool_choice.as_ref())?,
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         sampling,
-        temperature_given: req.temperature.is_some(),
         max_tokens,
         stop: Vec::new(),
         output_format,
