@@ -8,7 +8,12 @@ Each reply is printed as its text and its tool calls (name and arguments, cut to
 tool turn's task, whether a call creates hello.txt holding `hi` (the first such call; a write by a shell command
 counts when it redirects into hello.txt). Stdlib only.
 
+`--sub OLD=NEW` replaces a string everywhere in the body first (e.g. the run's directories by other paths, to see
+how the model's choice of path depends on them), and `--project DIR` counts only files written there (a relative
+path counts).
+
 Usage: scripts/e2e/replay.py BODY.json [-n 5] [--port 18000] [--key KEY] [--set temperature=0] [--width 160]
+                             [--sub OLD=NEW ...] [--project DIR]
 """
 
 import argparse
@@ -74,8 +79,16 @@ def main():
     ap.add_argument("--key", default="e2e-agents-key")
     ap.add_argument("--set", action="append", default=[], help="KEY=JSON, set in the body before posting")
     ap.add_argument("--width", type=int, default=160)
+    ap.add_argument("--sub", action="append", default=[], help="OLD=NEW, replaced everywhere in the body")
+    ap.add_argument("--project", help="count only files written in this directory (or at a relative path)")
     a = ap.parse_args()
     head, body = load(a.body)
+    if a.sub:
+        text = json.dumps(body)
+        for s in a.sub:
+            old, new = s.split("=", 1)
+            text = text.replace(old, new)
+        body = json.loads(text)
     path = head.get("path") or head.get("url") or "/v1/chat/completions"
     body["stream"] = False
     body.pop("stream_options", None)
@@ -93,9 +106,13 @@ def main():
             reply = json.load(r)
         text, calls = calls_of(path, reply)
         where = next((w for w in (writes_hello(n, c) for n, c in calls) if w), None)
-        written += where is not None
+        inside = where is not None and (
+            not a.project or not where.startswith("/") or where.rsplit("/", 1)[0] == a.project.rstrip("/")
+        )
+        written += inside
+        verdict = "no" if where is None else f"writes {where}" + ("" if inside else " (outside the project)")
         shown = "; ".join(f"{n} {json.dumps(c)}"[: a.width] for n, c in calls)
-        print(f"{i + 1:>3}: {'WRITES ' + where if where else 'no'} | calls: {shown or '-'} | text: {text[: a.width]!r}")
+        print(f"{i + 1:>3}: {verdict} | calls: {shown or '-'} | text: {text[: a.width]!r}")
         sys.stdout.flush()
     print(f"{written} of {a.n} replies write hello.txt with hi ({path}, {' '.join(a.set) or 'as captured'})")
 
