@@ -35,6 +35,8 @@ const FENCE: &str = "```";
 const FENCE_LANGS: [&str; 6] = ["", "json", "json5", "tool_call", "tool_code", "tool"];
 /// Longest info string considered while waiting for the end of the fence's first line.
 const MAX_FENCE_INFO_BYTES: usize = 32;
+/// Longest word of a tag waited for around a call written without its name (`<commands>`).
+const MAX_WRAPPER_TAG_BYTES: usize = 32;
 /// First keys of a JSON object that may be a call.
 const CALL_KEYS: [&str; 4] = ["\"name\"", "\"function\"", "\"tool_name\"", "\"tool\""];
 
@@ -430,10 +432,13 @@ impl ToolCallParser {
         let verdict = match nameless_object_start(s) {
             Err(v) => v,
             Ok(at) => match first_key(s[at + 1..].trim_start()) {
-                Err(v) => v,
-                Ok(key) if CALL_KEYS.iter().any(|k| k.trim_matches('"') == key) => Verdict::No,
-                Ok(key) if self.signatures.iter().any(|t| t.params.iter().any(|p| p == key)) => Verdict::Yes,
-                Ok(_) => Verdict::No,
+                None => Verdict::No,
+                Some((key, _)) if CALL_KEYS.iter().any(|k| k.trim_matches('"') == key) => Verdict::No,
+                Some((key, true)) if self.signatures.iter().any(|t| t.params.iter().any(|p| p == key)) => Verdict::Yes,
+                Some((key, false)) if self.signatures.iter().any(|t| t.params.iter().any(|p| p.starts_with(key))) => {
+                    Verdict::Maybe
+                }
+                Some(_) => Verdict::No,
             },
         };
         if at_end && verdict == Verdict::Maybe { Verdict::No } else { verdict }
@@ -522,7 +527,7 @@ fn nameless_object_start(s: &str) -> Result<usize, Verdict> {
     let object_line = if let Some(r) = s.strip_prefix('<') {
         let word = r.bytes().take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-')).count();
         let Some(line) = r[word..].strip_prefix('>') else {
-            return Err(if r.len() == word && word <= MAX_FENCE_INFO_BYTES { Verdict::Maybe } else { Verdict::No });
+            return Err(if r.len() == word && word <= MAX_WRAPPER_TAG_BYTES { Verdict::Maybe } else { Verdict::No });
         };
         if word == 0 || TAG_OPEN == &s[..word + 2] {
             return Err(Verdict::No);
@@ -554,16 +559,16 @@ fn nameless_object_start(s: &str) -> Result<usize, Verdict> {
     }
 }
 
-/// The first key of an object whose `{` came just before `s` (blanks skipped); `Err(Maybe)` while it is unfinished,
-/// `Err(No)` when the object does not start with a plain key.
-fn first_key(s: &str) -> Result<&str, Verdict> {
+/// The first key of an object whose `{` came just before `s` (blanks skipped), and whether it is complete (else the
+/// part written so far); `None` when the object does not start with a plain key (no escapes).
+fn first_key(s: &str) -> Option<(&str, bool)> {
     let Some(r) = s.strip_prefix('"') else {
-        return Err(if s.is_empty() { Verdict::Maybe } else { Verdict::No });
+        return s.is_empty().then_some(("", false));
     };
     match r.find(['"', '\\']) {
-        Some(end) if r.as_bytes()[end] == b'"' => Ok(&r[..end]),
-        Some(_) => Err(Verdict::No),
-        None => Err(if r.len() <= MAX_FENCE_INFO_BYTES { Verdict::Maybe } else { Verdict::No }),
+        Some(end) if r.as_bytes()[end] == b'"' => Some((&r[..end], true)),
+        Some(_) => None,
+        None => Some((r, false)),
     }
 }
 
@@ -579,7 +584,7 @@ fn closing_line(s: &str) -> Verdict {
         let word = r.bytes().take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-')).count();
         match r[word..].strip_prefix('>') {
             Some(rest) if word > 0 => rest,
-            None if r.len() == word && word <= MAX_FENCE_INFO_BYTES => return Verdict::Maybe,
+            None if r.len() == word && word <= MAX_WRAPPER_TAG_BYTES => return Verdict::Maybe,
             _ => return Verdict::No,
         }
     } else if FENCE.starts_with(s) || "</".starts_with(s) {
@@ -870,6 +875,13 @@ mod tests {
             "{\"session_id\": 3, \"chars\": \"y\\n\"}",
             &[call("write_stdin", json!({"session_id": 3, "chars": "y\n"}))],
         );
+        // A long parameter name is waited for to its end.
+        let long = || {
+            let tools = [("list".to_owned(), json!({"properties": {"directory_to_list_with_every_hidden_file": {}}}))];
+            ToolCallParser::new(["list"]).with_schemas(&tools)
+        };
+        let input = "{\"directory_to_list_with_every_hidden_file\": \"src\"}";
+        check_with(&long, input, &[call("list", json!({"directory_to_list_with_every_hidden_file": "src"}))]);
         // Held to the end of the output: what follows could still make it text.
         let mut p = codex_parser();
         assert!(p.push("<commands>\n{\"cmd\": \"ls\"}\n</commands>\n").is_empty());
