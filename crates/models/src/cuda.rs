@@ -1254,13 +1254,18 @@ impl CudaRunner {
         if self.validate(&next).is_err() {
             return Ok(());
         }
-        self.pick.set(1);
-        let res = self.run(&next, true);
-        self.pick.set(0);
-        res?;
+        self.run_picking(&next, true, 1)?;
         self.ahead_done[pos % 2].record(&self.gpu.stream).map_err(event_err)?;
         self.ahead = Some(Ahead { seq, pos, token: u32::MAX });
         Ok(())
+    }
+
+    /// [`Self::run`] with `pick` selecting on the device (the `pick` cell is set for that pass only).
+    fn run_picking(&mut self, batch: &Batch<'_>, ahead: bool, pick: u8) -> Result<usize> {
+        self.pick.set(pick);
+        let res = self.run(batch, ahead);
+        self.pick.set(0);
+        res
     }
 
     /// The pass started ahead, when `batch` is exactly its step (one chunk: its sequence, the pick it was fed, its
@@ -2102,8 +2107,7 @@ impl Runner for CudaRunner {
     }
 
     fn forward(&mut self, batch: &Batch<'_>) -> Result<&[f32]> {
-        self.pick.set(0);
-        let r = self.run(batch, false)?;
+        let r = self.run_picking(batch, false, 0)?;
         let vocab = self.cfg.vocab_size;
         if self.logits.as_ref().is_none_or(|l| l.len() < r * vocab) {
             self.logits = None;
@@ -2126,10 +2130,7 @@ impl Runner for CudaRunner {
         if let Some(pos) = self.take_ahead(batch) {
             return Ok(vec![self.ring_pick(pos)?]);
         }
-        self.pick.set(1);
-        let res = self.run(batch, false);
-        self.pick.set(0);
-        let r = res?;
+        let r = self.run_picking(batch, false, 1)?;
         let mut ids = vec![0u32; r];
         if r > 0 {
             let s = self.scratch.as_ref().expect("INVARIANT: run ensured it");
@@ -2153,10 +2154,7 @@ impl Runner for CudaRunner {
         };
         let (seq, pos) = (c.seq, c.start_pos);
         if self.take_ahead(batch).is_none() {
-            self.pick.set(1);
-            let res = self.run(batch, false);
-            self.pick.set(0);
-            res?;
+            self.run_picking(batch, false, 1)?;
             self.ahead_done[pos % 2].record(&self.gpu.stream).map_err(event_err)?;
         }
         self.start_ahead(seq, pos + 1)?;
@@ -2170,10 +2168,7 @@ impl Runner for CudaRunner {
     /// The greedy token of each logit row and its softmax probability, both computed on the device (`argmax_rows`
     /// with its second pass over the row): two values per row come back instead of the logits.
     fn forward_top(&mut self, batch: &Batch<'_>) -> Result<Vec<(u32, f32)>> {
-        self.pick.set(2);
-        let res = self.run(batch, false);
-        self.pick.set(0);
-        let r = res?;
+        let r = self.run_picking(batch, false, 2)?;
         let mut ids = vec![0u32; r];
         let mut probs = vec![0f32; r];
         if r > 0 {
@@ -2195,10 +2190,7 @@ impl Runner for CudaRunner {
         if n > DEVICE_CANDIDATES || !self.opts.device_candidates {
             return Ok(self.forward(batch)?.chunks_exact(vocab).map(|row| crate::top_candidates(row, n)).collect());
         }
-        self.pick.set(3);
-        let res = self.run(batch, false);
-        self.pick.set(0);
-        let r = res?;
+        let r = self.run_picking(batch, false, 3)?;
         let c = DEVICE_CANDIDATES.min(vocab);
         let s = self.scratch.as_ref().expect("INVARIANT: run ensured it");
         if r == 0 {
