@@ -520,12 +520,18 @@ fn call_prefix_verdict(body: &str) -> Verdict {
     }
 }
 
+/// The length of the tag name at the start of `s` (letters, digits, `_` and `-`), for the wrapper of a call written
+/// without its name.
+fn tag_word_len(s: &str) -> usize {
+    s.bytes().take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-')).count()
+}
+
 /// Where the arguments object of a call written without its name starts in `s` (the reply from its first non-blank
 /// byte): after an optional opening line, either a tag of one word (`<commands>`, not `<tool_call>`) or a fence of
 /// a JSON-ish language. `Err` while that is unknown (`Maybe`) or when it is not so (`No`).
 fn nameless_object_start(s: &str) -> Result<usize, Verdict> {
     let object_line = if let Some(r) = s.strip_prefix('<') {
-        let word = r.bytes().take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-')).count();
+        let word = tag_word_len(r);
         let Some(line) = r[word..].strip_prefix('>') else {
             return Err(if r.len() == word && word <= MAX_WRAPPER_TAG_BYTES { Verdict::Maybe } else { Verdict::No });
         };
@@ -581,7 +587,7 @@ fn closing_line(s: &str) -> Verdict {
     let rest = if let Some(r) = s.strip_prefix(FENCE) {
         r
     } else if let Some(r) = s.strip_prefix("</") {
-        let word = r.bytes().take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-')).count();
+        let word = tag_word_len(r);
         match r[word..].strip_prefix('>') {
             Some(rest) if word > 0 => rest,
             None if r.len() == word && word <= MAX_WRAPPER_TAG_BYTES => return Verdict::Maybe,
