@@ -10,16 +10,19 @@ counts when it redirects into hello.txt). Stdlib only.
 
 `--sub OLD=NEW` replaces a string everywhere in the body first (e.g. the run's directories by other paths, to see
 how the model's choice of path depends on them), and `--project DIR` counts only files written there (a relative
-path counts).
+path counts). `--stream` posts it streaming, as the clients do (the reply is rebuilt from the events), and
+`--with BODY2` posts a second captured request at the same moment each time (as OpenCode sends its title request
+beside its first turn), so both are decoded in one batch.
 
 Usage: scripts/e2e/replay.py BODY.json [-n 5] [--port 18000] [--key KEY] [--set temperature=0] [--width 160]
-                             [--sub OLD=NEW ...] [--project DIR]
+                             [--sub OLD=NEW ...] [--project DIR] [--stream] [--with BODY2]
 """
 
 import argparse
 import json
 import re
 import sys
+import threading
 import urllib.request
 
 
@@ -57,6 +60,60 @@ def calls_of(path, reply):
 REDIRECT = re.compile(r"""(?:echo|printf)\s+(?:-e\s+)?['"]?hi(?:\\n)?['"]?\s*>\s*['"]?(?:\./)?(\S*/)?hello\.txt\b""")
 
 
+def read_stream(path, r):
+    """The non-streaming form of a streamed reply, rebuilt from its server-sent events."""
+    path = path.split("?")[0]
+    msg, calls, blocks, done = {"content": ""}, {}, [], None
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data:") or line == "data: [DONE]":
+            continue
+        ev = json.loads(line[5:])
+        if path.endswith("/responses"):
+            if ev.get("type") == "response.completed":
+                done = ev["response"]
+        elif path.endswith("/messages"):
+            t = ev.get("type")
+            if t == "content_block_start":
+                b = dict(ev["content_block"])
+                b["_json"] = ""
+                blocks.append(b)
+            elif t == "content_block_delta":
+                d = ev["delta"]
+                if d.get("type") == "text_delta":
+                    blocks[-1]["text"] = blocks[-1].get("text", "") + d["text"]
+                elif d.get("type") == "input_json_delta":
+                    blocks[-1]["_json"] += d["partial_json"]
+        else:
+            for ch in ev.get("choices") or []:
+                d = ch.get("delta") or {}
+                msg["content"] += d.get("content") or ""
+                for tc in d.get("tool_calls") or []:
+                    c = calls.setdefault(tc.get("index", 0), {"function": {"name": "", "arguments": ""}})
+                    f = tc.get("function") or {}
+                    c["function"]["name"] += f.get("name") or ""
+                    c["function"]["arguments"] += f.get("arguments") or ""
+    if path.endswith("/responses"):
+        return done or {}
+    if path.endswith("/messages"):
+        for b in blocks:
+            if b.get("type") == "tool_use":
+                b["input"] = json.loads(b["_json"] or "{}")
+        return {"content": blocks}
+    msg["tool_calls"] = [calls[k] for k in sorted(calls)]
+    return {"choices": [{"message": msg}]}
+
+
+def post(port, key, path, body):
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "authorization": f"Bearer {key}", "x-api-key": key},
+    )
+    with urllib.request.urlopen(req, timeout=900) as r:
+        return read_stream(path, r) if body.get("stream") else json.load(r)
+
+
 def writes_hello(name, args):
     """Where a call writes hello.txt holding `hi`: the path it gives, or None."""
     path = next((args[k] for k in ("file_path", "filePath", "path") if isinstance(args.get(k), str)), None)
@@ -81,6 +138,8 @@ def main():
     ap.add_argument("--width", type=int, default=160)
     ap.add_argument("--sub", action="append", default=[], help="OLD=NEW, replaced everywhere in the body")
     ap.add_argument("--project", help="count only files written in this directory (or at a relative path)")
+    ap.add_argument("--stream", action="store_true", help="post streaming, as the clients do")
+    ap.add_argument("--with", dest="companion", help="a second captured request, posted at the same moment each time")
     a = ap.parse_args()
     head, body = load(a.body)
     if a.sub:
@@ -90,20 +149,23 @@ def main():
             text = text.replace(old, new)
         body = json.loads(text)
     path = head.get("path") or head.get("url") or "/v1/chat/completions"
-    body["stream"] = False
-    body.pop("stream_options", None)
+    body["stream"] = a.stream
+    if not a.stream:
+        body.pop("stream_options", None)
     for s in a.set:
         k, v = s.split("=", 1)
         body[k] = json.loads(v)
     written = 0
     for i in range(a.n):
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{a.port}{path}",
-            data=json.dumps(body).encode(),
-            headers={"content-type": "application/json", "authorization": f"Bearer {a.key}", "x-api-key": a.key},
-        )
-        with urllib.request.urlopen(req, timeout=900) as r:
-            reply = json.load(r)
+        side = None
+        if a.companion:
+            head2, body2 = load(a.companion)
+            path2 = head2.get("path") or "/v1/chat/completions"
+            side = threading.Thread(target=post, args=(a.port, a.key, path2, body2))
+            side.start()
+        reply = post(a.port, a.key, path, body)
+        if side:
+            side.join()
         text, calls = calls_of(path, reply)
         where = next((w for w in (writes_hello(n, c) for n, c in calls) if w), None)
         inside = where is not None and (
@@ -114,7 +176,10 @@ def main():
         shown = "; ".join(f"{n} {json.dumps(c)}"[: a.width] for n, c in calls)
         print(f"{i + 1:>3}: {verdict} | calls: {shown or '-'} | text: {text[: a.width]!r}")
         sys.stdout.flush()
-    print(f"{written} of {a.n} replies write hello.txt with hi ({path}, {' '.join(a.set) or 'as captured'})")
+    how = " ".join(a.set) or "as captured"
+    how += ", streamed" if a.stream else ""
+    how += f", beside {a.companion}" if a.companion else ""
+    print(f"{written} of {a.n} replies write hello.txt with hi ({path}, {how})")
 
 
 if __name__ == "__main__":
