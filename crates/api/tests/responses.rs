@@ -195,6 +195,29 @@ async fn a_reply_of_bare_arguments_in_an_invented_tag_is_the_call() {
 }
 
 #[tokio::test]
+async fn a_tools_block_of_xml_elements_is_the_call() {
+    // What Qwen2.5-Coder-1.5B answered Codex once (e2e round T7bqhB): its call as an XML element in the `<tools>`
+    // wrapper its template puts around the tool list.
+    let h = harness(Options::default());
+    h.reply("<tools>\n  <function name=\"exec_command\" arguments='{\"cmd\": \"printf &apos;hi&apos; > hello.txt\"}'/>\n</tools>");
+    let body = json!({"model": "m", "stream": true, "input": "create hello.txt holding hi", "tools": [exec_tool()]});
+    let ev = stream(&h, &body).await;
+    let output = ev.last().unwrap().1["response"]["output"].as_array().unwrap().clone();
+    assert_eq!(output.len(), 1, "one call and no text: {output:?}");
+    assert_eq!((output[0]["type"].as_str(), output[0]["name"].as_str()), (Some("function_call"), Some("exec_command")));
+    let args: Value = serde_json::from_str(output[0]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"cmd": "printf 'hi' > hello.txt"}));
+    assert!(ev.iter().all(|(n, _)| n != "response.output_text.delta"), "no text streamed: {ev:?}");
+
+    // The tool list echoed back is text, as written.
+    let echo = "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"exec_command\"}}\n</tools>";
+    h.reply(echo);
+    let (status, r) = h.post_json(RESPONSES, &json!({"model": "m", "input": "how?", "tools": [exec_tool()]})).await;
+    assert_eq!(status, StatusCode::OK, "{r}");
+    assert_eq!(r["output"][0]["content"][0]["text"], echo);
+}
+
+#[tokio::test]
 async fn probe_and_limits() {
     let h = harness(Options::default());
     h.reply("Hello there, this is long.");

@@ -17,7 +17,14 @@
 //!   (`<commands>\n{"cmd": "printf 'hi' > hello.txt"}\n</commands>`, as Qwen2.5-Coder-0.5B answers Codex about half
 //!   the time). It counts only when the object's keys are all parameters of exactly one declared tool and hold all
 //!   of that tool's required ones, and nothing but blanks and the wrapper's closing line comes before the end of the
-//!   output; the reply is held until then (a reply that starts otherwise is not held for this).
+//!   output; the reply is held until then (a reply that starts otherwise is not held for this);
+//! * a reply that is a `<tools>` block of XML elements, each a call: `<function name="NAME" arguments='{...}'/>` or
+//!   `<NAME key="value" .../>` for a declared tool (attribute values read as in the Qwen3-Coder form). The
+//!   Qwen2.5-Coder 1.5B answers so now and then, copying the `<tools>` wrapper its template puts around the tool list
+//!   (`<tools>\n  <function name="write_stdin" arguments='{"chars": "hi", ...}'/>\n</tools>` to Codex,
+//!   `<tools>\n  <bash command="touch hello.txt" timeout="120000" .../>\n</tools>` to OpenCode). Such a reply is
+//!   held while it still reads as such a block, and is text as soon as it does not (an echo of the tool list is
+//!   released at its first `{`).
 //!
 //! Text that may still turn into a call (a partial `<tool_call>` tag, an opening fence, a `{` starting a line) is held
 //! back until it is decided, so no partial tag or JSON leaks into the text. Once a call has been found, later text
@@ -30,6 +37,8 @@ use crate::conversation::ToolCall;
 
 const TAG_OPEN: &str = "<tool_call>";
 const TAG_CLOSE: &str = "</tool_call>";
+const TOOLS_OPEN: &str = "<tools>";
+const TOOLS_CLOSE: &str = "</tools>";
 const FENCE: &str = "```";
 /// Info strings of a fenced block that may hold a call.
 const FENCE_LANGS: [&str; 6] = ["", "json", "json5", "tool_call", "tool_code", "tool"];
@@ -59,6 +68,8 @@ enum Mode {
     Bare,
     /// The reply may be a call written without its name ([`Signature`]); `held` is the whole reply so far.
     Nameless,
+    /// The reply opens with `<tools>` and may be a block of calls as XML elements; `held` is the whole reply so far.
+    Elements,
 }
 
 /// What a declared tool's arguments may hold, from its parameter schema.
@@ -107,6 +118,8 @@ pub struct ToolCallParser {
     signatures: Vec<Signature>,
     /// Nothing has ruled out that the reply is a call written without its name.
     nameless_open: bool,
+    /// Nothing has ruled out that the reply is a `<tools>` block of calls as XML elements.
+    elements_open: bool,
 }
 
 /// What a line starting with `{`, `[` or a backtick turned out to be.
@@ -118,7 +131,7 @@ enum Line {
 }
 
 /// Is `candidate` still possibly a call (`Maybe`), surely one (`Yes`) or surely not (`No`)?
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Verdict {
     Yes,
     No,
@@ -128,8 +141,10 @@ enum Verdict {
 impl ToolCallParser {
     /// A parser accepting calls to `tool_names` only.
     pub fn new<S: Into<String>>(tool_names: impl IntoIterator<Item = S>) -> Self {
+        let tools: Vec<String> = tool_names.into_iter().map(Into::into).collect();
         ToolCallParser {
-            tools: tool_names.into_iter().map(Into::into).collect(),
+            elements_open: !tools.is_empty(),
+            tools,
             mode: Mode::Text,
             held: String::new(),
             line_start: true,
@@ -219,6 +234,7 @@ impl ToolCallParser {
                 Mode::Fence => self.scan_fence(out, at_end),
                 Mode::Bare => self.scan_bare(out, at_end),
                 Mode::Nameless => self.scan_nameless(out, at_end),
+                Mode::Elements => self.scan_elements(out, at_end),
             };
             if !progressed {
                 return;
@@ -229,6 +245,17 @@ impl ToolCallParser {
     /// Text mode: releases what cannot start a call and switches mode at the first candidate. Returns whether it
     /// changed mode (so scanning should go on).
     fn scan_text(&mut self, out: &mut Vec<ParseEvent>, at_end: bool) -> bool {
+        if self.elements_open {
+            let s = self.held.trim_start();
+            if s.starts_with(TOOLS_OPEN) {
+                self.mode = Mode::Elements;
+                return true;
+            }
+            if !at_end && TOOLS_OPEN.starts_with(s) {
+                return false;
+            }
+            self.elements_open = false;
+        }
         if self.nameless_open {
             match self.classify_nameless(at_end) {
                 Verdict::Yes => {
@@ -474,6 +501,23 @@ impl ToolCallParser {
         true
     }
 
+    /// The reply so far opens with `<tools>`: holds it while it reads as a block of calls as XML elements, reads the
+    /// calls at the end of the output, and otherwise scans it again as ordinary text.
+    fn scan_elements(&mut self, out: &mut Vec<ParseEvent>, at_end: bool) -> bool {
+        match elements_block(self.held.trim_start(), &self.tools, at_end) {
+            Err(Verdict::Maybe) if !at_end => return false,
+            Ok(calls) => {
+                self.held.clear();
+                self.emit_calls(calls, out);
+                self.line_start = false;
+            }
+            Err(_) => {}
+        }
+        self.elements_open = false;
+        self.mode = Mode::Text;
+        true
+    }
+
     /// `object` as the arguments of the one declared tool that accepts them.
     fn nameless_call(&self, object: &str) -> Option<ToolCall> {
         let Ok(Value::Object(args)) = serde_json::from_str::<Value>(object) else { return None };
@@ -659,6 +703,138 @@ impl JsonScanner {
     }
 }
 
+/// `s`, starting with `<tools>`, as a block of calls written as XML elements: the calls once the block is complete
+/// and the output has ended, `Err(Maybe)` while it may still become one, `Err(No)` once it cannot.
+fn elements_block(s: &str, tools: &[String], at_end: bool) -> Result<Vec<ToolCall>, Verdict> {
+    let undecided = if at_end { Verdict::No } else { Verdict::Maybe };
+    let mut rest = s.strip_prefix(TOOLS_OPEN).ok_or(Verdict::No)?;
+    let mut calls = Vec::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            return if at_end && !calls.is_empty() { Ok(calls) } else { Err(undecided) };
+        }
+        if let Some(after) = rest.strip_prefix(TOOLS_CLOSE) {
+            return match (after.trim().is_empty(), calls.is_empty()) {
+                (true, false) if at_end => Ok(calls),
+                (true, false) => Err(Verdict::Maybe),
+                _ => Err(Verdict::No),
+            };
+        }
+        if rest.starts_with("</") {
+            return if TOOLS_CLOSE.starts_with(rest) { Err(undecided) } else { Err(Verdict::No) };
+        }
+        let (element, len) = xml_element(rest).map_err(|v| if v == Verdict::Maybe { undecided } else { v })?;
+        calls.push(element_call(element, tools).ok_or(Verdict::No)?);
+        rest = &rest[len..];
+    }
+}
+
+/// An XML element's name and attributes.
+type Element<'a> = (&'a str, Vec<(&'a str, String)>);
+
+/// One element at the start of `s`: `<NAME key="value" .../>` or `<NAME ...></NAME>` (no content). Returns its
+/// name, its attributes (values with XML's five entities decoded) and its length; `Err(Maybe)` while incomplete.
+fn xml_element(s: &str) -> Result<(Element<'_>, usize), Verdict> {
+    let r = s.strip_prefix('<').ok_or(Verdict::No)?;
+    let word = tag_word_len(r);
+    if word == 0 {
+        return Err(if r.is_empty() { Verdict::Maybe } else { Verdict::No });
+    }
+    let name = &r[..word];
+    let mut pos = 1 + word;
+    let mut attrs = Vec::new();
+    loop {
+        let rest = &s[pos..];
+        let blanks = rest.len() - rest.trim_start().len();
+        let rest = &rest[blanks..];
+        if rest.is_empty() {
+            return Err(Verdict::Maybe);
+        }
+        if rest.starts_with("/>") {
+            return Ok(((name, attrs), pos + blanks + 2));
+        }
+        if rest == "/" {
+            return Err(Verdict::Maybe);
+        }
+        if let Some(after) = rest.strip_prefix('>') {
+            // Only an empty element: its closing tag follows, blanks aside.
+            let inner = after.trim_start();
+            let close = format!("</{name}>");
+            if !inner.is_empty() && !inner.starts_with(&close) && !close.starts_with(inner) {
+                return Err(Verdict::No);
+            }
+            if !inner.starts_with(&close) {
+                return Err(Verdict::Maybe);
+            }
+            let end = pos + blanks + 1 + (after.len() - inner.len()) + close.len();
+            return Ok(((name, attrs), end));
+        }
+        if blanks == 0 {
+            return Err(Verdict::No);
+        }
+        let key_len = tag_word_len(rest);
+        let after_key = &rest[key_len..];
+        if after_key.is_empty() {
+            return Err(Verdict::Maybe);
+        }
+        let value = after_key.strip_prefix('=').ok_or(Verdict::No)?;
+        let quote = match value.chars().next() {
+            None => return Err(Verdict::Maybe),
+            Some(q @ ('"' | '\'')) => q,
+            Some(_) => return Err(Verdict::No),
+        };
+        if key_len == 0 {
+            return Err(Verdict::No);
+        }
+        let body = &value[1..];
+        let end = body.find(quote).ok_or(Verdict::Maybe)?;
+        attrs.push((&rest[..key_len], xml_unescape(&body[..end])));
+        pos += blanks + key_len + 1 + 1 + end + 1;
+    }
+}
+
+/// XML's five predefined entities.
+fn xml_unescape(s: &str) -> String {
+    s.replace("&quot;", "\"").replace("&apos;", "'").replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+}
+
+/// An element of a `<tools>` block as a call: `<function name="NAME" arguments='{...}'/>` (or with the arguments
+/// as the other attributes), or `<NAME key="value" .../>`, for a declared tool.
+fn element_call((tag, attrs): Element<'_>, tools: &[String]) -> Option<ToolCall> {
+    let mut attrs = attrs;
+    let name = if tag == "function" {
+        let i = attrs.iter().position(|(k, _)| *k == "name")?;
+        attrs.remove(i).1
+    } else {
+        tag.to_owned()
+    };
+    if !tools.contains(&name) {
+        return None;
+    }
+    let mut arguments = Map::new();
+    if let Some(i) = attrs.iter().position(|(k, _)| *k == "arguments") {
+        if attrs.len() > 1 {
+            return None;
+        }
+        let Ok(Value::Object(o)) = serde_json::from_str::<Value>(&attrs[i].1) else { return None };
+        arguments = o;
+    } else {
+        for (k, v) in attrs {
+            arguments.insert(k.to_owned(), parameter_value(&v));
+        }
+    }
+    Some(ToolCall { id: None, name, arguments: Value::Object(arguments) })
+}
+
+/// A parameter written as text: JSON when it parses as a number, boolean, object, ... ; otherwise the string.
+fn parameter_value(raw: &str) -> Value {
+    match serde_json::from_str::<Value>(raw) {
+        Ok(v) if !v.is_string() => v,
+        _ => Value::String(raw.to_owned()),
+    }
+}
+
 /// The calls inside one `<tool_call>` tag: JSON objects (one or several, or an array), or the XML form.
 fn parse_tag_content(content: &str, tools: &[String]) -> Option<Vec<ToolCall>> {
     let text = content.trim();
@@ -755,11 +931,7 @@ fn parse_xml_call(text: &str, tools: &[String]) -> Option<ToolCall> {
         let value_end = value_end.unwrap_or(value_text.len());
         let raw = value_text[..value_end].strip_prefix('\n').unwrap_or(&value_text[..value_end]);
         let raw = raw.strip_suffix('\n').unwrap_or(raw);
-        let value = match serde_json::from_str::<Value>(raw) {
-            Ok(v) if !v.is_string() => v,
-            _ => Value::String(raw.to_owned()),
-        };
-        arguments.insert(key, value);
+        arguments.insert(key, parameter_value(raw));
         body = &value_text[value_end..];
         body = body.strip_prefix("</parameter>").unwrap_or(body);
     }
@@ -901,8 +1073,56 @@ mod tests {
     }
 
     #[test]
+    fn a_tools_block_of_xml_elements_is_its_calls() {
+        // Qwen2.5-Coder-1.5B's answers to Codex and OpenCode (e2e rounds T7bqhB and ZXZybX, 2026-12-01).
+        let input = "<tools>\n  <function name=\"write_stdin\" arguments='{\"chars\": \"hi\", \"session_id\": null, \"yield_time_ms\": 250}'/>\n</tools>";
+        let want = call("write_stdin", json!({"chars": "hi", "session_id": null, "yield_time_ms": 250}));
+        check_with(&codex_parser, input, &[want]);
+        let input = "<tools>\n  <bash command=\"touch hello.txt\" timeout=\"120000\" description=\"Creates &quot;hello.txt&quot;\"/>\n</tools>\n";
+        let want = call(
+            "bash",
+            json!({"command": "touch hello.txt", "timeout": 120000, "description": "Creates \"hello.txt\""}),
+        );
+        check(input, &[want]);
+        // Several elements; an empty element closed by its tag; arguments as attributes; no `</tools>` at the end.
+        let input = "<tools>\n<get_weather city='Paris'></get_weather>\n<function name=\"bash\" command=\"ls -a\"/>";
+        check(input, &[call("get_weather", json!({"city": "Paris"})), call("bash", json!({"command": "ls -a"}))]);
+        // Held to the end of the output: what follows could still make it text.
+        let mut p = ToolCallParser::new(tools());
+        assert!(p.push("<tools>\n  <bash command=\"ls\"/>\n</tools>\n").is_empty());
+        assert_eq!(p.finish(), vec![call("bash", json!({"command": "ls"}))]);
+    }
+
+    #[test]
+    fn a_tools_block_that_is_not_only_calls_is_text() {
+        for input in [
+            // The tool list echoed back; an undeclared tool; prose inside the block or after it; an element with
+            // content; `arguments` that is not an object; an unquoted value; no element; no block.
+            "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"bash\"}}\n</tools>",
+            "<tools>\n  <python code=\"print(1)\"/>\n</tools>",
+            "<tools>\n  <bash command=\"ls\"/>\n  That lists the files.\n</tools>",
+            "<tools>\n  <bash command=\"ls\"/>\n</tools>\nDone.",
+            "<tools><bash>ls</bash></tools>",
+            "<tools><function name=\"bash\" arguments='[1]'/></tools>",
+            "<tools><bash command=ls/></tools>",
+            "<tools>\n</tools>",
+            "<tools>",
+            "<toolsets>a</toolsets>",
+        ] {
+            check(input, &[text(input)]);
+        }
+        // An echo of the tool list is released at its first `{`, not held to the end.
+        let mut p = ToolCallParser::new(tools());
+        assert_eq!(merge(p.push("<tools>\n{\"type\"")), vec![text("<tools>\n{\"type\"")]);
+        // A tagged call inside the block is read as such.
+        let input =
+            "<tools>\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>\n</tools>";
+        check(input, &[text("<tools>\n"), call("bash", json!({"command": "ls"}))]);
+    }
+
+    #[test]
     fn replies_built_from_call_fragments_split_anywhere_give_the_same_events_and_lose_no_text() {
-        const PIECES: [&str; 16] = [
+        const PIECES: [&str; 20] = [
             "<commands>",
             "</commands>",
             "\n",
@@ -919,6 +1139,10 @@ mod tests {
             "\"",
             "Done é",
             "{\"cmd\"",
+            "<tools>",
+            "</tools>",
+            "<exec_command cmd=\"ls\"/>",
+            "<function name=\"wait\" arguments='{}'/>",
         ];
         let mut state = 0x2545_f491_4f6c_dd1du64;
         for _ in 0..3000 {
