@@ -12,10 +12,12 @@ counts when it redirects into hello.txt). Stdlib only.
 how the model's choice of path depends on them), and `--project DIR` counts only files written there (a relative
 path counts). `--stream` posts it streaming, as the clients do (the reply is rebuilt from the events), and
 `--with BODY2` posts a second captured request at the same moment each time (as OpenCode sends its title request
-beside its first turn), so both are decoded in one batch.
+beside its first turn), so both are decoded in one batch; `--abort-after S` streams that one and closes its connection
+after S seconds (as the e2e harness kills a client once its file is written). With `--set temperature=0` the replies
+must be token for token those of the request alone: the CPU kernels are batch invariant.
 
 Usage: scripts/e2e/replay.py BODY.json [-n 5] [--port 18000] [--key KEY] [--set temperature=0] [--width 160]
-                             [--sub OLD=NEW ...] [--project DIR] [--stream] [--with BODY2]
+                             [--sub OLD=NEW ...] [--project DIR] [--stream] [--with BODY2 [--abort-after S]]
 """
 
 import argparse
@@ -23,6 +25,7 @@ import json
 import re
 import sys
 import threading
+import time
 import urllib.request
 
 
@@ -114,6 +117,20 @@ def post(port, key, path, body):
         return read_stream(path, r) if body.get("stream") else json.load(r)
 
 
+def post_and_abort(port, key, path, body, after_s):
+    """Streams `body` and closes the connection after `after_s` seconds (the server then aborts the request)."""
+    body = dict(body, stream=True)
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "authorization": f"Bearer {key}", "x-api-key": key},
+    )
+    t0 = time.monotonic()
+    with urllib.request.urlopen(req, timeout=900) as r:
+        while time.monotonic() - t0 < after_s and r.readline():
+            pass
+
+
 def writes_hello(name, args):
     """Where a call writes hello.txt holding `hi`: the path it gives, or None."""
     path = next((args[k] for k in ("file_path", "filePath", "path") if isinstance(args.get(k), str)), None)
@@ -140,6 +157,7 @@ def main():
     ap.add_argument("--project", help="count only files written in this directory (or at a relative path)")
     ap.add_argument("--stream", action="store_true", help="post streaming, as the clients do")
     ap.add_argument("--with", dest="companion", help="a second captured request, posted at the same moment each time")
+    ap.add_argument("--abort-after", type=float, help="close the second request's connection after this many seconds")
     a = ap.parse_args()
     head, body = load(a.body)
     if a.sub:
@@ -161,7 +179,10 @@ def main():
         if a.companion:
             head2, body2 = load(a.companion)
             path2 = head2.get("path") or "/v1/chat/completions"
-            side = threading.Thread(target=post, args=(a.port, a.key, path2, body2))
+            if a.abort_after is None:
+                side = threading.Thread(target=post, args=(a.port, a.key, path2, body2))
+            else:
+                side = threading.Thread(target=post_and_abort, args=(a.port, a.key, path2, body2, a.abort_after))
             side.start()
         reply = post(a.port, a.key, path, body)
         if side:
@@ -179,6 +200,7 @@ def main():
     how = " ".join(a.set) or "as captured"
     how += ", streamed" if a.stream else ""
     how += f", beside {a.companion}" if a.companion else ""
+    how += f" (closed after {a.abort_after} s)" if a.abort_after is not None else ""
     print(f"{written} of {a.n} replies write hello.txt with hi ({path}, {how})")
 
 
