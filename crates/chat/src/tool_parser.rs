@@ -23,8 +23,12 @@
 //!   Qwen2.5-Coder 1.5B answers so now and then, copying the `<tools>` wrapper its template puts around the tool list
 //!   (`<tools>\n  <function name="write_stdin" arguments='{"chars": "hi", ...}'/>\n</tools>` to Codex,
 //!   `<tools>\n  <bash command="touch hello.txt" timeout="120000" .../>\n</tools>` to OpenCode). Such a reply is
-//!   held while it still reads as such a block, and is text as soon as it does not (an echo of the tool list is
-//!   released at its first `{`).
+//!   held while it still reads as such a block, and is text as soon as it does not. Inside the block, with the
+//!   tools' schemas, an echo of one tool's entry of the tool list whose `properties` hold values in place of some
+//!   parameters' schemas is that tool's call with those values: the same model answered Codex so twice
+//!   (`{"type": "function", "function": {"name": "exec_command", ..., "parameters": {"type": "object",
+//!   "properties": {"cmd": "printf 'hi\n' > hello.txt", "justification": "<its description>", "login": {...}`);
+//!   a parameter's own description copied as its value is left out.
 //!
 //! Text that may still turn into a call (a partial `<tool_call>` tag, an opening fence, a `{` starting a line) is held
 //! back until it is decided, so no partial tag or JSON leaks into the text. Once a call has been found, later text
@@ -78,6 +82,8 @@ struct Signature {
     name: String,
     params: Vec<String>,
     required: Vec<String>,
+    /// Each parameter's own schema.
+    properties: Map<String, Value>,
 }
 
 impl Signature {
@@ -93,7 +99,26 @@ impl Signature {
             name: name.to_owned(),
             params: keys(schema.get("properties")),
             required: keys(schema.get("required")),
+            properties: schema.get("properties").and_then(Value::as_object).cloned().unwrap_or_default(),
         }
+    }
+
+    /// The arguments in an echo of this tool's schema whose `properties` hold values in place of some parameters'
+    /// schemas (`"cmd": "printf 'hi' > hello.txt"` where the tool declares `"cmd": {"type": "string", ...}`). An
+    /// entry that is a schema (the declared one, or any object with a `type` or `description`) or the parameter's
+    /// own description copied is no value.
+    fn filled_in(&self, properties: &Map<String, Value>) -> Option<Map<String, Value>> {
+        let mut args = Map::new();
+        for (key, value) in properties {
+            let declared = self.properties.get(key)?;
+            let is_schema = value == declared
+                || value.as_object().is_some_and(|o| o.contains_key("type") || o.contains_key("description"));
+            if is_schema || (value.is_string() && declared.get("description") == Some(value)) {
+                continue;
+            }
+            args.insert(key.clone(), value.clone());
+        }
+        (!args.is_empty() && self.accepts(&args)).then_some(args)
     }
 
     /// Whether `args` can be this tool's arguments: every key a parameter, every required parameter there.
@@ -504,7 +529,7 @@ impl ToolCallParser {
     /// The reply so far opens with `<tools>`: holds it while it reads as a block of calls as XML elements, reads the
     /// calls at the end of the output, and otherwise scans it again as ordinary text.
     fn scan_elements(&mut self, out: &mut Vec<ParseEvent>, at_end: bool) -> bool {
-        match elements_block(self.held.trim_start(), &self.tools, at_end) {
+        match elements_block(self.held.trim_start(), &self.tools, &self.signatures, at_end) {
             Err(Verdict::Maybe) if !at_end => return false,
             Ok(calls) => {
                 self.held.clear();
@@ -705,7 +730,7 @@ impl JsonScanner {
 
 /// `s`, starting with `<tools>`, as a block of calls written as XML elements: the calls once the block is complete
 /// and the output has ended, `Err(Maybe)` while it may still become one, `Err(No)` once it cannot.
-fn elements_block(s: &str, tools: &[String], at_end: bool) -> Result<Vec<ToolCall>, Verdict> {
+fn elements_block(s: &str, tools: &[String], signatures: &[Signature], at_end: bool) -> Result<Vec<ToolCall>, Verdict> {
     let undecided = if at_end { Verdict::No } else { Verdict::Maybe };
     let mut rest = s.strip_prefix(TOOLS_OPEN).ok_or(Verdict::No)?;
     let mut calls = Vec::new();
@@ -724,10 +749,31 @@ fn elements_block(s: &str, tools: &[String], at_end: bool) -> Result<Vec<ToolCal
         if rest.starts_with("</") {
             return if TOOLS_CLOSE.starts_with(rest) { Err(undecided) } else { Err(Verdict::No) };
         }
+        if rest.starts_with('{') && !signatures.is_empty() {
+            let len = json_extent(rest).ok_or(undecided)?;
+            calls.push(filled_in_schema_call(&rest[..len], signatures).ok_or(Verdict::No)?);
+            rest = &rest[len..];
+            continue;
+        }
         let (element, len) = xml_element(rest).map_err(|v| if v == Verdict::Maybe { undecided } else { v })?;
         calls.push(element_call(element, tools).ok_or(Verdict::No)?);
         rest = &rest[len..];
     }
+}
+
+/// `object`, an entry of the tool list (`{"type": "function", "function": {"name", "parameters"}}` or the inner
+/// object alone) echoed with values in some of its `properties`: the call with those values ([`Signature::filled_in`]).
+fn filled_in_schema_call(object: &str, signatures: &[Signature]) -> Option<ToolCall> {
+    let Ok(Value::Object(entry)) = serde_json::from_str::<Value>(object) else { return None };
+    let function = match entry.get("function") {
+        Some(Value::Object(f)) => f,
+        _ => &entry,
+    };
+    let name = function.get("name")?.as_str()?;
+    let properties = function.get("parameters")?.get("properties")?.as_object()?;
+    let tool = signatures.iter().find(|t| t.name == name)?;
+    let arguments = tool.filled_in(properties)?;
+    Some(ToolCall { id: None, name: name.to_owned(), arguments: Value::Object(arguments) })
 }
 
 /// An XML element's name and attributes.
@@ -1091,6 +1137,43 @@ mod tests {
         let mut p = ToolCallParser::new(tools());
         assert!(p.push("<tools>\n  <bash command=\"ls\"/>\n</tools>\n").is_empty());
         assert_eq!(p.finish(), vec![call("bash", json!({"command": "ls"}))]);
+    }
+
+    #[test]
+    fn an_echoed_tool_entry_with_values_in_its_properties_is_the_call() {
+        let exec = json!({"type": "object", "properties": {
+            "cmd": {"type": "string", "description": "Shell command to execute."},
+            "justification": {"type": "string", "description": "User-facing approval question; omit otherwise."},
+            "login": {"type": "boolean", "description": "Request login-shell startup."}},
+            "required": ["cmd"], "additionalProperties": false});
+        let parser = || {
+            let tools = [("exec_command".to_owned(), exec.clone()), ("bash".to_owned(), json!({"properties": {}}))];
+            ToolCallParser::new(["exec_command", "bash"]).with_schemas(&tools)
+        };
+        // Qwen2.5-Coder-1.5B's answer to Codex in e2e rounds mjag96 and zGItad (trimmed): the tool list's entry for
+        // exec_command with the command in place of `cmd`'s schema and `justification`'s description as its value.
+        let echo = |properties: &str| {
+            format!(
+                "<tools>\n{{\"type\": \"function\", \"function\": {{\"name\": \"exec_command\", \"description\": \"Runs a command.\", \"parameters\": {{\"type\": \"object\", \"properties\": {{{properties}}}, \"required\": [\"cmd\"], \"additionalProperties\": false}}}}}}\n</tools>"
+            )
+        };
+        let input = echo(
+            "\"cmd\": \"printf 'hi\\\\n' > hello.txt\", \"justification\": \"User-facing approval question; omit otherwise.\", \"login\": {\"type\": \"boolean\", \"description\": \"Request login-shell startup.\"}",
+        );
+        check_with(&parser, &input, &[call("exec_command", json!({"cmd": "printf 'hi\\n' > hello.txt"}))]);
+        // Without the wrapper's entry type, and a value for a boolean.
+        let input = "<tools>\n{\"name\": \"exec_command\", \"parameters\": {\"properties\": {\"cmd\": \"ls\", \"login\": true}}}";
+        check_with(&parser, input, &[call("exec_command", json!({"cmd": "ls", "login": true}))]);
+        // A plain echo (no value), a value for a parameter the tool does not have, a required parameter missing, an
+        // undeclared tool: text.
+        for input in [
+            echo("\"cmd\": {\"type\": \"string\", \"description\": \"Shell command to execute.\"}"),
+            echo("\"cmd\": \"ls\", \"color\": \"red\""),
+            echo("\"login\": true"),
+            echo("\"cmd\": \"ls\"").replace("exec_command", "python"),
+        ] {
+            check_with(&parser, &input, &[text(&input)]);
+        }
     }
 
     #[test]
