@@ -171,50 +171,45 @@ async fn codex_turn_with_function_call() {
 }
 
 #[tokio::test]
-async fn a_reply_of_bare_arguments_in_an_invented_tag_is_the_call() {
-    // What Qwen2.5-Coder-0.5B answered Codex's "create hello.txt" about half the time: exec_command's arguments
-    // without the tool's name, wrapped in a tag of its own.
+async fn calls_in_the_small_models_own_forms_are_calls() {
     let h = harness(Options::default());
-    h.reply("<commands>\n{\"cmd\": \"printf 'hi' > hello.txt\"}\n</commands>");
-    let body = json!({"model": "m", "stream": true, "input": "create hello.txt holding hi", "tools": [exec_tool()]});
-    let ev = stream(&h, &body).await;
-    let done = &ev.last().unwrap().1["response"];
-    let output = done["output"].as_array().unwrap();
-    assert_eq!(output.len(), 1, "one call and no text: {output:?}");
-    assert_eq!((output[0]["type"].as_str(), output[0]["name"].as_str()), (Some("function_call"), Some("exec_command")));
-    let args: Value = serde_json::from_str(output[0]["arguments"].as_str().unwrap()).unwrap();
-    assert_eq!(args, json!({"cmd": "printf 'hi' > hello.txt"}));
-    assert!(ev.iter().all(|(n, _)| n != "response.output_text.delta"), "no text streamed: {ev:?}");
+    let exec = json!({"cmd": "printf 'hi' > hello.txt"});
+    for reply in [
+        // Qwen2.5-Coder-0.5B to Codex's "create hello.txt", about half the time: exec_command's arguments without
+        // the tool's name, in a tag of its own.
+        "<commands>\n{\"cmd\": \"printf 'hi' > hello.txt\"}\n</commands>",
+        // Qwen2.5-Coder-1.5B to Codex (e2e rounds T7bqhB, zGItad): the call as an XML element inside the `<tools>`
+        // wrapper its template puts around the tool list, or that list's entry with the value in `properties`.
+        "<tools>\n  <function name=\"exec_command\" arguments='{\"cmd\": \"printf &apos;hi&apos; > hello.txt\"}'/>\n</tools>",
+        "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"exec_command\", \"parameters\": {\"type\": \"object\", \"properties\": {\"cmd\": \"printf 'hi' > hello.txt\"}}}}\n</tools>",
+    ] {
+        h.reply(reply);
+        let body =
+            json!({"model": "m", "stream": true, "input": "create hello.txt holding hi", "tools": [exec_tool()]});
+        let ev = stream(&h, &body).await;
+        let output = ev.last().unwrap().1["response"]["output"].as_array().unwrap().clone();
+        assert_eq!(output.len(), 1, "one call and no text for {reply:?}: {output:?}");
+        assert_eq!(
+            (output[0]["type"].as_str(), output[0]["name"].as_str()),
+            (Some("function_call"), Some("exec_command")),
+            "{reply:?}"
+        );
+        let args: Value = serde_json::from_str(output[0]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args, exec, "{reply:?}");
+        assert!(ev.iter().all(|(n, _)| n != "response.output_text.delta"), "no text streamed for {reply:?}: {ev:?}");
+    }
 
-    // The same object followed by prose is the model talking about a command: text.
-    let said = "{\"cmd\": \"ls\"}\nThat command lists the files.";
-    h.reply(said);
-    let (status, r) = h.post_json(RESPONSES, &json!({"model": "m", "input": "how?", "tools": [exec_tool()]})).await;
-    assert_eq!(status, StatusCode::OK, "{r}");
-    assert_eq!(r["output"][0]["content"][0]["text"], said);
-}
-
-#[tokio::test]
-async fn a_tools_block_of_xml_elements_is_the_call() {
-    // What Qwen2.5-Coder-1.5B answered Codex once (e2e round T7bqhB): its call as an XML element in the `<tools>`
-    // wrapper its template puts around the tool list.
-    let h = harness(Options::default());
-    h.reply("<tools>\n  <function name=\"exec_command\" arguments='{\"cmd\": \"printf &apos;hi&apos; > hello.txt\"}'/>\n</tools>");
-    let body = json!({"model": "m", "stream": true, "input": "create hello.txt holding hi", "tools": [exec_tool()]});
-    let ev = stream(&h, &body).await;
-    let output = ev.last().unwrap().1["response"]["output"].as_array().unwrap().clone();
-    assert_eq!(output.len(), 1, "one call and no text: {output:?}");
-    assert_eq!((output[0]["type"].as_str(), output[0]["name"].as_str()), (Some("function_call"), Some("exec_command")));
-    let args: Value = serde_json::from_str(output[0]["arguments"].as_str().unwrap()).unwrap();
-    assert_eq!(args, json!({"cmd": "printf 'hi' > hello.txt"}));
-    assert!(ev.iter().all(|(n, _)| n != "response.output_text.delta"), "no text streamed: {ev:?}");
-
-    // The tool list echoed back is text, as written.
-    let echo = "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"exec_command\"}}\n</tools>";
-    h.reply(echo);
-    let (status, r) = h.post_json(RESPONSES, &json!({"model": "m", "input": "how?", "tools": [exec_tool()]})).await;
-    assert_eq!(status, StatusCode::OK, "{r}");
-    assert_eq!(r["output"][0]["content"][0]["text"], echo);
+    // The same object followed by prose is the model talking about a command; the tool list echoed back is an echo:
+    // text, as written.
+    for said in [
+        "{\"cmd\": \"ls\"}\nThat command lists the files.",
+        "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"exec_command\", \"parameters\": {\"type\": \"object\", \"properties\": {\"cmd\": {\"type\": \"string\"}}}}}\n</tools>",
+    ] {
+        h.reply(said);
+        let (status, r) = h.post_json(RESPONSES, &json!({"model": "m", "input": "how?", "tools": [exec_tool()]})).await;
+        assert_eq!(status, StatusCode::OK, "{r}");
+        assert_eq!(r["output"][0]["content"][0]["text"], said);
+    }
 }
 
 #[tokio::test]
