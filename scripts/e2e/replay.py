@@ -107,26 +107,25 @@ def read_stream(path, r):
     return {"choices": [{"message": msg}]}
 
 
-def post(port, key, path, body):
+def open_post(port, key, path, body):
+    """The server's response to `body` posted to `path`."""
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}{path}",
         data=json.dumps(body).encode(),
         headers={"content-type": "application/json", "authorization": f"Bearer {key}", "x-api-key": key},
     )
-    with urllib.request.urlopen(req, timeout=900) as r:
+    return urllib.request.urlopen(req, timeout=900)
+
+
+def post(port, key, path, body):
+    with open_post(port, key, path, body) as r:
         return read_stream(path, r) if body.get("stream") else json.load(r)
 
 
 def post_and_abort(port, key, path, body, after_s):
     """Streams `body` and closes the connection after `after_s` seconds (the server then aborts the request)."""
-    body = dict(body, stream=True)
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}",
-        data=json.dumps(body).encode(),
-        headers={"content-type": "application/json", "authorization": f"Bearer {key}", "x-api-key": key},
-    )
     t0 = time.monotonic()
-    with urllib.request.urlopen(req, timeout=900) as r:
+    with open_post(port, key, path, dict(body, stream=True)) as r:
         while time.monotonic() - t0 < after_s and r.readline():
             pass
 
@@ -173,16 +172,15 @@ def main():
     for s in a.set:
         k, v = s.split("=", 1)
         body[k] = json.loads(v)
+    if a.companion:
+        head2, body2 = load(a.companion)
+        path2 = head2.get("path") or "/v1/chat/completions"
+        side_target, side_args = (post, ()) if a.abort_after is None else (post_and_abort, (a.abort_after,))
     written = 0
     for i in range(a.n):
         side = None
         if a.companion:
-            head2, body2 = load(a.companion)
-            path2 = head2.get("path") or "/v1/chat/completions"
-            if a.abort_after is None:
-                side = threading.Thread(target=post, args=(a.port, a.key, path2, body2))
-            else:
-                side = threading.Thread(target=post_and_abort, args=(a.port, a.key, path2, body2, a.abort_after))
+            side = threading.Thread(target=side_target, args=(a.port, a.key, path2, body2, *side_args))
             side.start()
         reply = post(a.port, a.key, path, body)
         if side:

@@ -847,8 +847,7 @@ fn xml_unescape(s: &str) -> String {
 
 /// An element of a `<tools>` block as a call: `<function name="NAME" arguments='{...}'/>` (or with the arguments
 /// as the other attributes), or `<NAME key="value" .../>`, for a declared tool.
-fn element_call((tag, attrs): Element<'_>, tools: &[String]) -> Option<ToolCall> {
-    let mut attrs = attrs;
+fn element_call((tag, mut attrs): Element<'_>, tools: &[String]) -> Option<ToolCall> {
     let name = if tag == "function" {
         let i = attrs.iter().position(|(k, _)| *k == "name")?;
         attrs.remove(i).1
