@@ -80,26 +80,21 @@ enum Mode {
 #[derive(Debug, Clone)]
 struct Signature {
     name: String,
-    params: Vec<String>,
-    required: Vec<String>,
-    /// Each parameter's own schema.
+    /// Each parameter's own schema, by name.
     properties: Map<String, Value>,
+    required: Vec<String>,
 }
 
 impl Signature {
     fn from_schema(name: &str, schema: &Value) -> Signature {
-        let keys = |v: Option<&Value>| -> Vec<String> {
-            match v {
-                Some(Value::Object(o)) => o.keys().cloned().collect(),
-                Some(Value::Array(a)) => a.iter().filter_map(|k| k.as_str().map(str::to_owned)).collect(),
-                _ => Vec::new(),
-            }
-        };
         Signature {
             name: name.to_owned(),
-            params: keys(schema.get("properties")),
-            required: keys(schema.get("required")),
             properties: schema.get("properties").and_then(Value::as_object).cloned().unwrap_or_default(),
+            required: schema
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(|k| k.as_str().map(str::to_owned)).collect())
+                .unwrap_or_default(),
         }
     }
 
@@ -123,7 +118,7 @@ impl Signature {
 
     /// Whether `args` can be this tool's arguments: every key a parameter, every required parameter there.
     fn accepts(&self, args: &Map<String, Value>) -> bool {
-        args.keys().all(|k| self.params.contains(k)) && self.required.iter().all(|k| args.contains_key(k))
+        args.keys().all(|k| self.properties.contains_key(k)) && self.required.iter().all(|k| args.contains_key(k))
     }
 }
 
@@ -184,7 +179,7 @@ impl ToolCallParser {
     /// each declared tool's name and parameter schema.
     pub fn with_schemas(mut self, tools: &[(String, Value)]) -> Self {
         self.signatures = tools.iter().map(|(name, schema)| Signature::from_schema(name, schema)).collect();
-        self.nameless_open = self.signatures.iter().any(|s| !s.params.is_empty());
+        self.nameless_open = self.signatures.iter().any(|s| !s.properties.is_empty());
         self
     }
 
@@ -486,8 +481,10 @@ impl ToolCallParser {
             Ok(at) => match first_key(s[at + 1..].trim_start()) {
                 None => Verdict::No,
                 Some((key, _)) if CALL_KEYS.iter().any(|k| k.trim_matches('"') == key) => Verdict::No,
-                Some((key, true)) if self.signatures.iter().any(|t| t.params.iter().any(|p| p == key)) => Verdict::Yes,
-                Some((key, false)) if self.signatures.iter().any(|t| t.params.iter().any(|p| p.starts_with(key))) => {
+                Some((key, true)) if self.signatures.iter().any(|t| t.properties.contains_key(key)) => Verdict::Yes,
+                Some((key, false))
+                    if self.signatures.iter().any(|t| t.properties.keys().any(|p| p.starts_with(key))) =>
+                {
                     Verdict::Maybe
                 }
                 Some(_) => Verdict::No,
