@@ -23,7 +23,7 @@
 //! AVX512_BF16 the default kernel ([`AttnKernel::Bf16Values`]) computes P·V with `vdpbf16ps` (weights and values
 //! rounded to bf16, f32 sums: twice the f32 FMA rate) and keeps Q·K in f32: bf16 Q·K ([`AttnKernel::Bf16`],
 //! `SPLASH_ATTN_BF16=all`) is faster still but flips enough near-ties to drop the 1.5B below the llama.cpp parity bar
-//! (98.9% teacher-forced top-1, BENCHMARKS.md).
+//! (98.9% teacher-forced top-1; benchmarks/log/2026-11-30-stretch-5.md).
 
 use std::sync::OnceLock;
 

@@ -33,7 +33,7 @@ otherwise directed below. Be targeted and efficient in your exploration and inve
 
 /// What our `SOUL.md` adds to Hermes's identity. It names both of the prompt's directory lines and the file tools: with
 /// the earlier, vaguer wording ([`EARLIER_WORKDIR_NOTES`]) the 1.5B wrote `hello.txt` into the home directory in 3 of
-/// 3 tool round trips, with this one into the project in 2 of 2 (BENCHMARKS.md, stretch 10).
+/// 3 tool round trips, with this one into the project in 2 of 2 (benchmarks/log/2026-11-30-stretch-10.md).
 pub const WORKDIR_NOTE: &str = "Files: you work in the project at the \"Current working directory\" shown below, never \
 in the \"User home directory\". Give write_file, read_file and patch paths relative to the working directory (for \
 example notes.txt or src/main.py), without the home directory in front.";
