@@ -13,7 +13,7 @@ from html import escape
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BAR_H, GAP, LEFT, RIGHT, TOP, SCALE_W = 22, 8, 330, 70, 54, 420
+BAR_H, GAP, LEFT, RIGHT, TOP, SCALE_W = 22, 8, 410, 70, 54, 420
 
 
 def ratio(entry):

@@ -30,16 +30,16 @@ use llguidance::Matcher;
 use llguidance::api::TopLevelGrammar;
 use serde_json::{Value, json};
 
+use chat::tool_parser::{FENCE_LANGS, MAX_FENCE_INFO_BYTES};
+
 use crate::constraint::factory;
 use crate::error::ApiError;
 
-const TAG_OPEN: &[u8] = b"<tool_call>";
+/// The opening tag of a call, the fences' info strings and how long one is waited for are the parser's own
+/// (`chat::tool_parser`), so a trigger fires exactly where the parser would read a call.
+const TAG_OPEN: &[u8] = chat::tool_parser::TAG_OPEN.as_bytes();
 const THINK_OPEN: &[u8] = b"<think>";
 const THINK_CLOSE: &[u8] = b"</think>";
-/// Info strings of a fenced block that may hold a call (as `chat::ToolCallParser` reads them).
-const FENCE_LANGS: [&[u8]; 6] = [b"", b"json", b"json5", b"tool_call", b"tool_code", b"tool"];
-/// Longest fence info string waited for.
-const MAX_FENCE_INFO_BYTES: usize = 32;
 /// The key that makes an object a call.
 const NAME_KEY: &[u8] = b"\"name\"";
 /// Whitespace allowed between JSON tokens of a call: enough for the models' pretty-printed calls, too little to pad.
@@ -415,7 +415,7 @@ fn line_verdict(line: &[u8]) -> Verdict {
             return if after.len() > MAX_FENCE_INFO_BYTES { Verdict::No } else { Verdict::Maybe };
         };
         let lang = after[..nl].trim_ascii();
-        if !FENCE_LANGS.iter().any(|l| l.eq_ignore_ascii_case(lang)) {
+        if !FENCE_LANGS.iter().any(|l| l.as_bytes().eq_ignore_ascii_case(lang)) {
             return Verdict::No;
         }
         let body = &after[nl + 1..];
