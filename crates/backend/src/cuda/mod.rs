@@ -3,7 +3,7 @@
 //!
 //! Everything goes through cudarc with dynamic loading: the binary links no CUDA library, and [`available`] checks
 //! for the driver and NVRTC before anything else touches them, so a machine without CUDA never reaches a call that
-//! would panic. The kernels themselves live in `kernels.cu`; `crates/models/src/cuda.rs` drives them.
+//! would panic. The kernels themselves live in `kernels.cu`; `crates/models/src/cuda/` drives them.
 
 use std::ffi::{CString, c_void};
 use std::path::PathBuf;
