@@ -124,6 +124,11 @@ impl Gpu {
             .map_err(drv("copy to device"))
     }
 
+    /// Stream-ordered copy of `bytes` bytes from device address `src` to `dst`.
+    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        unsafe { dres::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }.map_err(drv("device copy"))
+    }
+
     /// Stream-ordered copy out of `src`; waits for the stream.
     pub fn dtoh<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<()> {
         unsafe { dres::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }.map_err(drv("copy to host"))?;

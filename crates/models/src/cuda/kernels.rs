@@ -36,17 +36,10 @@ pub struct Q8Kernels {
     pub fuse_norm: bool,
     /// QKV applies RoPE and writes the KV cache in the epilogue (`CudaOptions::qkv_rope`).
     pub qkv_rope: bool,
-    /// Q4_K gate/up kernels that write the down input (up to 4 rows per block) keep the up rows' weights in shared
-    /// memory (`CudaOptions::gu_smem`).
-    pub gu_smem: bool,
     /// Warps of an attention block (`CudaOptions::att_warps`; 0 reads as the default).
     pub att_warps: usize,
     /// `CudaOptions::gu_dot2`.
     pub gu_dot2: bool,
-    /// `CudaOptions::x6` (needs `xperm`).
-    pub x6: bool,
-    /// `CudaOptions::wcg`.
-    pub wcg: bool,
     /// `CudaOptions::att_cl` (0: no cluster kernel).
     pub att_cl: usize,
     /// Decode attention splits a row takes at most while its context is short (`CudaOptions::att_splits`) ...
@@ -89,31 +82,28 @@ pub enum Kernel {
         ty: GgmlType,
         k: usize,
     },
-    /// Gate and up together, silu(gate) * up, on f32 activations (`norm`: the FFN RMSNorm fused).
+    /// Gate and up together, silu(gate) * up, on f32 activations.
     Gu {
         ty: GgmlType,
         k: usize,
         mr: usize,
-        norm: bool,
     },
-    /// Q, K and V in one launch with the attention RMSNorm fused (`rope`: RoPE and the KV write fused too).
+    /// Q, K and V in one launch with the attention RMSNorm fused.
     Qkv {
         t: [GgmlType; 3],
         mr: usize,
-        rope: bool,
     },
     Embed {
         ty: GgmlType,
         k: usize,
     },
-    /// Y (+)= W X on 8-bit activations with `p` threads per weight row (`l6`: a Q6_K matrix on the xpos6 layout).
+    /// Y (+)= W X on 8-bit activations with `p` threads per weight row.
     Mmvq {
         ty: GgmlType,
         k: usize,
         p: usize,
         mr: usize,
         residual: bool,
-        l6: bool,
     },
     /// Gate and up on 8-bit activations.
     Guq {
@@ -176,15 +166,10 @@ impl Kernel {
         match *self {
             Mmv { ty, k, mr, residual } => format!("mmv_{}_{k}_{mr}_{}", type_id(ty), u8::from(residual)),
             Dequant { ty, k } => format!("dequant_{}_{k}", type_id(ty)),
-            Gu { ty, k, mr, norm: false } => format!("mmvgu_{}_{k}_{mr}", type_id(ty)),
-            Gu { ty, k, mr, norm: true } => format!("mmvgun_{}_{k}_{mr}", type_id(ty)),
-            Qkv { t, mr, rope: true } => format!("qkv_{}_{mr}", t3(&t)),
-            Qkv { t, mr, rope: false } => format!("qkvn_{}_{mr}", t3(&t)),
+            Gu { ty, k, mr } => format!("mmvgu_{}_{k}_{mr}", type_id(ty)),
+            Qkv { t, mr } => format!("qkvn_{}_{mr}", t3(&t)),
             Embed { ty, k } => format!("embed_{}_{k}", type_id(ty)),
-            Mmvq { k, p, mr, residual, l6: true, .. } => format!("mmvq6_{k}_{p}_{mr}_{}", u8::from(residual)),
-            Mmvq { ty, k, p, mr, residual, l6: false } => {
-                format!("mmvq_{}_{k}_{p}_{mr}_{}", type_id(ty), u8::from(residual))
-            }
+            Mmvq { ty, k, p, mr, residual } => format!("mmvq_{}_{k}_{p}_{mr}_{}", type_id(ty), u8::from(residual)),
             Guq { ty, k, p, mr } => format!("guq_{}_{k}_{p}_{mr}", type_id(ty)),
             Qkvq { t, p, mr } => format!("qkvq_{}_{p}_{mr}", t3(&t)),
             _ => unreachable!("fixed kernels are named above"),
@@ -210,19 +195,13 @@ impl Kernel {
                  PDL_ENTER dequant_body<{}, {k}>(W, out, N); }}\n",
                 type_id(ty)
             ),
-            Gu { ty, k, mr, norm: false } => format!(
+            Gu { ty, k, mr } => format!(
                 "extern \"C\" __global__ void __launch_bounds__(128) {name}(const u8* Wg, const u8* Wu, const float* X, \
                  float* Y, int m, int N) {{ pdl_trigger(); mmv_gu_body<{}, {k}, {mr}, false>(Wg, Wu, X, Y, m, N, \
                  nullptr); }}\n",
                 type_id(ty)
             ),
-            Gu { ty, k, mr, norm: true } => format!(
-                "extern \"C\" __global__ void __launch_bounds__(128) {name}(const u8* Wg, const u8* Wu, const float* X, \
-                 float* Y, int m, int N, const float* g) {{ pdl_trigger(); mmv_gu_body<{}, {k}, {mr}, true>(Wg, Wu, \
-                 X, Y, m, N, g); }}\n",
-                type_id(ty)
-            ),
-            Qkv { t, mr, rope: false } => {
+            Qkv { t, mr } => {
                 let (a, b, c) = ids(&t);
                 format!(
                     "extern \"C\" __global__ void __launch_bounds__(128) {name}(const u8* Wq, const u8* Wk, const u8* Wv, \
@@ -230,26 +209,16 @@ impl Kernel {
                      float* v, int m) {{ PDL_ENTER qkv_body<{a}, {b}, {c}, {mr}>(Wq, Wk, Wv, X, g, bq, bk, bv, q, k, v, m); }}\n"
                 )
             }
-            Qkv { t, mr, rope: true } => {
-                let (a, b, c) = ids(&t);
-                format!(
-                    "extern \"C\" __global__ void __launch_bounds__(128) {name}(const u8* Wq, const u8* Wk, const u8* Wv, \
-                     const float* X, const float* g, const float* bq, const float* bk, const float* bv, float* q, \
-                     const float* inv_freq, const u32* pos, const u32* slot, const u32* table, u16* kc, u16* vc, int m) \
-                     {{ PDL_ENTER qkv_rope_body<{a}, {b}, {c}, {mr}>(Wq, Wk, Wv, X, g, bq, bk, bv, q, inv_freq, pos, slot, table, kc, \
-                     vc, m); }}\n"
-                )
-            }
             Embed { ty, k } => format!(
                 "extern \"C\" __global__ void {name}(const u8* W, const u32* tokens, float* out) {{ PDL_ENTER embed_body<{}, {k}>(W, tokens, \
                  out); }}\n",
                 type_id(ty)
             ),
-            Mmvq { ty, k, p, mr, residual, l6 } => {
-                let (mode, tail) = (u32::from(residual), if l6 { ", true" } else { "" });
+            Mmvq { ty, k, p, mr, residual } => {
+                let mode = u32::from(residual);
                 format!(
                     "extern \"C\" __global__ void __launch_bounds__(128) {name}(const u8* W, const i8* Xq, const float2* Xd, \
-                     float* Y, const float* bias, int m, int N) {{ pdl_trigger(); mmvq_body<{}, {k}, {mr}, {mode}, {p}{tail}>(W, \
+                     float* Y, const float* bias, int m, int N) {{ pdl_trigger(); mmvq_body<{}, {k}, {mr}, {mode}, {p}>(W, \
                      Xq, Xd, Y, bias, m, N); }}\n",
                     type_id(ty)
                 )
@@ -257,12 +226,10 @@ impl Kernel {
             Guq { ty, k, p, mr } => {
                 let (threads, fused) = if guq_fused(p) && q8.gu_fuse { (32 * p, "true") } else { (128, "false") };
                 let norm = q8.fuse_norm && k == hidden;
-                let us = q8.gu_smem && ty == GgmlType::Q4_K && fused == "true" && mr <= 4;
-                let bounds = if us { format!("{threads}, 3") } else { format!("{threads}") };
                 format!(
-                    "extern \"C\" __global__ void __launch_bounds__({bounds}) {name}(const u8* Wg, const u8* Wu, const i8* Xq, \
+                    "extern \"C\" __global__ void __launch_bounds__({threads}) {name}(const u8* Wg, const u8* Wu, const i8* Xq, \
                      const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn, int l6) \
-                     {{ pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}, {us}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do, \
+                     {{ pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do, \
                      X, gn, l6); }}\n",
                     type_id(ty)
                 )
@@ -319,24 +286,19 @@ impl KernelSet {
         v.extend(self.mats.iter().map(|&(ty, k)| Dequant { ty, k }));
         for &(ty, k) in &self.gu {
             for mr in MRS {
-                v.extend([false, true].map(|norm| Gu { ty, k, mr, norm }));
+                v.push(Gu { ty, k, mr });
             }
         }
         for &(tq, tk, tv) in &self.qkv {
             for mr in MRS {
-                v.extend([false, true].map(|rope| Qkv { t: [tq, tk, tv], mr, rope }));
+                v.push(Qkv { t: [tq, tk, tv], mr });
             }
         }
         v.push(Embed { ty: self.embd.0, k: self.embd.1 });
         let q8 = &self.q8;
         for &(ty, k, p) in &q8.mats {
             for mr in MRS {
-                for residual in [false, true] {
-                    v.push(Mmvq { ty, k, p, mr, residual, l6: false });
-                    if q8.x6 && ty == GgmlType::Q6_K {
-                        v.push(Mmvq { ty, k, p, mr, residual, l6: true });
-                    }
-                }
+                v.extend([false, true].map(|residual| Mmvq { ty, k, p, mr, residual }));
             }
         }
         for &(ty, k, p) in &q8.gu {
@@ -381,7 +343,7 @@ impl KernelSet {
         ));
         s.push_str(&format!("#define ATT_MIN_SPLIT {}\n#define ATT_CL {}\n", 32 * att_warps, q8.att_cl));
         s.push_str(&format!("#define ATT_SPLITS {}\n#define ATT_LONG {}\n", q8.att_splits.max(1), q8.att_long));
-        s.push_str(&format!("#define GU_DOT2 {}\n#define WCG {}\n", u8::from(q8.gu_dot2), u8::from(q8.wcg)));
+        s.push_str(&format!("#define GU_DOT2 {}\n", u8::from(q8.gu_dot2)));
         s.push_str(backend::cuda::KERNELS);
         s.push('\n');
         for k in self.instances() {
@@ -482,11 +444,8 @@ mod tests {
             xperm: true,
             fuse_norm: true,
             qkv_rope: true,
-            gu_smem: true,
             att_warps: 16,
             gu_dot2: true,
-            x6: true,
-            wcg: true,
             att_cl: 16,
             att_splits: 16,
             att_long: 512,

@@ -5,7 +5,6 @@
 use std::ffi::c_void;
 
 use backend::cuda::DevBuf;
-use gguf::GgmlType;
 
 use super::kernels::{Kernel as K, guq_fused, warps_per_row};
 use super::meta::Seg;
@@ -52,10 +51,8 @@ impl CudaRunner {
             return Ok(());
         }
         let mut p = args.ptrs();
-        let in_graph = self.opts.graph_pdl
-            || self.pdl_scope.get()
-            || self.opts.graph_pdl_kernels.iter().any(|k| kernel.name().contains(k.as_str()));
-        let pdl = self.opts.pdl && (!self.capturing.get() || in_graph);
+        // Inside graphs only where `pdl_scope` says (every kernel there was slower: benchmarks/log, stretch 12).
+        let pdl = self.opts.pdl && (!self.capturing.get() || self.pdl_scope.get());
         self.gpu.launch_pdl(f, grid, block, &mut p, pdl)?;
         Ok(())
     }
@@ -106,22 +103,8 @@ impl CudaRunner {
     /// that table names) quantized to 8 bits into `xq` (int8) and `xd` (a float2 per 32 values).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn quant(&self, x: u64, norm: u64, rows: u64, xq: u64, xd: u64, m: usize, k: usize) -> Result<()> {
-        self.quant_l(x, norm, rows, xq, xd, m, k, false)
-    }
-    /// `quant`, in the xpos6 layout with `l6` (the input of a Q6_K down projection, `CudaOptions::x6`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn quant_l(
-        &self,
-        x: u64,
-        norm: u64,
-        rows: u64,
-        xq: u64,
-        xd: u64,
-        m: usize,
-        k: usize,
-        l6: bool,
-    ) -> Result<()> {
-        let args = Args(vec![x, norm, rows, xq, xd, i(k), u64::from(l6)]);
+        // The last argument (0) is the kernel's unused xpos6 layout flag.
+        let args = Args(vec![x, norm, rows, xq, xd, i(k), 0]);
         self.launch(K::QuantQ8, (m as u32, k.div_ceil(256) as u32, 1), 256, args)
     }
 
@@ -159,24 +142,9 @@ impl CudaRunner {
         m: usize,
         residual: bool,
     ) -> Result<()> {
-        self.mmvq_l(w, xq, xd, y, bias, m, residual, false)
-    }
-    /// `mmvq` on an input in the xpos6 layout with `l6` (a Q6_K down projection, `CudaOptions::x6`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn mmvq_l(
-        &self,
-        w: &GMat,
-        xq: u64,
-        xd: u64,
-        y: u64,
-        bias: Option<&DevBuf>,
-        m: usize,
-        residual: bool,
-        l6: bool,
-    ) -> Result<()> {
-        let pt = q8_threads(w.cols, w.rows, self.opts.q8_its(), 128);
+        let pt = q8_threads(w.cols, w.rows, self.opts.q8_iters, 128);
         let mr = pick_mr(m);
-        let kernel = K::Mmvq { ty: w.ty, k: w.cols, p: pt, mr, residual, l6 };
+        let kernel = K::Mmvq { ty: w.ty, k: w.cols, p: pt, mr, residual };
         let grid = (w.rows.div_ceil((128 / pt).max(1)) as u32, m.div_ceil(mr) as u32, 1);
         let b = bias.map_or(0, |b| b.ptr);
         self.launch(kernel, grid, 128, Args(vec![w.buf.ptr, xq, xd, y, b, i(m), i(w.rows)]))
@@ -191,10 +159,9 @@ impl CudaRunner {
         if r > 0 && self.q8_out && !(r >= GEMM_MIN_ROWS && self.blas.is_some() && self.opts.gemm) {
             let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
             let out = self.output.as_ref().unwrap_or(&self.embd);
-            let l6 = self.opts.x6 && out.ty == GgmlType::Q6_K;
             let h = self.cfg.hidden_size;
-            self.quant_l(s.x.ptr, self.output_norm.ptr, self.meta.get().out_rows, s.xq8.ptr, s.xds.ptr, r, h, l6)?;
-            self.mmvq_l(out, s.xq8.ptr, s.xds.ptr, s.logits.ptr, None, r, false, l6)?;
+            self.quant(s.x.ptr, self.output_norm.ptr, self.meta.get().out_rows, s.xq8.ptr, s.xds.ptr, r, h)?;
+            self.mmvq(out, s.xq8.ptr, s.xds.ptr, s.logits.ptr, None, r, false)?;
         } else if r > 0 {
             let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
             self.launch(
@@ -276,7 +243,7 @@ impl CudaRunner {
                     self.quant(x, l.attn_norm.ptr, 0, xq, xd, m, c.hidden_size)?;
                 }
                 let rows = c.q_dim() + 2 * c.kv_dim();
-                let pt = q8_threads(c.hidden_size, rows, self.opts.q8_its(), 32);
+                let pt = q8_threads(c.hidden_size, rows, self.opts.q8_iters, 32);
                 let mr = pick_mr(m);
                 self.launch(
                     K::Qkvq { t: [l.wq.ty, l.wk.ty, l.wv.ty], p: pt, mr },
@@ -308,13 +275,13 @@ impl CudaRunner {
                 if !self.opts.qkv_rope {
                     self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, meta.table], mu)?;
                 }
-            } else if !fused || !self.opts.fuse_rope {
+            } else {
                 if fused {
                     // RMSNorm fused into one launch of the three projections.
                     let mr = pick_mr(m);
                     let rows = c.q_dim() + 2 * c.kv_dim();
                     self.launch(
-                        K::Qkv { t: [l.wq.ty, l.wk.ty, l.wv.ty], mr, rope: false },
+                        K::Qkv { t: [l.wq.ty, l.wk.ty, l.wv.ty], mr },
                         (rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1),
                         128,
                         Args(vec![
@@ -340,33 +307,6 @@ impl CudaRunner {
                     self.mmv_m(&l.wv, xn, v, l.bv.as_ref(), m, false, &mut memo)?;
                 }
                 self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, meta.table], mu)?;
-            } else {
-                // RMSNorm, biases, RoPE and the KV write fused into one launch of the three projections.
-                let mr = pick_mr(m);
-                let pairs = (c.q_dim() + 2 * c.kv_dim()) / 2;
-                self.launch(
-                    K::Qkv { t: [l.wq.ty, l.wk.ty, l.wv.ty], mr, rope: true },
-                    (pairs.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1),
-                    128,
-                    Args(vec![
-                        l.wq.buf.ptr,
-                        l.wk.buf.ptr,
-                        l.wv.buf.ptr,
-                        x,
-                        l.attn_norm.ptr,
-                        p(&l.bq),
-                        p(&l.bk),
-                        p(&l.bv),
-                        q,
-                        self.inv_freq.ptr,
-                        pos,
-                        slot,
-                        meta.table,
-                        self.kc[li].ptr,
-                        self.vc[li].ptr,
-                        i(m),
-                    ]),
-                )?;
             }
             // Decode batches split the positions most: into one cluster of `att_cl` splits while the contexts fit.
             let splits = att_splits(m, self.att_sg.get());
@@ -407,9 +347,8 @@ impl CudaRunner {
                 let (dq, dd) =
                     (s.xq8b.ptr + (r0 * c.ffn_size) as u64, s.xdsb.ptr + (r0 * (c.ffn_size / 32) * 8) as u64);
                 let mut down_in_q8 = false;
-                let l6 = self.opts.x6 && l.down.ty == GgmlType::Q6_K && l.down.cols == c.ffn_size;
                 if l.gate.ty == l.up.ty {
-                    let pt = q8_threads(l.gate.cols, l.gate.rows, self.opts.q8_its(), 32);
+                    let pt = q8_threads(l.gate.cols, l.gate.rows, self.opts.q8_iters, 32);
                     let mr = pick_mr(m);
                     down_in_q8 = guq_fused(pt) && self.opts.gu_fuse;
                     let (ty, kc, n) = (l.gate.ty, l.gate.cols, l.gate.rows);
@@ -425,7 +364,7 @@ impl CudaRunner {
                         dd,
                         x,
                         l.ffn_norm.ptr,
-                        u64::from(l6),
+                        0,
                     ]);
                     let (rows_per_block, threads) = if down_in_q8 { (32, 32 * pt) } else { (128 / pt, 128) };
                     self.launch(
@@ -441,31 +380,21 @@ impl CudaRunner {
                     self.launch(K::SiluMul, (n.div_ceil(256) as u32, 1, 1), 256, Args(vec![gate, up, i(n)]))?;
                 }
                 if !down_in_q8 {
-                    self.quant_l(gate, 0, 0, dq, dd, m, c.ffn_size, l6)?;
+                    self.quant(gate, 0, 0, dq, dd, m, c.ffn_size)?;
                 }
-                self.mmvq_l(&l.down, dq, dd, x, None, m, true, l6)?;
+                self.mmvq(&l.down, dq, dd, x, None, m, true)?;
                 continue;
             }
             self.mmv(&l.wo, att, x, None, m, true)?;
             self.pdl_scope.set(false);
             let mut memo = None;
-            if l.gate.ty == l.up.ty && fused && self.opts.fuse_ffn_norm {
-                // The FFN RMSNorm fused into the gate/up kernel (as the attention norm is into QKV).
-                let mr = pick_mr(m);
-                let grid = (l.gate.rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1);
-                self.launch(
-                    K::Gu { ty: l.gate.ty, k: l.gate.cols, mr, norm: true },
-                    grid,
-                    128,
-                    Args(vec![l.gate.buf.ptr, l.up.buf.ptr, x, gate, i(m), i(l.gate.rows), l.ffn_norm.ptr]),
-                )?;
-            } else if l.gate.ty == l.up.ty {
+            if l.gate.ty == l.up.ty {
                 self.launch(K::RmsNorm, (mu, 1, 1), 256, Args(vec![x, l.ffn_norm.ptr, xn, 0]))?;
                 let xin = self.act(&l.gate, xn, m, &mut memo)?;
                 let mr = pick_mr(m);
                 let grid = (l.gate.rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1);
                 self.launch(
-                    K::Gu { ty: l.gate.ty, k: l.gate.cols, mr, norm: false },
+                    K::Gu { ty: l.gate.ty, k: l.gate.cols, mr },
                     grid,
                     128,
                     Args(vec![l.gate.buf.ptr, l.up.buf.ptr, xin, gate, i(m), i(l.gate.rows)]),

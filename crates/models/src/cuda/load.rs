@@ -13,6 +13,7 @@ use super::meta::Meta;
 use super::runner::{CudaLoadStats, GLayer, GMat, StepTimer, event_err};
 use super::tactics::{q8_ok, q8_threads, supported};
 use super::{CudaOptions, CudaRunner, FUSE_NORM_MAX_HIDDEN, PAGE_SIZE};
+use crate::kv_cache::BlockTable;
 use crate::{Error, Result, Weights};
 
 impl CudaRunner {
@@ -61,8 +62,7 @@ impl CudaRunner {
         }
         // Layers (and the output matrix) on the 8-bit-activation kernels, and the instantiations they need.
         let q8_on = opts.q8 && !opts.exact_activations;
-        let it = opts.q8_its();
-        opts.x6 &= opts.xperm;
+        let it = opts.q8_iters;
         opts.fuse_norm &= q8_on && cfg.hidden_size <= FUSE_NORM_MAX_HIDDEN && cfg.hidden_size.is_multiple_of(64);
         opts.qkv_rope &= q8_on
             && !cfg.qk_norm
@@ -77,11 +77,8 @@ impl CudaRunner {
             xperm: opts.xperm,
             fuse_norm: opts.fuse_norm,
             qkv_rope: opts.qkv_rope,
-            gu_smem: opts.gu_smem,
             att_warps: opts.att_warps,
             gu_dot2: opts.gu_dot2,
-            x6: opts.x6,
-            wcg: opts.wcg,
             att_cl: opts.att_cl,
             att_splits: opts.att_splits,
             att_long: opts.att_long,
@@ -123,7 +120,9 @@ impl CudaRunner {
             add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
         }
         let set = KernelSet { mats, gu, qkv, embd: (weights.token_embd.ty, cfg.hidden_size), q8: q8k };
-        let (module, compile_s, hit) = gpu.compile(&set.source(&cfg), opts.cache_dir.clone())?;
+        let source = set.source(&cfg);
+        let identity = super::kv::identity(file.bytes(), &source, &opts);
+        let (module, compile_s, hit) = gpu.compile(&source, opts.cache_dir.clone())?;
         stats.compile_s = compile_s;
         stats.cache_hit = hit;
         let kernels = KernelTable::load(&module, &set)?;
@@ -227,8 +226,10 @@ impl CudaRunner {
             kc,
             vc,
             max_pages,
-            free_pages: (0..num_pages as u32).rev().collect(),
-            seqs: HashMap::new(),
+            table: BlockTable::with_block_tokens(num_pages, PAGE_SIZE),
+            page_bytes,
+            store: None,
+            identity,
             scratch: None,
             graphs: HashMap::new(),
             meta: std::cell::Cell::new(Meta::default()),

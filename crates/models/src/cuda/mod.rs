@@ -25,6 +25,7 @@
 //! metadata), `tactics` (shape decisions: threads per row, attention splits) and `layout` (weights' device layout).
 
 mod kernels;
+mod kv;
 mod layer;
 mod layout;
 mod load;

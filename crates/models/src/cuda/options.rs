@@ -1,4 +1,8 @@
-//! The CUDA runner's switches: one field each, with one default.
+//! The CUDA runner's switches: one field each, with one default (each may be set from its `SPLASH_CUDA_*` variable
+//! for measuring, in `Default`). The experiments measured not faster were deleted; their numbers stay in
+//! benchmarks/log (RoPE in the f32 QKV kernel, the FFN norm in the f32 gate/up kernel, PDL on every kernel in graphs,
+//! gate/up weights in shared memory, the xpos6 layout, L2-only weight loads, a second thread count for small
+//! matrices).
 
 use std::path::PathBuf;
 
@@ -13,9 +17,6 @@ pub struct CudaOptions {
     pub graphs: bool,
     /// Where compiled kernels are cached (None: no cache).
     pub cache_dir: Option<PathBuf>,
-    /// Apply RoPE and write the KV cache inside the fused QKV kernel (two rows per warp) instead of a separate
-    /// launch.
-    pub fuse_rope: bool,
     /// Round activations to 8 bits before quantized matrix products exactly as the CPU backend and ggml do
     /// (Q8_0 / Q8_1 / Q8_K), so both backends compute the same function. Off: f32 activations.
     pub exact_activations: bool,
@@ -24,27 +25,21 @@ pub struct CudaOptions {
     /// Launch kernels outside CUDA graphs (prefill) with programmatic dependent launch (Hopper and later): each
     /// kernel's start and weight prefetch overlap the previous kernel's end. Measured on the H200: prefill 512
     /// +10%, 4096 +2.5%; inside decode graphs on every kernel it was slower (1.5B 441 vs 450 tok/s, 0.5B 640 vs
-    /// 718), so graphs use it only where `graph_pdl_att` says.
+    /// 718; benchmarks/log, stretches 3 and 12), so graphs use it only where `graph_pdl_att` says.
     pub pdl: bool,
-    /// Fuse the FFN RMSNorm into the gate/up kernel where the QKV kernel fuses the attention norm.
-    pub fuse_ffn_norm: bool,
     /// Profiling only (wrong results): stages left out of every layer, to time the others by difference.
     pub skip: Vec<String>,
     /// Matrix-vector products of Q4_K / Q6_K layers on 8-bit activations with dp4a (like ggml's mmvq) instead of
     /// dequantizing every weight to f32. Chosen per model, so a sequence's results do not depend on its batch.
     pub q8: bool,
-    /// Target pairs of 32-blocks per thread in those kernels (sets how many threads split one weight row) ...
+    /// Target pairs of 32-blocks per thread in those kernels (sets how many threads split one weight row;
+    /// `SPLASH_CUDA_Q8_IT`, default 3: 1, 2, 4, 5 and 6 were no faster, and a separate count for the small matrices
+    /// made no measurable difference: benchmarks/log, stretches 10 and 11).
     pub q8_iters: usize,
-    /// ... and in those of matrices under `Q8_SMALL_VALUES` values.
-    pub q8_iters_small: usize,
-    /// Programmatic dependent launch inside CUDA graphs too (the 8-bit kernels load their weights before waiting
-    /// for the previous kernel).
-    pub graph_pdl: bool,
-    /// ... for the kernels whose names contain one of these (`SPLASH_CUDA_GRAPH_PDL_K=a,b`; experiments) ...
-    pub graph_pdl_kernels: Vec<String>,
-    /// ... for the attention kernel and the output projection after it (`SPLASH_CUDA_GRAPH_PDL_ATT=0` turns it off):
+    /// Programmatic dependent launch inside CUDA graphs for the attention kernel and the output projection after it
+    /// (`SPLASH_CUDA_GRAPH_PDL_ATT=0` turns it off):
     /// the attention's metadata and page-table reads and K/V prefetch, then the projection's weight loads, overlap
-    /// the kernel before each. Measured on the H200 (stretch 12, call F): 1.5B decode 1,194 vs 1,145 tok/s, 0.5B
+    /// the kernel before each. Measured on the H200 (benchmarks/log, stretch 12, call F): 1.5B decode 1,194 vs 1,145 tok/s, 0.5B
     /// 1,796 vs 1,672; with the QKV kernel too 1,083, every kernel 1,129.
     pub graph_pdl_att: bool,
     /// Select the largest logits for sampling on the device (`topk_rows`) instead of copying rows back
@@ -70,27 +65,14 @@ pub struct CudaOptions {
     /// The 8-bit QKV kernel applies RoPE and writes K and V into the paged cache in its epilogue (the same bits as
     /// the `rope_kv` launch it replaces; models without a per-head q/k norm). Off: `SPLASH_CUDA_QKV_ROPE=0`.
     pub qkv_rope: bool,
-    /// The Q4_K gate/up kernels that also write the down projection's input hold the up rows' weights in shared
-    /// memory (cp.async) rather than registers, and ask for 3 blocks per multiprocessor (`SPLASH_CUDA_GU_SMEM=1`;
-    /// the same sums). Off by default: slower on the H200 (1.5B 964-979 vs 999-1001 tok/s; BENCHMARKS.md, stretch 7).
-    pub gu_smem: bool,
     /// Warps of an attention block (1..=32; each takes 32 positions per pass, and a split covers at least one pass
     /// of all of them): `SPLASH_CUDA_ATT_WARPS`. One split needs no second pass over partials. Default 4: 1, 2, 8
-    /// and 16 were all slower on the 1.5B at contexts 16, 512 and 2048 (BENCHMARKS.md, stretch 7).
+    /// and 16 were all slower on the 1.5B at contexts 16, 512 and 2048 (benchmarks/log, stretch 7).
     pub att_warps: usize,
     /// The gate/up kernels take pair i of the gate and the up row in turn and load the activations they share once
     /// (`SPLASH_CUDA_GU_DOT2`, default on; the same sums in the same order). 32B 138.3 vs 133.0-135.3 tok/s, 1.5B
-    /// 1,013-1,022 vs 999-1,008 (BENCHMARKS.md, stretch 8).
+    /// 1,013-1,022 vs 999-1,008 (benchmarks/log, stretch 8).
     pub gu_dot2: bool,
-    /// The 8-bit input of a Q6_K down projection or output matrix is written in a layout of its own (the
-    /// chunks a Q6_K pair multiplies, which are not consecutive, sit where one load instruction of a warp reads 512
-    /// contiguous bytes: see `xpos6` in kernels.cu). `SPLASH_CUDA_X6=1`; same values, same sums. Off by default: no
-    /// measurable gain on the H200 (32B 138.1-138.4 vs 138.3 tok/s, 1.5B equal; BENCHMARKS.md, stretch 8).
-    pub x6: bool,
-    /// Weights are loaded with `ld.global.cg` (cached in L2 only), so that they do not evict from L1 the activation
-    /// rows that every block re-reads (`SPLASH_CUDA_WCG=1`; 16-byte loads only; same bytes, same sums). Off by
-    /// default: slower on the H200 (1.5B 1,002-1,015 vs 1,015-1,023, 32B 136.4 vs 137.8; BENCHMARKS.md, stretch 8).
-    pub wcg: bool,
     /// Attention of passes whose contexts need at most this many splits (of 32 x `att_warps` positions) runs
     /// them as one thread-block cluster per (row, head), merged through distributed shared memory rather than
     /// global memory and a counter; the same bits (`SPLASH_CUDA_ATT_CL`: 0 off, 2, 4, 8 or 16; 16 needs the
@@ -105,7 +87,7 @@ pub struct CudaOptions {
     /// Past `att_splits` x this many positions, a decode row's attention takes one split per this many positions
     /// (`SPLASH_CUDA_ATT_LONG`, default 512; 0: never more than `att_splits`), in a launch sized by the pass's
     /// longest context (a power of two, its own CUDA graph). A row's splits still depend on its own context alone.
-    /// Measured on the H200 (1.5B, stretch 12): at 16K positions 32 splits of 512 decode 5% faster than 16 of 1,024;
+    /// Measured on the H200 (1.5B, benchmarks/log, stretch 12): at 16K positions 32 splits of 512 decode 5% faster than 16 of 1,024;
     /// at 4K, 16 of 256 are 6% faster than 32 of 128.
     pub att_long: usize,
     /// Decode ahead ([`Runner::forward_argmax_ahead`]): the next step of a single greedy sequence is enqueued before
@@ -114,24 +96,16 @@ pub struct CudaOptions {
     pub ahead: bool,
 }
 
-impl CudaOptions {
-    pub(super) fn q8_its(&self) -> (usize, usize) {
-        (self.q8_iters, self.q8_iters_small)
-    }
-}
-
 impl Default for CudaOptions {
     fn default() -> Self {
-        let graphs = std::env::var("SPLASH_CUDA_GRAPHS").map(|v| v != "0").unwrap_or(true);
-        let exact_activations = std::env::var("SPLASH_CUDA_EXACT").is_ok_and(|v| v == "1");
-        let fuse_rope = std::env::var("SPLASH_CUDA_FUSE_ROPE").is_ok_and(|v| v == "1");
-        let gemm = std::env::var("SPLASH_CUDA_GEMM").map(|v| v != "0").unwrap_or(true);
-        let pdl = std::env::var("SPLASH_CUDA_PDL").map(|v| v != "0").unwrap_or(true);
+        let graphs = flag("SPLASH_CUDA_GRAPHS", true);
+        let exact_activations = flag("SPLASH_CUDA_EXACT", false);
+        let gemm = flag("SPLASH_CUDA_GEMM", true);
+        let pdl = flag("SPLASH_CUDA_PDL", true);
         let skip = std::env::var("SPLASH_CUDA_PROFILE_SKIP")
             .map(|v| v.split(',').map(str::to_string).filter(|s| !s.is_empty()).collect())
             .unwrap_or_default();
-        let fuse_ffn_norm = std::env::var("SPLASH_CUDA_FUSE_FFN_NORM").is_ok_and(|v| v == "1");
-        let q8 = std::env::var("SPLASH_CUDA_Q8").map(|v| v != "0").unwrap_or(true);
+        let q8 = flag("SPLASH_CUDA_Q8", true);
         let q8_iters =
             std::env::var("SPLASH_CUDA_Q8_IT").ok().and_then(|v| v.parse().ok()).unwrap_or(3usize).clamp(1, 8);
         CudaOptions {
@@ -140,32 +114,22 @@ impl Default for CudaOptions {
             graphs,
             cache_dir: None,
             exact_activations,
-            fuse_rope,
             gemm,
             pdl,
             skip,
-            fuse_ffn_norm,
             q8,
             q8_iters,
-            q8_iters_small: env_usize("SPLASH_CUDA_Q8_IT_SMALL", q8_iters).clamp(1, 8),
-            graph_pdl: std::env::var("SPLASH_CUDA_GRAPH_PDL").is_ok_and(|v| v == "1"),
-            graph_pdl_att: std::env::var("SPLASH_CUDA_GRAPH_PDL_ATT").map_or(true, |v| v != "0"),
-            graph_pdl_kernels: std::env::var("SPLASH_CUDA_GRAPH_PDL_K")
-                .map(|v| v.split(',').map(str::to_string).filter(|s| !s.is_empty()).collect())
-                .unwrap_or_default(),
-            device_candidates: std::env::var("SPLASH_CUDA_CANDIDATES").map_or(true, |v| v != "0"),
-            gu_fuse: std::env::var("SPLASH_CUDA_GU_FUSE").map(|v| v != "0").unwrap_or(true),
-            att_q8: std::env::var("SPLASH_CUDA_ATT_Q8").map(|v| v != "0").unwrap_or(true),
-            repack: std::env::var("SPLASH_CUDA_REPACK").map(|v| v != "0").unwrap_or(true),
-            att_dyn: std::env::var("SPLASH_CUDA_ATT_DYN").map(|v| v != "0").unwrap_or(true),
-            xperm: std::env::var("SPLASH_CUDA_XPERM").map(|v| v != "0").unwrap_or(true),
-            fuse_norm: std::env::var("SPLASH_CUDA_FUSE_NORM").map(|v| v != "0").unwrap_or(true),
-            qkv_rope: std::env::var("SPLASH_CUDA_QKV_ROPE").map(|v| v != "0").unwrap_or(true),
-            gu_smem: std::env::var("SPLASH_CUDA_GU_SMEM").is_ok_and(|v| v == "1"),
+            graph_pdl_att: flag("SPLASH_CUDA_GRAPH_PDL_ATT", true),
+            device_candidates: flag("SPLASH_CUDA_CANDIDATES", true),
+            gu_fuse: flag("SPLASH_CUDA_GU_FUSE", true),
+            att_q8: flag("SPLASH_CUDA_ATT_Q8", true),
+            repack: flag("SPLASH_CUDA_REPACK", true),
+            att_dyn: flag("SPLASH_CUDA_ATT_DYN", true),
+            xperm: flag("SPLASH_CUDA_XPERM", true),
+            fuse_norm: flag("SPLASH_CUDA_FUSE_NORM", true),
+            qkv_rope: flag("SPLASH_CUDA_QKV_ROPE", true),
             att_warps: env_usize("SPLASH_CUDA_ATT_WARPS", ATT_WARPS).clamp(1, 32),
-            gu_dot2: std::env::var("SPLASH_CUDA_GU_DOT2").map(|v| v != "0").unwrap_or(true),
-            x6: std::env::var("SPLASH_CUDA_X6").is_ok_and(|v| v == "1"),
-            wcg: std::env::var("SPLASH_CUDA_WCG").is_ok_and(|v| v == "1"),
+            gu_dot2: flag("SPLASH_CUDA_GU_DOT2", true),
             att_cl: match env_usize("SPLASH_CUDA_ATT_CL", ATT_CL) {
                 c @ (2 | 4 | 8 | 16) => c,
                 _ => 0,
@@ -173,9 +137,14 @@ impl Default for CudaOptions {
             att_cl_rows: env_usize("SPLASH_CUDA_ATT_CL_ROWS", ATT_CL_ROWS),
             att_splits: env_usize("SPLASH_CUDA_ATT_SPLITS", 16).clamp(1, 128),
             att_long: env_usize("SPLASH_CUDA_ATT_LONG", 512),
-            ahead: std::env::var("SPLASH_CUDA_AHEAD").map_or(true, |v| v != "0"),
+            ahead: flag("SPLASH_CUDA_AHEAD", true),
         }
     }
+}
+
+/// The environment variable `name` as a switch: "0" off, "1" on, else `default`.
+fn flag(name: &str, default: bool) -> bool {
+    std::env::var(name).map_or(default, |v| if default { v != "0" } else { v == "1" })
 }
 
 /// The environment variable `name` as a number, or `default` when unset or not a number.

@@ -72,7 +72,7 @@ impl CudaRunner {
         }
         let pos = a.pos;
         self.ahead = None;
-        self.seqs.get_mut(&c.seq).expect("INVARIANT: started ahead for a held sequence").len += 1;
+        self.table.commit(c.seq, c.tokens);
         Some(pos)
     }
 

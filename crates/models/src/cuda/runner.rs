@@ -13,6 +13,8 @@ use super::meta::{GemmChunk, Meta, Seg, pack_meta};
 use super::prefill::GemmScratch;
 use super::tactics::{att_splits, decode_splits};
 use super::{ARGMAX_BLOCKS, CudaOptions, DEVICE_CANDIDATES, GEMM_MIN_ROWS, MAX_GRAPH_ROWS, PAGE_SIZE, TOPK_BLOCKS};
+use crate::kv_cache::{BlockTable, KvUsage};
+use crate::prefix_store::PrefixStore;
 use crate::{Batch, Error, ModelConfig, Result, Runner, SeqId};
 
 /// What loading cost: NVRTC compile seconds (0 on a cache hit), upload seconds.
@@ -51,11 +53,6 @@ pub(super) struct GLayer {
     pub(super) gate: GMat,
     pub(super) up: GMat,
     pub(super) down: GMat,
-}
-
-pub(super) struct SeqState {
-    pub(super) len: usize,
-    pub(super) pages: Vec<u32>,
 }
 
 /// Activations and per-step metadata, sized for `cap_m` rows, `cap_chunks` sequences and `cap_r` logit rows.
@@ -122,8 +119,15 @@ pub struct CudaRunner {
     pub(super) kc: Vec<DevBuf>,
     pub(super) vc: Vec<DevBuf>,
     pub(super) max_pages: usize,
-    pub(super) free_pages: Vec<u32>,
-    pub(super) seqs: HashMap<SeqId, SeqState>,
+    /// Which pages each sequence holds, their reference counts and the prefix cache ([`BlockTable`] with pages of
+    /// [`PAGE_SIZE`] positions): page `b` of layer `l` is `PAGE_SIZE` rows of `kc[l]` / `vc[l]` at `b * page_bytes`.
+    pub(super) table: BlockTable,
+    /// Bytes of one page of one layer's K (or V).
+    pub(super) page_bytes: usize,
+    /// Prefix pages on disk, when enabled (`kv.rs`).
+    pub(super) store: Option<PrefixStore>,
+    /// The model's identity for the disk tier (`prefix_store::model_identity`, with the device's KV layout).
+    pub(super) identity: String,
     pub(super) scratch: Option<Scratch>,
     /// Per (rows, logit rows, sequences, pick on the device: `pick`, clustered attention: `att_cl`, decode
     /// attention splits: `att_sg`).
@@ -229,18 +233,12 @@ impl CudaRunner {
 
     pub(super) fn validate(&self, batch: &Batch<'_>) -> Result<()> {
         batch.validate(&self.cfg, |seq| self.seq_len(seq))?;
-        let new_pages: usize = batch
-            .chunks
-            .iter()
-            .map(|c| {
-                let have = self.seqs.get(&c.seq).map_or(0, |s| s.pages.len());
-                (c.start_pos + c.tokens.len()).div_ceil(PAGE_SIZE).saturating_sub(have)
-            })
-            .sum();
-        if new_pages > self.free_pages.len() {
+        let new_pages: usize =
+            batch.chunks.iter().map(|c| self.table.blocks_needed(c.seq, c.start_pos + c.tokens.len())).sum();
+        let available = self.table.num_available();
+        if new_pages > available {
             return Err(Error::Backend(format!(
-                "the GPU KV cache is full ({} pages of {PAGE_SIZE} tokens free, {new_pages} needed)",
-                self.free_pages.len()
+                "the GPU KV cache is full ({available} pages of {PAGE_SIZE} tokens free, {new_pages} needed)"
             )));
         }
         Ok(())
@@ -347,12 +345,9 @@ impl CudaRunner {
         // Pages for the new tokens.
         let mut new_pages = false;
         for c in &batch.chunks {
-            let st = self.seqs.entry(c.seq).or_insert_with(|| SeqState { len: 0, pages: Vec::new() });
-            let need = (c.start_pos + c.tokens.len()).div_ceil(PAGE_SIZE);
-            while st.pages.len() < need {
-                st.pages.push(self.free_pages.pop().expect("INVARIANT: validate counted the free pages"));
-                new_pages = true;
-            }
+            let end = c.start_pos + c.tokens.len();
+            new_pages |= self.table.blocks_needed(c.seq, end) > 0;
+            self.table.reserve(c.seq, end).expect("INVARIANT: validate counted the free pages");
         }
         // Per-row metadata, packed into the page-locked buffer (once the previous pass's copy out of it is done) and
         // copied in one piece. A pass started ahead follows one row of the same sequence, whose pick already wrote
@@ -362,10 +357,10 @@ impl CudaRunner {
         let (meta, words) = Meta::packed(s.meta.ptr, m, r, nchunks, self.max_pages);
         if !ahead || new_pages {
             s.meta_copied.synchronize().map_err(event_err)?;
-            let seqs = &self.seqs;
+            let table = &self.table;
             pack_meta(
                 batch,
-                |ci| &seqs[&batch.chunks[ci].seq].pages,
+                |ci| table.blocks(batch.chunks[ci].seq),
                 self.max_pages,
                 &mut s.meta_host.as_mut_slice()[..words],
             );
@@ -421,10 +416,10 @@ impl CudaRunner {
             t.steps += 1;
         }
         if !ahead {
+            // The pages the pass fills: full ones are registered for prefix reuse (any reader runs after this pass
+            // in the stream).
             for c in &batch.chunks {
-                if let Some(st) = self.seqs.get_mut(&c.seq) {
-                    st.len += c.tokens.len();
-                }
+                self.table.commit(c.seq, c.tokens);
             }
         }
         Ok(r)
@@ -474,32 +469,40 @@ impl Runner for CudaRunner {
         self.picks_candidates(batch, n)
     }
 
+    fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
+        self.attach_cached_prefix(seq, tokens)
+    }
+
+    fn idle_work(&mut self) -> bool {
+        self.save_idle_pages()
+    }
+
+    fn kv_usage(&self) -> KvUsage {
+        self.table.usage()
+    }
+
     /// The pick's probability is computed on the device ([`Runner::forward_top`]).
     fn top_prob_is_cheap(&self) -> bool {
         true
     }
 
     fn seq_len(&self, seq: SeqId) -> usize {
-        self.seqs.get(&seq).map_or(0, |s| s.len)
+        self.table.seq_len(seq)
     }
 
     fn truncate(&mut self, seq: SeqId, len: usize) {
         self.ahead = None;
-        if let Some(s) = self.seqs.get_mut(&seq)
-            && len < s.len
+        if let Some(copy) = self.table.truncate(seq, len)
+            && let Err(e) = self.copy_page(copy.from, copy.to)
         {
-            s.len = len;
-            let keep = len.div_ceil(PAGE_SIZE);
-            while s.pages.len() > keep {
-                self.free_pages.push(s.pages.pop().expect("INVARIANT: longer than keep"));
-            }
+            // The rows kept would be missing from the copy: the sequence cannot go on from here.
+            eprintln!("warning: copying a KV page on the GPU failed ({e}); sequence {seq} dropped");
+            self.table.release(seq);
         }
     }
 
     fn release(&mut self, seq: SeqId) {
         self.ahead = None;
-        if let Some(s) = self.seqs.remove(&seq) {
-            self.free_pages.extend(s.pages);
-        }
+        self.table.release(seq);
     }
 }

@@ -23,14 +23,9 @@ pub(super) fn q8_ok(ty: GgmlType, cols: usize) -> bool {
     }
 }
 
-/// Matrices of fewer values than this take `CudaOptions::q8_iters_small` pairs per thread.
-pub(super) const Q8_SMALL_VALUES: usize = 64 << 20;
-
 /// Threads that split one weight row of length `k` (`n` rows) in the 8-bit-activation kernels: enough that each
-/// takes at most `iters` pairs of 32-blocks (`(large, small)` by the matrix's size), more for small matrices (at
-/// least ~32k threads in all), at most `cap`.
-pub(super) fn q8_threads(k: usize, n: usize, (large, small): (usize, usize), cap: usize) -> usize {
-    let iters = if k * n < Q8_SMALL_VALUES { small } else { large };
+/// takes at most `iters` pairs of 32-blocks, more for small matrices (at least ~32k threads in all), at most `cap`.
+pub(super) fn q8_threads(k: usize, n: usize, iters: usize, cap: usize) -> usize {
     let pairs = k / 64;
     let mut p = 4;
     while p < cap && pairs.div_ceil(p) > iters {
