@@ -31,6 +31,7 @@ def post(system, user):
                                  {"Content-Type": "application/json"})
     t0 = time.perf_counter()
     r = json.load(urllib.request.urlopen(req, timeout=300))
+    post.last = r["choices"][0]["message"].get("content")
     return time.perf_counter() - t0, r.get("usage", {}).get("prompt_tokens")
 
 def kv():
@@ -61,6 +62,7 @@ try:
     res["cold_s"], res["prompt_tokens"] = post(system, qs[0])
     k0 = kv()
     res["warm_s"], _ = post(system, qs[1])
+    warm_reply = post.last
     k1 = kv()
     res["warm_hit_tokens"] = k1["prefix_hit_tokens"] - k0["prefix_hit_tokens"]
     res["status_kv"] = k1
@@ -81,7 +83,8 @@ finally:
     stop(p)
 p = start("0")
 try:
-    res["restart_recompute_s"], _ = post(system, qs[3])
+    res["restart_recompute_s"], _ = post(system, qs[1])
+    res["warm_reply_equals_recomputed"] = post.last == warm_reply
 finally:
     stop(p)
 res["warm_over_cold"] = res["warm_s"] / res["cold_s"]
@@ -90,5 +93,5 @@ print(json.dumps(res))
 print(f"{res['model']}: prompt {res['prompt_tokens']} tokens; cold {res['cold_s']:.3f} s, warm {res['warm_s']:.3f} s "
       f"({100 * res['warm_over_cold']:.1f}%), after restart from disk {res['restart_disk_s']:.3f} s "
       f"({100 * res['restart_disk_over_cold']:.1f}%, {res['restart_disk_hit_tokens']} tokens from disk), after restart "
-      f"recomputing {res['restart_recompute_s']:.3f} s; disk {res['disk_bytes'] / 1e9:.2f} GB; /status kv_cache "
+      f"recomputing {res['restart_recompute_s']:.3f} s (first token as the warm request's: {res['warm_reply_equals_recomputed']}); disk {res['disk_bytes'] / 1e9:.2f} GB; /status kv_cache "
       f"{json.dumps(res['status_kv'])}")

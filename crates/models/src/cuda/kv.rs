@@ -18,6 +18,8 @@ use crate::kv_cache::{BlockHash, chain_hash};
 use crate::prefix_store::{PrefixStore, model_identity};
 use crate::{Result, SeqId};
 
+/// Pages read back from disk together (on several threads) before they are copied to the device.
+const LOAD_BATCH: usize = 32;
 /// Pages written to disk per [`CudaRunner::save_idle_pages`] call (then the engine checks for work again).
 const SAVE_PER_CALL: usize = 8;
 
@@ -80,33 +82,52 @@ impl CudaRunner {
         Ok(())
     }
 
-    /// [`crate::Runner::attach_prefix`]: the longest prefix of `tokens` in cached pages, then page by page from disk
-    /// while the next page is there and intact and a page is free.
+    /// [`crate::Runner::attach_prefix`]: the longest prefix of `tokens` in cached pages, then from disk while the
+    /// next page is there and intact and a page is free: [`LOAD_BATCH`] pages at a time read and checked on several
+    /// threads, then copied to the device.
     pub(super) fn attach_cached_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
         let mut n = self.table.attach_prefix(seq, tokens);
         if self.store.is_none() {
             return n;
         }
-        let mut buf = vec![0u16; self.page_values()];
-        while n + PAGE_SIZE <= tokens.len() {
-            let chunk = &tokens[n..n + PAGE_SIZE];
-            let h = chain_hash(&self.table.last_hash(seq), chunk);
+        let mut bufs: Vec<Vec<u16>> = Vec::new();
+        let values = self.page_values();
+        loop {
+            // The next pages' hashes, while the disk has them.
+            let mut hashes = Vec::new();
+            let mut prev = self.table.last_hash(seq);
             let store = self.store.as_mut().expect("INVARIANT: checked above");
-            if !store.contains(&h) || !store.load(&h, &mut buf) {
-                break;
+            while hashes.len() < LOAD_BATCH && n + (hashes.len() + 1) * PAGE_SIZE <= tokens.len() {
+                let at = n + hashes.len() * PAGE_SIZE;
+                let h = chain_hash(&prev, &tokens[at..at + PAGE_SIZE]);
+                if !store.contains(&h) {
+                    break;
+                }
+                hashes.push(h);
+                prev = h;
             }
-            let Some(b) = self.table.attach_loaded(seq, h, chunk) else { break };
-            if let Err(e) = self.upload_page(b, &buf) {
-                eprintln!("warning: reading a prefix page back onto the GPU failed: {e}");
-                // The page holds nothing valid: the sequence keeps only the pages before it, and the page (cached
-                // under its hash once dropped) is evicted with the other unused ones.
-                self.table.truncate(seq, n);
-                self.table.evict_all();
-                break;
+            if hashes.is_empty() {
+                return n;
             }
-            n += PAGE_SIZE;
+            bufs.resize_with(hashes.len(), || vec![0u16; values]);
+            let loaded = store.load_many(&hashes, &mut bufs[..hashes.len()]);
+            for (h, buf) in hashes.iter().zip(&bufs).take(loaded) {
+                let chunk = &tokens[n..n + PAGE_SIZE];
+                let Some(b) = self.table.attach_loaded(seq, *h, chunk) else { return n };
+                if let Err(e) = self.upload_page(b, buf) {
+                    eprintln!("warning: reading a prefix page back onto the GPU failed: {e}");
+                    // The page holds nothing valid: the sequence keeps only the pages before it, and the page
+                    // (cached under its hash once dropped) is evicted with the other unused ones.
+                    self.table.truncate(seq, n);
+                    self.table.evict_all();
+                    return n;
+                }
+                n += PAGE_SIZE;
+            }
+            if loaded < hashes.len() {
+                return n;
+            }
         }
-        n
     }
 
     /// [`crate::Runner::idle_work`]: a few cached pages not yet on disk written there; true if more remain.

@@ -11,7 +11,7 @@ use gguf::GgmlType;
 use super::kernels::KernelTable;
 use super::meta::{GemmChunk, Meta, Seg, pack_meta};
 use super::prefill::GemmScratch;
-use super::tactics::{att_splits, decode_splits};
+use super::tactics::{att_splits, decode_splits, on_tensor_cores};
 use super::{ARGMAX_BLOCKS, CudaOptions, DEVICE_CANDIDATES, GEMM_MIN_ROWS, MAX_GRAPH_ROWS, PAGE_SIZE, TOPK_BLOCKS};
 use crate::kv_cache::{BlockTable, KvUsage};
 use crate::prefix_store::PrefixStore;
@@ -329,7 +329,7 @@ impl CudaRunner {
         let mut max_kv = 0;
         for (ci, c) in batch.chunks.iter().enumerate() {
             let n = c.tokens.len();
-            if gemm_ok && n >= GEMM_MIN_ROWS {
+            if gemm_ok && on_tensor_cores(n, c.start_pos) {
                 self.segs.push(Seg { r0, n, gemm: Some(GemmChunk { ci, start_pos: c.start_pos }) });
                 max_kv = max_kv.max(c.start_pos + n);
             } else if let Some(last) = self.segs.last_mut().filter(|s| s.gemm.is_none()) {
@@ -385,7 +385,8 @@ impl CudaRunner {
         let longest = batch.chunks.iter().map(|c| c.start_pos + c.tokens.len()).max().unwrap_or(0);
         self.att_sg.set(decode_splits(&self.opts, longest));
         let key = (m, r, nchunks, self.pick.get(), self.att_cl.get(), self.att_sg.get());
-        if self.opts.graphs && m <= MAX_GRAPH_ROWS {
+        // Graphs hold no cuBLAS call: a pass with a chunk on tensor cores is enqueued as it is.
+        if self.opts.graphs && m <= MAX_GRAPH_ROWS && self.segs.iter().all(|s| s.gemm.is_none()) {
             if !self.graphs.contains_key(&key) {
                 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
                 self.gpu

@@ -4,7 +4,7 @@
 
 use gguf::GgmlType;
 
-use super::CudaOptions;
+use super::{CudaOptions, GEMM_MIN_ROWS};
 
 /// Whether the CUDA kernels cover matrices of this type.
 pub(super) fn supported(ty: GgmlType) -> bool {
@@ -76,5 +76,38 @@ pub(super) fn pick_mr(m: usize) -> usize {
         2 => 2,
         3 | 4 => 4,
         _ => 8,
+    }
+}
+
+/// Past this many positions, chunks of more than [`LONG_CHUNK_MIN_ROWS`] rows run on tensor cores too.
+pub(super) const LONG_CONTEXT: usize = 4096;
+/// Rows a chunk needs beyond [`LONG_CONTEXT`] positions to run on tensor cores (decode and speculative
+/// verification rows stay on the matrix-vector kernels).
+pub(super) const LONG_CHUNK_MIN_ROWS: usize = 16;
+
+/// Whether a chunk of `n` tokens from position `start_pos` runs on tensor cores: from [`GEMM_MIN_ROWS`] rows, or
+/// past [`LONG_CONTEXT`] positions from [`LONG_CHUNK_MIN_ROWS`] + 1 (the tail of a prompt after a long cached prefix:
+/// on the matrix-vector kernels its attention takes one split per row over every position, 13.6% of the cold
+/// request's time for 74 rows after 16K cached on the H200, benchmarks/2026-12-01-cuda-core-cuda.txt). Chosen per
+/// chunk alone, so a sequence's results never depend on what else is in its batch.
+pub(super) fn on_tensor_cores(n: usize, start_pos: usize) -> bool {
+    n >= GEMM_MIN_ROWS || (n > LONG_CHUNK_MIN_ROWS && start_pos + n >= LONG_CONTEXT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Short chunks stay on the matrix-vector kernels until the context is long; decode and verification rows
+    /// always do.
+    #[test]
+    fn long_context_tails_run_on_tensor_cores() {
+        assert!(on_tensor_cores(GEMM_MIN_ROWS, 0));
+        assert!(!on_tensor_cores(GEMM_MIN_ROWS - 1, 0));
+        assert!(!on_tensor_cores(74, LONG_CONTEXT - 75));
+        assert!(on_tensor_cores(74, LONG_CONTEXT - 74));
+        assert!(on_tensor_cores(LONG_CHUNK_MIN_ROWS + 1, 16_192));
+        assert!(!on_tensor_cores(LONG_CHUNK_MIN_ROWS, 16_192));
+        assert!(!on_tensor_cores(1, 1 << 20));
     }
 }
