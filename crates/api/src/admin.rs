@@ -80,7 +80,8 @@ pub async fn status(State(state): State<Arc<AppState>>) -> Json<Value> {
             "draft": {"proposed": s.spec.draft_proposed, "accepted": s.spec.draft_accepted},
         },
         "kv_cache": {
-            "block_tokens": engine::KV_BLOCK_TOKENS,
+            // The runner's page size (the GPU's pages are larger than the CPU's); the CPU's for a runner without one.
+            "block_tokens": if s.kv.block_tokens > 0 { s.kv.block_tokens } else { engine::KV_BLOCK_TOKENS },
             "capacity_blocks": s.kv.capacity_blocks,
             "used_blocks": s.kv.used_blocks,
             "cached_blocks": s.kv.cached_blocks,

@@ -42,7 +42,7 @@ impl AnyRunner {
         }
     }
 
-    /// Keeps cached prompt prefixes on disk (CPU backend only for now).
+    /// Keeps cached prompt prefixes on disk.
     pub fn enable_prefix_store(
         &mut self,
         root: &std::path::Path,
@@ -50,7 +50,7 @@ impl AnyRunner {
     ) -> std::io::Result<&models::prefix_store::PrefixStore> {
         match self {
             AnyRunner::Cpu(r) => r.enable_prefix_store(root, max_bytes),
-            AnyRunner::Cuda(_) => Err(std::io::Error::other("the CUDA backend has no prefix cache yet")),
+            AnyRunner::Cuda(r) => r.enable_prefix_store(root, max_bytes),
         }
     }
 

@@ -1,5 +1,6 @@
-//! Paged KV cache bookkeeping, the same for every backend: fixed-size blocks of [`BLOCK_TOKENS`] positions,
-//! per-sequence block tables, reference counts, and the prefix cache.
+//! Paged KV cache bookkeeping, the same for every backend: fixed-size blocks (of [`BLOCK_TOKENS`] positions on the
+//! CPU; a backend chooses its own size, the CUDA runner 64), per-sequence block tables, reference counts, and the
+//! prefix cache.
 //!
 //! A backend owns the storage of each block (block `b`'s keys and values for every layer) and asks this table which
 //! block and row hold a sequence's position. Full blocks are registered under a chained hash of all tokens up to their
@@ -14,7 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::SeqId;
 
-/// Positions per block (the memory plan's page size).
+/// Positions per block on the CPU (the memory plan's page size); [`BlockTable::with_block_tokens`] takes another.
 pub const BLOCK_TOKENS: usize = 16;
 
 /// Identity of a full block: a hash of every token from the start of the sequence to the block's end.
@@ -36,6 +37,8 @@ pub fn chain_hash(prev: &BlockHash, tokens: &[u32]) -> BlockHash {
 /// Counters for `/status` and `/metrics`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KvUsage {
+    /// Positions per block.
+    pub block_tokens: usize,
     /// Most blocks the cache may hold.
     pub capacity_blocks: usize,
     /// Blocks held by running sequences.
@@ -57,10 +60,11 @@ struct SeqBlocks {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("the KV cache is full: {needed} more blocks of {BLOCK_TOKENS} tokens needed, {available} available")]
+#[error("the KV cache is full: {needed} more blocks of {block_tokens} tokens needed, {available} available")]
 pub struct CacheFull {
     pub needed: usize,
     pub available: usize,
+    pub block_tokens: usize,
 }
 
 /// A block that must be copied before its sequence writes to it (copy-on-write after a rollback into a shared block).
@@ -72,6 +76,8 @@ pub struct BlockCopy {
 
 #[derive(Debug)]
 pub struct BlockTable {
+    /// Positions per block.
+    block_tokens: usize,
     max_blocks: usize,
     /// Blocks that exist (have storage): ids `0..num_created`.
     num_created: usize,
@@ -89,8 +95,15 @@ pub struct BlockTable {
 }
 
 impl BlockTable {
+    /// A table of blocks of [`BLOCK_TOKENS`] positions.
     pub fn new(max_blocks: usize) -> Self {
+        Self::with_block_tokens(max_blocks, BLOCK_TOKENS)
+    }
+
+    /// A table of blocks of `block_tokens` positions (at least 1).
+    pub fn with_block_tokens(max_blocks: usize, block_tokens: usize) -> Self {
         BlockTable {
+            block_tokens: block_tokens.max(1),
             max_blocks,
             num_created: 0,
             refs: Vec::new(),
@@ -105,6 +118,11 @@ impl BlockTable {
         }
     }
 
+    /// Positions per block.
+    pub fn block_tokens(&self) -> usize {
+        self.block_tokens
+    }
+
     /// Blocks with storage so far; a backend allocates storage for new ids as this grows.
     pub fn num_created(&self) -> usize {
         self.num_created
@@ -116,6 +134,7 @@ impl BlockTable {
 
     pub fn usage(&self) -> KvUsage {
         KvUsage {
+            block_tokens: self.block_tokens,
             capacity_blocks: self.max_blocks,
             used_blocks: self.refs.iter().filter(|&&r| r > 0).count(),
             cached_blocks: self.lru.len(),
@@ -139,7 +158,7 @@ impl BlockTable {
 
     /// New blocks `seq` needs to grow to `new_len` positions.
     pub fn blocks_needed(&self, seq: SeqId, new_len: usize) -> usize {
-        new_len.div_ceil(BLOCK_TOKENS).saturating_sub(self.blocks(seq).len())
+        new_len.div_ceil(self.block_tokens).saturating_sub(self.blocks(seq).len())
     }
 
     fn touch(&mut self, b: u32) {
@@ -206,7 +225,7 @@ impl BlockTable {
         }
         let mut s = SeqBlocks::default();
         let mut prev = [0u8; 16];
-        for chunk in tokens.chunks_exact(BLOCK_TOKENS) {
+        for chunk in tokens.chunks_exact(self.block_tokens) {
             let h = chain_hash(&prev, chunk);
             let Some(&b) = self.by_hash.get(&h) else { break };
             self.take_ref(b);
@@ -231,7 +250,10 @@ impl BlockTable {
     /// (loaded from disk), registered under `hash`. `None` when no block is available.
     pub fn attach_loaded(&mut self, seq: SeqId, hash: BlockHash, tokens: &[u32]) -> Option<u32> {
         let s = self.seqs.get(&seq)?;
-        if tokens.len() != BLOCK_TOKENS || s.tokens.len() % BLOCK_TOKENS != 0 || self.by_hash.contains_key(&hash) {
+        if tokens.len() != self.block_tokens
+            || !s.tokens.len().is_multiple_of(self.block_tokens)
+            || self.by_hash.contains_key(&hash)
+        {
             return None;
         }
         if self.num_available() == 0 {
@@ -244,7 +266,7 @@ impl BlockTable {
         s.blocks.push(b);
         s.tokens.extend_from_slice(tokens);
         s.hashes.push(hash);
-        self.usage.hit_tokens += BLOCK_TOKENS as u64;
+        self.usage.hit_tokens += self.block_tokens as u64;
         Some(b)
     }
 
@@ -258,7 +280,7 @@ impl BlockTable {
     pub fn reserve(&mut self, seq: SeqId, new_len: usize) -> Result<(), CacheFull> {
         let needed = self.blocks_needed(seq, new_len);
         if needed > self.num_available() {
-            return Err(CacheFull { needed, available: self.num_available() });
+            return Err(CacheFull { needed, available: self.num_available(), block_tokens: self.block_tokens });
         }
         for _ in 0..needed {
             let b = self.alloc(false).expect("INVARIANT: availability checked above");
@@ -270,18 +292,19 @@ impl BlockTable {
 
     /// Block and row of `seq`'s position `pos` (reserved).
     pub fn slot(&self, seq: SeqId, pos: usize) -> (u32, usize) {
-        (self.blocks(seq)[pos / BLOCK_TOKENS], pos % BLOCK_TOKENS)
+        (self.blocks(seq)[pos / self.block_tokens], pos % self.block_tokens)
     }
 
     /// Records that `tokens` were written after `seq`'s current end, and registers the blocks they complete.
     pub fn commit(&mut self, seq: SeqId, tokens: &[u32]) {
+        let bt = self.block_tokens;
         let Some(s) = self.seqs.get_mut(&seq) else { return };
         s.tokens.extend_from_slice(tokens);
         let mut fresh = Vec::new();
-        while s.hashes.len() < s.tokens.len() / BLOCK_TOKENS {
+        while s.hashes.len() < s.tokens.len() / bt {
             let i = s.hashes.len();
             let prev = if i == 0 { [0u8; 16] } else { s.hashes[i - 1] };
-            let h = chain_hash(&prev, &s.tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]);
+            let h = chain_hash(&prev, &s.tokens[i * bt..(i + 1) * bt]);
             s.hashes.push(h);
             fresh.push((s.blocks[i], h));
         }
@@ -297,15 +320,15 @@ impl BlockTable {
     /// Drops `seq`'s positions from `len` on. Returns a copy the backend must make when the block now partly kept
     /// was shared (its rows before `len` must be copied to the new block).
     pub fn truncate(&mut self, seq: SeqId, len: usize) -> Option<BlockCopy> {
+        let bt = self.block_tokens;
         let s = self.seqs.get_mut(&seq)?;
         if len >= s.tokens.len() {
             return None;
         }
         s.tokens.truncate(len);
-        s.hashes.truncate(len / BLOCK_TOKENS);
-        let dropped: Vec<u32> = s.blocks.drain(len.div_ceil(BLOCK_TOKENS)..).collect();
-        let partial =
-            (!len.is_multiple_of(BLOCK_TOKENS)).then(|| *s.blocks.last().expect("INVARIANT: len > 0 has a block"));
+        s.hashes.truncate(len / bt);
+        let dropped: Vec<u32> = s.blocks.drain(len.div_ceil(bt)..).collect();
+        let partial = (!len.is_multiple_of(bt)).then(|| *s.blocks.last().expect("INVARIANT: len > 0 has a block"));
         for b in dropped {
             self.drop_ref(b);
         }
@@ -398,5 +421,32 @@ mod tests {
         assert_ne!(t.blocks(SeqId(2))[1], shared);
         assert_eq!(t.blocks(SeqId(3))[1], shared);
         assert_eq!(t.seq_len(SeqId(2)), 20);
+    }
+
+    /// A table of 64-position blocks (the GPU's pages) shares, hashes and rolls back by its own block size: the
+    /// same chained hashes as 16-position blocks would never match them.
+    #[test]
+    fn block_size_is_the_tables_own() {
+        let mut t = BlockTable::with_block_tokens(4, 64);
+        assert_eq!((t.block_tokens(), t.usage().block_tokens), (64, 64));
+        let a = toks(150, 3); // 2 full blocks + 22
+        assert_eq!(t.blocks_needed(SeqId(1), 150), 3);
+        write(&mut t, SeqId(1), &a);
+        assert_eq!(t.blocks(SeqId(1)).len(), 3);
+        assert_eq!(t.slot(SeqId(1), 130), (t.blocks(SeqId(1))[2], 2));
+        t.release(SeqId(1));
+        assert_eq!(t.usage().cached_blocks, 2);
+        assert_eq!(t.attach_prefix(SeqId(2), &a[..127]), 64, "only whole 64-position blocks are shared");
+        assert_eq!(t.attach_prefix(SeqId(3), &a), 128);
+        let h = chain_hash(&t.last_hash(SeqId(3)), &toks(64, 9));
+        assert_eq!(t.attach_loaded(SeqId(3), h, &toks(16, 9)), None, "a loaded block holds 64 positions");
+        assert!(t.attach_loaded(SeqId(3), h, &toks(64, 9)).is_some());
+        assert_eq!(t.seq_len(SeqId(3)), 192);
+        let err = t.reserve(SeqId(4), 2 * 64).expect_err("one block left");
+        assert_eq!((err.needed, err.available, err.block_tokens), (2, 1, 64));
+        // Rolling back into the second block, which sequence 2 does not share: unregistered, no copy.
+        assert_eq!(t.truncate(SeqId(3), 100), None);
+        t.release(SeqId(3));
+        assert_eq!(t.attach_prefix(SeqId(5), &a), 64);
     }
 }

@@ -119,6 +119,36 @@ impl PrefixStore {
         ok
     }
 
+    /// Reads blocks `hs[i]` into `dsts[i]` on several threads (reading and checking a block is independent of the
+    /// others); returns how many of the first blocks loaded before the first that failed (missing or failing a
+    /// check; those are removed as in [`Self::load`]).
+    pub fn load_many(&mut self, hs: &[BlockHash], dsts: &mut [Vec<u16>]) -> usize {
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(1, 16);
+        let per = hs.len().div_ceil(threads).max(1);
+        let ok: Vec<bool> = std::thread::scope(|sc| {
+            let this = &*self;
+            let jobs: Vec<_> = hs
+                .chunks(per)
+                .zip(dsts.chunks_mut(per))
+                .map(|(hs, ds)| {
+                    sc.spawn(move || {
+                        hs.iter()
+                            .zip(ds)
+                            .map(|(h, d)| this.contains(h) && this.read(h, d).unwrap_or(false))
+                            .collect::<Vec<bool>>()
+                    })
+                })
+                .collect();
+            jobs.into_iter().flat_map(|j| j.join().unwrap_or_default()).collect::<Vec<bool>>()
+        });
+        for (h, _) in hs.iter().zip(&ok).filter(|(_, ok)| !**ok) {
+            if self.contains(h) {
+                self.remove(h);
+            }
+        }
+        ok.iter().take_while(|&&o| o).count()
+    }
+
     fn read(&self, h: &BlockHash, dst: &mut [u16]) -> std::io::Result<bool> {
         let mut f = std::fs::File::open(self.path(h))?;
         let mut header = [0u8; HEADER_BYTES];
@@ -229,6 +259,14 @@ mod tests {
         std::fs::write(&p, bytes).expect("write");
         assert!(!s.load(&h(1), &mut out));
         assert!(!p.exists());
+        // Several at once: the loaded prefix stops at the first missing block.
+        let mut outs = vec![vec![0u16; 1000]; 3];
+        assert_eq!(s.load_many(&[h(3), h(4), h(3)], &mut outs), 1);
+        assert_eq!(outs[0], block);
+        s.save(&h(5), &block).expect("save");
+        let mut outs = vec![vec![0u16; 1000]; 2];
+        assert_eq!(s.load_many(&[h(5), h(3)], &mut outs), 2);
+        assert!(outs.iter().all(|o| *o == block));
         // Another model's directory sees nothing.
         assert_eq!(PrefixStore::open(&root, "other", size).expect("open").num_blocks(), 0);
         let _ = std::fs::remove_dir_all(&root);

@@ -1261,16 +1261,8 @@ template <> struct Pair<T_Q6_K> { typedef PQ6K W; };
 template <> struct Pair<T_Q8_0> { typedef PQ8 W; };
 template <> struct Pair<T_Q5_0> { typedef PQ5 W; };
 
-// A weight load. WCG: 16-byte loads (the Q4_K / Q6_K quants and headers) cached in L2 only (ld.global.cg), so that
-// the streamed weights do not evict from L1 the activation rows that every block re-reads. Same bytes. Not for the
-// narrower loads (Q5_0 / Q8_0 blocks, Q6_K's d): without L1 each of them is an L2 request of its own (the 0.5B ran
-// 24% slower with them all in L2, call B).
-template <class T> __device__ __forceinline__ T wld(const u8* p) {
-#if WCG
-    if constexpr (sizeof(T) == 16) return __ldcg((const T*)p);
-#endif
-    return *(const T*)p;
-}
+// A weight load (loads cached in L2 only were slower: benchmarks/log, stretch 8).
+template <class T> __device__ __forceinline__ T wld(const u8* p) { return *(const T*)p; }
 // Pair p of a (repacked) Q8_0 / Q5_0 row: blocks 2p and 2p + 1.
 __device__ __forceinline__ void pload(const u8* row, int p, PQ8& w, int nsb) {
     const u8* b = row + p * 72;

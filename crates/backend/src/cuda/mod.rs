@@ -3,7 +3,7 @@
 //!
 //! Everything goes through cudarc with dynamic loading: the binary links no CUDA library, and [`available`] checks
 //! for the driver and NVRTC before anything else touches them, so a machine without CUDA never reaches a call that
-//! would panic. The kernels themselves live in `kernels.cu`; `crates/models/src/cuda.rs` drives them.
+//! would panic. The kernels themselves live in `kernels.cu`; `crates/models/src/cuda/` drives them.
 
 use std::ffi::{CString, c_void};
 use std::path::PathBuf;
@@ -122,6 +122,11 @@ impl Gpu {
         debug_assert!(at + std::mem::size_of_val(src) <= dst.bytes);
         unsafe { dres::memcpy_htod_async(dst.ptr + at as u64, src, self.stream.cu_stream()) }
             .map_err(drv("copy to device"))
+    }
+
+    /// Stream-ordered copy of `bytes` bytes from device address `src` to `dst`.
+    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        unsafe { dres::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }.map_err(drv("device copy"))
     }
 
     /// Stream-ordered copy out of `src`; waits for the stream.

@@ -1,0 +1,157 @@
+//! The GPU's KV pages under the shared KV system (`kv_cache::BlockTable`, pages of [`PAGE_SIZE`] positions): prefix
+//! reuse across requests (full pages are registered under their chained hash as a pass fills them, stay cached after
+//! their sequence ends, and are evicted least recently used), copy-on-write after a rollback into a shared page, and
+//! the disk tier (`prefix_store`): cached pages written to disk while idle and read back into device pages when a
+//! prompt's prefix is no longer in memory, so a restarted server finds them.
+//!
+//! A page on disk holds `[layer][k | v][PAGE_SIZE][kv_dim]` f16 values (the CPU's block layout at the GPU's page
+//! size), in a directory of its own: the model's identity with the generated kernel source and the switches that
+//! change the KV's bits, so neither the CPU's blocks nor another build's pages are ever read.
+//!
+//! Per-sequence state beyond K and V (a recurrent layer's state, checkpointed at page boundaries) would be keyed the
+//! same way: by the chained hash of the page it ends, next to that page, so prefix reuse and the disk tier carry it.
+
+use sha2::{Digest, Sha256};
+
+use super::{CudaOptions, CudaRunner, PAGE_SIZE};
+use crate::kv_cache::{BlockHash, chain_hash};
+use crate::prefix_store::{PrefixStore, model_identity};
+use crate::{Result, SeqId};
+
+/// Pages read back from disk together (on several threads) before they are copied to the device.
+const LOAD_BATCH: usize = 32;
+/// Pages written to disk per [`CudaRunner::save_idle_pages`] call (then the engine checks for work again).
+const SAVE_PER_CALL: usize = 8;
+
+/// The disk tier's identity of a model on this backend: the file's identity, the kernel source (every constant and
+/// instantiation) and the switches that change which kernels write the KV.
+pub(super) fn identity(file_bytes: &[u8], source: &str, opts: &CudaOptions) -> String {
+    let mut h = Sha256::new();
+    h.update(model_identity(file_bytes).as_bytes());
+    h.update(source.as_bytes());
+    h.update(format!("gemm={} q8={} exact={} page={PAGE_SIZE}", opts.gemm, opts.q8, opts.exact_activations));
+    let d = h.finalize();
+    let hex: String = d[..12].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{hex}-cuda")
+}
+
+impl CudaRunner {
+    /// Keeps cached prefix pages on disk under `root` (at most `max_bytes`), in this model's own directory: written
+    /// while idle, read back when a prompt's prefix is not in device memory.
+    pub fn enable_prefix_store(&mut self, root: &std::path::Path, max_bytes: u64) -> std::io::Result<&PrefixStore> {
+        Ok(self.store.insert(PrefixStore::open(root, &self.identity, max_bytes)?))
+    }
+
+    /// Drops every cached prefix page no sequence is using.
+    pub fn evict_prefix_cache(&mut self) {
+        self.table.evict_all();
+    }
+
+    /// u16 values of one page over every layer (K and V): what a page on disk holds.
+    fn page_values(&self) -> usize {
+        self.layers.len() * 2 * self.page_bytes / 2
+    }
+
+    /// Copies page `from` to page `to` in every layer (stream-ordered).
+    pub(super) fn copy_page(&self, from: u32, to: u32) -> Result<()> {
+        let (f, t) = (from as u64 * self.page_bytes as u64, to as u64 * self.page_bytes as u64);
+        for (k, v) in self.kc.iter().zip(&self.vc) {
+            self.gpu.dtod(k.ptr + t, k.ptr + f, self.page_bytes)?;
+            self.gpu.dtod(v.ptr + t, v.ptr + f, self.page_bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Page `b` of every layer into `buf` (`[layer][k | v][PAGE_SIZE][kv_dim]`), after the passes before it.
+    fn download_page(&self, b: u32, buf: &mut [u16]) -> Result<()> {
+        let (at, n) = (b as u64 * self.page_bytes as u64, self.page_bytes / 2);
+        for (li, (k, v)) in self.kc.iter().zip(&self.vc).enumerate() {
+            self.gpu.dtoh(&mut buf[2 * li * n..(2 * li + 1) * n], k.ptr + at)?;
+            self.gpu.dtoh(&mut buf[(2 * li + 1) * n..(2 * li + 2) * n], v.ptr + at)?;
+        }
+        Ok(())
+    }
+
+    /// `buf` (as [`Self::download_page`] writes it) into page `b` of every layer.
+    fn upload_page(&self, b: u32, buf: &[u16]) -> Result<()> {
+        let (at, n) = (b as usize * self.page_bytes, self.page_bytes / 2);
+        for (li, (k, v)) in self.kc.iter().zip(&self.vc).enumerate() {
+            self.gpu.htod_at(k, at, &buf[2 * li * n..(2 * li + 1) * n])?;
+            self.gpu.htod_at(v, at, &buf[(2 * li + 1) * n..(2 * li + 2) * n])?;
+        }
+        Ok(())
+    }
+
+    /// [`crate::Runner::attach_prefix`]: the longest prefix of `tokens` in cached pages, then from disk while the
+    /// next page is there and intact and a page is free: [`LOAD_BATCH`] pages at a time read and checked on several
+    /// threads, then copied to the device.
+    pub(super) fn attach_cached_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
+        let mut n = self.table.attach_prefix(seq, tokens);
+        if self.store.is_none() {
+            return n;
+        }
+        let mut bufs: Vec<Vec<u16>> = Vec::new();
+        let values = self.page_values();
+        loop {
+            // The next pages' hashes, while the disk has them.
+            let mut hashes = Vec::new();
+            let mut prev = self.table.last_hash(seq);
+            let store = self.store.as_mut().expect("INVARIANT: checked above");
+            while hashes.len() < LOAD_BATCH && n + (hashes.len() + 1) * PAGE_SIZE <= tokens.len() {
+                let at = n + hashes.len() * PAGE_SIZE;
+                let h = chain_hash(&prev, &tokens[at..at + PAGE_SIZE]);
+                if !store.contains(&h) {
+                    break;
+                }
+                hashes.push(h);
+                prev = h;
+            }
+            if hashes.is_empty() {
+                return n;
+            }
+            bufs.resize_with(hashes.len(), || vec![0u16; values]);
+            let loaded = store.load_many(&hashes, &mut bufs[..hashes.len()]);
+            for (h, buf) in hashes.iter().zip(&bufs).take(loaded) {
+                let chunk = &tokens[n..n + PAGE_SIZE];
+                let Some(b) = self.table.attach_loaded(seq, *h, chunk) else { return n };
+                if let Err(e) = self.upload_page(b, buf) {
+                    eprintln!("warning: reading a prefix page back onto the GPU failed: {e}");
+                    // The page holds nothing valid: the sequence keeps only the pages before it, and the page
+                    // (cached under its hash once dropped) is evicted with the other unused ones.
+                    self.table.truncate(seq, n);
+                    self.table.evict_all();
+                    return n;
+                }
+                n += PAGE_SIZE;
+            }
+            if loaded < hashes.len() {
+                return n;
+            }
+        }
+    }
+
+    /// [`crate::Runner::idle_work`]: a few cached pages not yet on disk written there; true if more remain.
+    pub(super) fn save_idle_pages(&mut self) -> bool {
+        let Some(store) = self.store.as_ref() else { return false };
+        let pending: Vec<(BlockHash, u32)> = self
+            .table
+            .registered()
+            .filter(|(h, _)| !store.contains(h))
+            .map(|(h, b)| (*h, b))
+            .take(SAVE_PER_CALL + 1)
+            .collect();
+        let mut buf = vec![0u16; self.page_values()];
+        for &(h, b) in pending.iter().take(SAVE_PER_CALL) {
+            let saved = self.download_page(b, &mut buf).map_err(|e| e.to_string()).and_then(|()| {
+                self.store.as_mut().expect("INVARIANT: checked above").save(&h, &buf).map_err(|e| e.to_string())
+            });
+            if let Err(e) = saved {
+                // A full or read-only disk (or a failed copy) only costs the warm restart; stop trying.
+                eprintln!("warning: prefix cache on disk disabled: {e}");
+                self.store = None;
+                return false;
+            }
+        }
+        pending.len() > SAVE_PER_CALL
+    }
+}

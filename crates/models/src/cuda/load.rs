@@ -1,0 +1,256 @@
+//! Loading a model onto the device: the kernels it needs (compiled with NVRTC for its shapes, cached on disk), its
+//! weights in their device layout, the KV pool and the cuBLAS handle.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use backend::cuda::{Blas, DevBuf, Gpu};
+use gguf::{GgmlType, GgufFile};
+
+use super::kernels::{KernelSet, KernelTable, Q8Kernels};
+use super::layout::device_layout;
+use super::meta::Meta;
+use super::runner::{CudaLoadStats, GLayer, GMat, StepTimer, event_err};
+use super::tactics::{q8_ok, q8_threads, supported};
+use super::{CudaOptions, CudaRunner, FUSE_NORM_MAX_HIDDEN, PAGE_SIZE};
+use crate::kv_cache::BlockTable;
+use crate::{Error, Result, Weights};
+
+impl CudaRunner {
+    pub fn new(file: Arc<GgufFile>, opts: CudaOptions) -> Result<Self> {
+        let cfg = crate::arch::config_from_gguf(&file)?;
+        if cfg.head_dim % 32 != 0 || cfg.hidden_size % 32 != 0 || cfg.ffn_size % 32 != 0 {
+            return Err(Error::Backend(format!(
+                "the CUDA backend needs head_dim, hidden and FFN sizes that are multiples of 32 (got {}, {}, {})",
+                cfg.head_dim, cfg.hidden_size, cfg.ffn_size
+            )));
+        }
+        let weights = Weights::load(&file, &cfg)?;
+        let gpu = Gpu::new(opts.device)?;
+        let mut opts = opts;
+        opts.pdl &= gpu.cc.0 >= 9;
+        let mut stats = CudaLoadStats { gpu: gpu.name.clone(), arch: gpu.arch(), ..Default::default() };
+
+        // Which (type, row length) pairs the kernels must cover.
+        let mut mats: Vec<(GgmlType, usize)> = Vec::new();
+        let mut gu: Vec<(GgmlType, usize)> = Vec::new();
+        let add = |v: &mut Vec<(GgmlType, usize)>, ty: GgmlType, k: usize| {
+            if !v.contains(&(ty, k)) {
+                v.push((ty, k));
+            }
+        };
+        for m in weights.matrices() {
+            if !supported(m.ty) {
+                return Err(Error::Backend(format!("the CUDA backend does not support {} matrices yet", m.ty)));
+            }
+        }
+        for l in &weights.layers {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+                add(&mut mats, m.ty, m.cols);
+            }
+            if l.w_gate.ty == l.w_up.ty {
+                add(&mut gu, l.w_gate.ty, l.w_gate.cols);
+            }
+        }
+        add(&mut mats, weights.output.ty, weights.output.cols);
+        let mut qkv: Vec<(GgmlType, GgmlType, GgmlType)> = Vec::new();
+        for l in &weights.layers {
+            let t = (l.wq.ty, l.wk.ty, l.wv.ty);
+            if !qkv.contains(&t) {
+                qkv.push(t);
+            }
+        }
+        // Layers (and the output matrix) on the 8-bit-activation kernels, and the instantiations they need.
+        let q8_on = opts.q8 && !opts.exact_activations;
+        let it = opts.q8_iters;
+        opts.fuse_norm &= q8_on && cfg.hidden_size <= FUSE_NORM_MAX_HIDDEN && cfg.hidden_size.is_multiple_of(64);
+        opts.qkv_rope &= q8_on
+            && !cfg.qk_norm
+            && cfg.q_dim().is_multiple_of(32)
+            && cfg.kv_dim().is_multiple_of(32)
+            && cfg.head_dim.is_multiple_of(2)
+            && cfg.rope_dim <= cfg.head_dim;
+        let mut q8k = Q8Kernels {
+            gu_fuse: opts.gu_fuse,
+            repack: opts.repack,
+            att_dyn: opts.att_dyn,
+            xperm: opts.xperm,
+            fuse_norm: opts.fuse_norm,
+            qkv_rope: opts.qkv_rope,
+            att_warps: opts.att_warps,
+            gu_dot2: opts.gu_dot2,
+            att_cl: opts.att_cl,
+            att_splits: opts.att_splits,
+            att_long: opts.att_long,
+            ..Q8Kernels::default()
+        };
+        let mut q8_layers = Vec::with_capacity(weights.layers.len());
+        let add3 = |v: &mut Vec<(GgmlType, usize, usize)>, e: (GgmlType, usize, usize)| {
+            if !v.contains(&e) {
+                v.push(e);
+            }
+        };
+        for l in &weights.layers {
+            let all = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down];
+            let on = q8_on
+                && all.iter().all(|m| q8_ok(m.ty, m.cols))
+                && [&l.wq, &l.wk, &l.wv].iter().all(|m| m.cols == cfg.hidden_size);
+            q8_layers.push(on);
+            if !on {
+                continue;
+            }
+            let t = (l.wq.ty, l.wk.ty, l.wv.ty, q8_threads(cfg.hidden_size, cfg.q_dim() + 2 * cfg.kv_dim(), it, 32));
+            if !q8k.qkv.contains(&t) {
+                q8k.qkv.push(t);
+            }
+            for m in [&l.wo, &l.w_down] {
+                add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
+            }
+            if l.w_gate.ty == l.w_up.ty {
+                add3(&mut q8k.gu, (l.w_gate.ty, l.w_gate.cols, q8_threads(l.w_gate.cols, l.w_gate.rows, it, 32)));
+            } else {
+                for m in [&l.w_gate, &l.w_up] {
+                    add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
+                }
+            }
+        }
+        let q8_out = q8_on && q8_ok(weights.output.ty, weights.output.cols);
+        if q8_out {
+            let m = &weights.output;
+            add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
+        }
+        let set = KernelSet { mats, gu, qkv, embd: (weights.token_embd.ty, cfg.hidden_size), q8: q8k };
+        let source = set.source(&cfg);
+        let identity = super::kv::identity(file.bytes(), &source, &opts);
+        let (module, compile_s, hit) = gpu.compile(&source, opts.cache_dir.clone())?;
+        stats.compile_s = compile_s;
+        stats.cache_hit = hit;
+        let kernels = KernelTable::load(&module, &set)?;
+
+        let t0 = std::time::Instant::now();
+        let mut weight_bytes = 0usize;
+        let mut up_mat = |m: &backend::cpu::QMatrix| -> Result<GMat> {
+            weight_bytes += m.bytes.as_slice().len();
+            let buf = gpu.upload(&device_layout(m.ty, m.cols, m.bytes.as_slice(), opts.repack))?;
+            Ok(GMat { ty: m.ty, rows: m.rows, cols: m.cols, buf })
+        };
+        let embd = up_mat(&weights.token_embd)?;
+        let output = if cfg.tied_embeddings { None } else { Some(up_mat(&weights.output)?) };
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in &weights.layers {
+            let opt = |v: &Option<Vec<f32>>| -> Result<Option<DevBuf>> {
+                v.as_ref().map(|v| gpu.upload(v)).transpose().map_err(Error::from)
+            };
+            layers.push(GLayer {
+                attn_norm: gpu.upload(&l.attn_norm)?,
+                wq: up_mat(&l.wq)?,
+                wk: up_mat(&l.wk)?,
+                wv: up_mat(&l.wv)?,
+                bq: opt(&l.bq)?,
+                bk: opt(&l.bk)?,
+                bv: opt(&l.bv)?,
+                q_norm: opt(&l.q_norm)?,
+                k_norm: opt(&l.k_norm)?,
+                wo: up_mat(&l.wo)?,
+                ffn_norm: gpu.upload(&l.ffn_norm)?,
+                gate: up_mat(&l.w_gate)?,
+                up: up_mat(&l.w_up)?,
+                down: up_mat(&l.w_down)?,
+            });
+        }
+        let output_norm = gpu.upload(&weights.output_norm)?;
+        // RoPE inverse frequencies computed exactly as the CPU's `Rope` does: a running product of theta^(-2/d) in f32.
+        let half = cfg.rope_dim / 2;
+        let step = cfg.rope_theta.powf(-2.0 / cfg.rope_dim as f32);
+        let inv_freq: Vec<f32> = std::iter::successors(Some(1.0f32), |f| Some(f * step)).take(half.max(1)).collect();
+        let inv_freq = gpu.upload(&inv_freq)?;
+        gpu.sync()?;
+        stats.upload_s = t0.elapsed().as_secs_f64();
+        stats.weight_bytes = weight_bytes;
+
+        // KV pool.
+        let kvd = cfg.kv_dim();
+        let page_bytes = PAGE_SIZE * kvd * 2;
+        let kv_tokens = if opts.kv_tokens > 0 {
+            opts.kv_tokens
+        } else {
+            let (free, _) = gpu.mem_info()?;
+            let per_token = cfg.kv_bytes_per_token().max(1);
+            (free / 2 / per_token).min(256 * 1024)
+        };
+        let num_pages = kv_tokens.div_ceil(PAGE_SIZE).max(1);
+        let mut kc = Vec::new();
+        let mut vc = Vec::new();
+        for _ in 0..cfg.num_layers {
+            kc.push(gpu.alloc(num_pages * page_bytes)?);
+            vc.push(gpu.alloc(num_pages * page_bytes)?);
+        }
+        stats.kv_tokens = num_pages * PAGE_SIZE;
+        let max_pages = cfg.max_context.div_ceil(PAGE_SIZE);
+        let blas = if !opts.gemm {
+            stats.no_gemm = Some("turned off (SPLASH_CUDA_GEMM=0)".into());
+            None
+        } else if cfg.num_heads % cfg.num_kv_heads != 0 {
+            stats.no_gemm = Some("query heads are not a multiple of the KV heads".into());
+            None
+        } else {
+            match Blas::new(&gpu) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    stats.no_gemm = Some(e.to_string());
+                    None
+                }
+            }
+        };
+        let step_timer = if std::env::var("SPLASH_CUDA_TIME_STEPS").is_ok_and(|v| v == "1") {
+            let ev =
+                || gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(event_err);
+            Some(StepTimer { start: ev()?, copied: ev()?, end: ev()?, steps: 0, copies_ms: 0.0, pass_ms: 0.0 })
+        } else {
+            None
+        };
+        let blocking =
+            || gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(event_err);
+        let ahead_done = [blocking()?, blocking()?];
+        let ahead_ring = gpu.alloc_pinned::<u32>(4)?;
+        Ok(CudaRunner {
+            cfg,
+            gpu,
+            _module: module,
+            kernels,
+            embd,
+            output,
+            output_norm,
+            layers,
+            inv_freq,
+            kc,
+            vc,
+            max_pages,
+            table: BlockTable::with_block_tokens(num_pages, PAGE_SIZE),
+            page_bytes,
+            store: None,
+            identity,
+            scratch: None,
+            graphs: HashMap::new(),
+            meta: std::cell::Cell::new(Meta::default()),
+            logits: None,
+            opts,
+            q8_layers,
+            q8_out,
+            blas,
+            segs: Vec::new(),
+            gemm_scratch: None,
+            capturing: std::cell::Cell::new(false),
+            pdl_scope: std::cell::Cell::new(false),
+            pick: std::cell::Cell::new(0),
+            att_cl: std::cell::Cell::new(false),
+            att_sg: std::cell::Cell::new(0),
+            host_selected: std::cell::Cell::new(0),
+            step_timer,
+            ahead: None,
+            ahead_ring,
+            ahead_done,
+            stats,
+        })
+    }
+}
