@@ -85,6 +85,8 @@ pub async fn status(State(state): State<Arc<AppState>>) -> Json<Value> {
             "capacity_blocks": s.kv.capacity_blocks,
             "used_blocks": s.kv.used_blocks,
             "cached_blocks": s.kv.cached_blocks,
+            "max_cached_blocks": s.kv.max_cached_blocks,
+            "stored_blocks": s.kv.stored_blocks,
             "prefix_hit_tokens": s.kv.hit_tokens,
             "prefix_lookup_tokens": s.kv.lookup_tokens,
             "evicted_blocks": s.kv.evicted_blocks,

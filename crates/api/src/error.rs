@@ -23,6 +23,8 @@ pub enum ErrorKind {
     MethodNotAllowed,
     /// 413: the body is larger than the server accepts.
     PayloadTooLarge,
+    /// 415: a POST body that is not declared as JSON.
+    UnsupportedMediaType,
     /// 429: the queue is full.
     Overloaded,
     /// 500: a bug or a model failure.
@@ -40,6 +42,7 @@ impl ErrorKind {
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorKind::Overloaded => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -128,6 +131,11 @@ impl From<ServiceError> for ApiError {
             ServiceError::ShutDown => ApiError {
                 retry_after_s: Some(1),
                 ..ApiError::new(ErrorKind::Unavailable, "The engine is not running.").with_code("engine_unavailable")
+            },
+            ServiceError::Cancelled => ApiError {
+                retry_after_s: Some(1),
+                ..ApiError::new(ErrorKind::Unavailable, "The server is shutting down; the request was cancelled.")
+                    .with_code("server_shutting_down")
             },
             ServiceError::Engine(m) => ApiError::internal(format!("The model failed: {m}")),
         }

@@ -254,16 +254,26 @@ pub fn render(state: &AppState, turn: &ChatTurn) -> Result<Rendered, ApiError> {
     Ok(Rendered { text, prefill, tools, forced_tools, reasoning })
 }
 
-/// The grammar of a forced call: the tools' own argument schemas, or (when one of them cannot be compiled) any JSON
-/// object as arguments; `None` when no grammar can be built at all.
+/// The grammar of a forced call of one of `tools`. A tool whose parameters schema cannot be compiled is the request's
+/// fault, a 400 (as an unusable `response_format` schema is); `None` when no grammar can be built at all (the model
+/// lacks what constrained decoding needs), and the call is then opened in the prompt instead.
 fn forced_call_constraint(
     tokenizer: &Arc<tokenizer::Tokenizer>,
     tools: &[(String, serde_json::Value)],
-) -> Option<Constraint> {
-    Constraint::for_tool_call(tokenizer, tools).ok().or_else(|| {
-        let loose: Vec<_> = tools.iter().map(|(n, _)| (n.clone(), serde_json::json!({"type": "object"}))).collect();
-        Constraint::for_tool_call(tokenizer, &loose).ok()
-    })
+) -> Result<Option<Constraint>, ApiError> {
+    let e = match Constraint::for_tool_call(tokenizer, tools) {
+        Ok(c) => return Ok(Some(c)),
+        Err(e) => e,
+    };
+    let loose: Vec<_> = tools.iter().map(|(n, _)| (n.clone(), serde_json::json!({"type": "object"}))).collect();
+    if Constraint::for_tool_call(tokenizer, &loose).is_err() {
+        return Ok(None);
+    }
+    let bad = tools.iter().find(|t| Constraint::for_tool_call(tokenizer, std::slice::from_ref(*t)).is_err());
+    let name = bad.map_or_else(|| tools[0].0.as_str(), |(n, _)| n.as_str());
+    let why = e.message.strip_prefix("The schema cannot be used: ").unwrap_or(&e.message);
+    Err(ApiError::invalid_param("tools", format!("The parameters schema of tool '{name}' cannot be used: {why}"))
+        .with_code("invalid_tool_schema"))
 }
 
 /// Renders and tokenizes a turn. CPU-bound (templates, tokenizer): call from a blocking thread.
@@ -272,7 +282,7 @@ pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
     let constraint = if forced_tools.is_empty() {
         Constraint::for_format(&state.tokenizer, &turn.output_format, "response_format")?
     } else {
-        let c = forced_call_constraint(&state.tokenizer, &forced_tools);
+        let c = forced_call_constraint(&state.tokenizer, &forced_tools)?;
         if c.is_none() {
             // No grammar: fall back to opening the call in the prompt.
             text.truncate(text.len() - prefill.len());

@@ -5,7 +5,7 @@
 //! `responses/`, `anthropic/`: wire types, checks, conversion, stream, errors) → the neutral [`generate::ChatTurn`] →
 //! chat template + tokenizer → [`engine::service::EngineHandle::submit`] → engine events → one output pipeline (a
 //! thinking model's reasoning, then text / tool calls) in [`generate::Reply`] → the adapter's response or event
-//! stream. Adapters never import each other (they share only `generate` and `error`), and nothing here knows how the
+//! stream. Adapters never import each other (they share only `generate`, `error` and `tools`), and nothing here knows how the
 //! engine schedules. `admin` holds the endpoints outside the chat protocols.
 
 pub mod admin;
@@ -17,6 +17,7 @@ mod guard;
 pub mod lazy_call;
 pub mod openai;
 pub mod responses;
+pub mod tools;
 pub mod webui;
 
 use std::sync::Arc;

@@ -61,6 +61,13 @@ impl AnyRunner {
         }
     }
 
+    /// The memory plan's cap on the in-memory prefix cache (CPU; the GPU runner keeps its own pool).
+    pub fn set_prefix_cache_blocks(&mut self, max_blocks: Option<usize>) {
+        if let AnyRunner::Cpu(r) = self {
+            r.set_prefix_cache_blocks(max_blocks)
+        }
+    }
+
     /// CPU threads in use (0 on a GPU).
     pub fn num_threads(&self) -> usize {
         match self {

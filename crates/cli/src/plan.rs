@@ -37,9 +37,37 @@ pub struct Args {
     /// Threads for the model (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
+    /// Most memory the in-memory prefix cache may keep (e.g. 8G; `all` = every page the budget leaves); default:
+    /// an eighth of memory, at most 4 GiB.
+    #[arg(long, value_parser = parse_cache_size)]
+    prefix_cache_memory: Option<CacheSize>,
     /// Print the plan as JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// `--prefix-cache-memory`: a size, or `all`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheSize {
+    Bytes(u64),
+    All,
+}
+
+pub fn parse_cache_size(s: &str) -> Result<CacheSize, String> {
+    match s.trim() {
+        "all" => Ok(CacheSize::All),
+        "0" => Ok(CacheSize::Bytes(0)),
+        other => parse_size(other).map(CacheSize::Bytes),
+    }
+}
+
+/// The plan's prefix-cache cap for `--prefix-cache-memory` (`None` given: the default for `memory`).
+pub fn prefix_cache_bytes(flag: Option<CacheSize>, memory: &DeviceMemory) -> Option<u64> {
+    match flag {
+        None => Some(plan::default_prefix_cache_bytes(memory)),
+        Some(CacheSize::Bytes(b)) => Some(b),
+        Some(CacheSize::All) => None,
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -164,7 +192,9 @@ pub fn main(a: Args) -> Result<()> {
         (Device::Cuda, None) => cuda_memory()?,
         (_, m) => device_memory(m)?,
     };
+    let prefix_cache = prefix_cache_bytes(a.prefix_cache_memory, &memory);
     let mut input = PlanInput::new(target, memory, device);
+    input.prefix_cache_bytes = prefix_cache;
     input.draft = draft;
     input.max_memory_bytes = a.max_memory;
     input.max_context = a.max_context;

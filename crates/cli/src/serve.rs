@@ -1,9 +1,17 @@
 //! `splash serve`: the HTTP server over one engine thread.
 //!
 //! Loads the model (fetching a catalog model on first use), starts the engine service, binds the address and prints
-//! `Ready` with the URL once it accepts requests. Ctrl-C or SIGTERM stops it after open requests finish.
+//! `Ready` with the URL once it accepts requests.
+//!
+//! Shutdown: the first Ctrl-C or SIGTERM stops accepting connections and lets the open replies finish for up to
+//! `--shutdown-timeout`; then the engine cancels what still runs (each stream ends with its protocol's error event)
+//! and the connections get a short grace to send it. The prefix cache's owed disk writes are then flushed (at most
+//! [`FLUSH_TIMEOUT`]) so that the next start is warm. A second signal at any point exits at once. Connections are
+//! HTTP/1.1 with a timeout on reading a request's headers, which also closes a keep-alive connection that stays idle
+//! ([`Args::header_timeout`]).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use api::{AppState, ServerConfig};
@@ -74,6 +82,31 @@ pub struct Args {
     /// restart (per model: target and draft each); 0 turns it off.
     #[arg(long, default_value = "4G", value_parser = parse_size_or_zero)]
     prefix_cache_disk: u64,
+    /// Most memory the in-memory prefix cache may keep beyond what the planned sequences need (e.g. 8G; `all` =
+    /// every page the budget leaves); default: an eighth of memory, at most 4 GiB. The rest stays on disk.
+    #[arg(long, value_parser = crate::plan::parse_cache_size)]
+    prefix_cache_memory: Option<crate::plan::CacheSize>,
+    /// On Ctrl-C or SIGTERM, seconds to let open replies finish before cancelling them (a second signal exits at
+    /// once).
+    #[arg(long, default_value_t = 10.0, value_parser = parse_seconds)]
+    shutdown_timeout: f64,
+    /// Seconds a connection may take to send a request's headers, and may stay idle between requests; then it is
+    /// closed.
+    #[arg(long, default_value_t = 30.0, value_parser = parse_seconds)]
+    header_timeout: f64,
+}
+
+/// The longest the prefix cache's disk writes may hold up the exit after the drain.
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+/// After the drain's deadline cancelled the replies, how long their connections get to send the cancellation.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
+
+/// A non-negative number of seconds (`10`, `0.5`).
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!("expected a number of seconds from 0 to 86400, got {s:?}")),
+    }
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -121,7 +154,9 @@ fn memory_plan(a: &Args, device: plan::Device) -> Result<plan::Plan> {
         plan::Device::Cuda => crate::plan::cuda_memory()?,
         plan::Device::Cpu => crate::plan::device_memory(None)?,
     };
+    let prefix_cache = crate::plan::prefix_cache_bytes(a.prefix_cache_memory, &memory);
     let mut input = plan::PlanInput::new(plan_input(&a.model, &path)?, memory, device);
+    input.prefix_cache_bytes = prefix_cache;
     if let Some(draft) = a.spec.draft_model(&a.model) {
         input.draft = Some(plan_input(&draft, &crate::load::model_path(&draft)?)?);
     }
@@ -191,13 +226,15 @@ pub fn main(a: Args) -> Result<()> {
         crate::load::set_planned_kv_tokens(plan.num_kv_pages * plan.page_tokens);
     }
     eprintln!(
-        "plan: context {} tokens x {} sequences, batch {} tokens, KV {} pages of {} tokens ({}); budget {} of {} available",
+        "plan: context {} tokens x {} sequences, batch {} tokens, KV {} pages of {} tokens ({}; prefix cache in \
+         memory at most {}); budget {} of {} available",
         plan.max_context,
         plan.max_sequences,
         plan.max_batch_tokens,
         plan.num_kv_pages,
         plan.page_tokens,
         plan::human_bytes(plan.kv_pool_bytes()),
+        plan.prefix_cache_bytes().map_or_else(|| "the whole pool".to_string(), plan::human_bytes),
         plan::human_bytes(plan.breakdown.budget_bytes),
         plan::human_bytes(plan.breakdown.available_bytes),
     );
@@ -215,6 +252,7 @@ pub fn main(a: Args) -> Result<()> {
     let template = apply_pack_template(&a.model, template)?;
     runner.limit_context(plan.max_context);
     runner.set_kv_blocks(plan.num_kv_pages);
+    runner.set_prefix_cache_blocks(plan.max_cached_pages);
     if template.is_none() {
         eprintln!("warning: {} has no chat template; chat requests will be refused", a.model);
     }
@@ -280,6 +318,7 @@ pub fn main(a: Args) -> Result<()> {
         apply_pack_sampling(&mut config.default_sampling, &m.sampling);
     }
     let max_context = handle.limits().max_context;
+    let engine_handle = handle.clone();
     let mut state = AppState::new(handle, tokenizer, template, model_id.clone(), config);
     state.aliases = names.collect();
     state.memory_plan = Some(serde_json::to_value(&plan).context("serializing the plan")?);
@@ -291,7 +330,11 @@ pub fn main(a: Args) -> Result<()> {
         .thread_name("splash-http")
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
+    let timeouts = Timeouts {
+        shutdown: Duration::from_secs_f64(a.shutdown_timeout),
+        header: Duration::from_secs_f64(a.header_timeout).max(Duration::from_millis(1)),
+    };
+    let result = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port))
             .await
             .with_context(|| format!("binding {}:{}", a.host, a.port))?;
@@ -301,33 +344,144 @@ pub fn main(a: Args) -> Result<()> {
         if !a.no_webui {
             eprintln!("web UI: http://{host}:{}/", addr.port());
         }
+        let mut signals = Signals::new().context("listening for Ctrl-C and SIGTERM")?;
         println!("Ready: http://{host}:{}/v1", addr.port());
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
-        axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown_signal()).await.context("serving")
-    })
+        serve(listener, api::router(state), &engine_handle, timeouts, &mut signals).await
+    });
+    // Connection tasks still open after the drain are dropped here, not waited for.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    result
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+#[derive(Debug, Clone, Copy)]
+struct Timeouts {
+    /// How long open replies may run after the first signal.
+    shutdown: Duration,
+    /// Header read and keep-alive idle timeout of a connection.
+    header: Duration,
+}
+
+/// Accepts HTTP/1.1 connections until the first signal, then shuts down in the order the module doc gives.
+async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    engine: &EngineHandle,
+    timeouts: Timeouts,
+    signals: &mut Signals,
+) -> Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(timeouts.header);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let signal = loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors and the like: wait instead of spinning.
+                        eprintln!("warning: accepting a connection failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                let conn = builder.serve_connection(TokioIo::new(stream), service);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
             }
-            Err(_) => std::future::pending::<()>().await,
+            name = signals.next() => break name,
         }
     };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
+    drop(listener);
+    let t0 = Instant::now();
+    eprintln!(
+        "{signal}: shutting down; {} open connections get {:.1} s to finish (a second signal exits at once)",
+        graceful.count(),
+        timeouts.shutdown.as_secs_f64()
+    );
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
+    let all_closed = tokio::select! {
+        () = &mut drained => true,
+        () = tokio::time::sleep(timeouts.shutdown) => false,
+        name = signals.next() => exit_now(name),
+    };
+    if !all_closed {
+        let stats = engine.stats();
+        eprintln!(
+            "shutdown: cancelling {} running and {} waiting requests after {:.1} s",
+            stats.num_running,
+            stats.num_waiting,
+            t0.elapsed().as_secs_f64()
+        );
+        engine.cancel_all();
+        tokio::select! {
+            () = &mut drained => {}
+            () = tokio::time::sleep(CANCEL_GRACE) => eprintln!("shutdown: closing the connections that are still open"),
+            name = signals.next() => exit_now(name),
+        }
     }
-    eprintln!("shutting down");
+    let flush_engine = engine.clone();
+    let flush = tokio::task::spawn_blocking(move || flush_engine.flush(FLUSH_TIMEOUT));
+    let flushed = tokio::select! {
+        r = flush => r.unwrap_or(false),
+        name = signals.next() => exit_now(name),
+    };
+    if !flushed {
+        eprintln!("warning: the prefix cache's disk writes did not finish in {} s", FLUSH_TIMEOUT.as_secs());
+    }
+    eprintln!("stopped after {:.1} s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The second signal: leave now, whatever is still open (exit status 128 + the signal's number, as a shell reports
+/// a killed process).
+fn exit_now(signal: &str) -> ! {
+    eprintln!("{signal} again: exiting at once");
+    std::process::exit(if signal == "SIGTERM" { 143 } else { 130 })
+}
+
+/// Ctrl-C (SIGINT) and SIGTERM, each time they arrive.
+struct Signals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Signals { interrupt: signal(SignalKind::interrupt())?, terminate: signal(SignalKind::terminate())? })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// The next signal's name.
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.interrupt.recv() => "SIGINT",
+                _ = self.terminate.recv() => "SIGTERM",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "Ctrl-C"
+        }
+    }
 }
 
 #[cfg(test)]

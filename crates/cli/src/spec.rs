@@ -103,6 +103,7 @@ pub fn setup(
         runner.limit_context(engine.runner().config().max_context);
         // Draft and target hold the same positions; the plan's pages count both.
         runner.set_kv_blocks(engine.runner().kv_usage().capacity_blocks);
+        runner.set_prefix_cache_blocks(engine.runner().kv_usage().max_cached_blocks);
         engine.set_draft(runner).with_context(|| format!("using {name} as draft"))?;
     }
     if args.mode == SpecMode::Off {

@@ -54,6 +54,9 @@ pub enum ServiceError {
     /// The engine thread is gone (it panicked or the service was dropped).
     #[error("the engine is not running")]
     ShutDown,
+    /// The server is shutting down: the request was cancelled (or refused) after the drain deadline.
+    #[error("the server is shutting down")]
+    Cancelled,
     /// A step of the model failed; every request in that step is ended with this.
     #[error("the model failed: {0}")]
     Engine(String),
@@ -76,6 +79,8 @@ struct Shared {
     /// Time spent inside `Engine::step`, in microseconds.
     busy_us: AtomicU64,
     alive: AtomicBool,
+    /// Set by [`EngineHandle::cancel_all`]: new requests are refused with [`ServiceError::Cancelled`].
+    closing: AtomicBool,
     /// Speculation counters and KV-cache occupancy after the last step.
     engine_state: std::sync::Mutex<(crate::SpecStats, models::KvUsage)>,
 }
@@ -106,6 +111,14 @@ pub struct ServiceStats {
 /// What the engine thread receives.
 enum Command {
     Submit(Pending),
+    /// End every request with [`ServiceError::Cancelled`].
+    CancelAll,
+    /// Do the runners' background work (the prefix cache's disk writes) until none is left or the deadline passes,
+    /// then answer whether all of it was done.
+    Flush {
+        deadline: std::time::Instant,
+        done: mpsc::Sender<bool>,
+    },
 }
 
 /// A request that has not entered the engine yet.
@@ -175,6 +188,9 @@ impl EngineHandle {
         if !self.shared.alive.load(Ordering::Acquire) {
             return Err(ServiceError::ShutDown);
         }
+        if self.shared.closing.load(Ordering::Acquire) {
+            return Err(ServiceError::Cancelled);
+        }
         let max_waiting = self.max_waiting;
         self.shared
             .num_waiting
@@ -214,6 +230,24 @@ impl EngineHandle {
             return Err(ServiceError::InvalidRequest("max_tokens must be at least 1".into()));
         }
         request.sampling.validate().map_err(ServiceError::InvalidRequest)
+    }
+
+    /// Ends every running and waiting request with [`ServiceError::Cancelled`] (their streams get it as their last
+    /// item) and refuses new ones the same way: the end of a graceful shutdown's drain.
+    pub fn cancel_all(&self) {
+        self.shared.closing.store(true, Ordering::Release);
+        let _ = self.commands.send(Command::CancelAll);
+    }
+
+    /// Waits (blocking, at most until `timeout`) for the engine thread to finish the runners' background work, the
+    /// prefix cache's disk writes: true when all of it is done. Requests still running delay it.
+    pub fn flush(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let (done, answer) = mpsc::channel();
+        if self.commands.send(Command::Flush { deadline, done }).is_err() {
+            return false;
+        }
+        answer.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())).unwrap_or(false)
     }
 
     pub fn stats(&self) -> ServiceStats {
@@ -305,6 +339,8 @@ impl<R: Runner> Worker<R> {
             self.drop_cancelled();
             self.admit();
             if !self.engine.has_work() {
+                // Aborts free blocks outside a step: the gauges show it before the thread goes idle.
+                self.publish_state();
                 continue;
             }
             self.shared.num_steps.fetch_add(1, Ordering::Relaxed);
@@ -312,12 +348,19 @@ impl<R: Runner> Worker<R> {
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.engine.step()));
             let busy_us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
             self.shared.busy_us.fetch_add(busy_us, Ordering::Relaxed);
-            if let Ok(mut g) = self.shared.engine_state.lock() {
-                *g = (self.engine.spec_stats(), self.engine.runner().kv_usage());
-            }
+            self.publish_state();
             match result {
-                Ok(Ok(events)) => self.dispatch(events),
-                Ok(Err(e)) => self.fail_running(ServiceError::Engine(e.to_string())),
+                Ok(Ok(events)) => {
+                    let num_running = self.running.len();
+                    self.dispatch(events);
+                    if self.running.len() < num_running {
+                        self.publish_state();
+                    }
+                }
+                Ok(Err(e)) => {
+                    self.fail_running(ServiceError::Engine(e.to_string()));
+                    self.publish_state();
+                }
                 Err(panic) => {
                     let message = panic
                         .downcast_ref::<&str>()
@@ -336,6 +379,13 @@ impl<R: Runner> Worker<R> {
                     return;
                 }
             }
+        }
+    }
+
+    /// Speculation counters and KV-cache occupancy, for `/status` and `/metrics`.
+    fn publish_state(&self) {
+        if let Ok(mut g) = self.shared.engine_state.lock() {
+            *g = (self.engine.spec_stats(), self.engine.runner().kv_usage());
         }
     }
 
@@ -376,8 +426,40 @@ impl<R: Runner> Worker<R> {
 
     fn handle(&mut self, command: Command) {
         match command {
+            Command::Submit(pending) if self.shared.closing.load(Ordering::Acquire) => {
+                let _ = pending.events.send(Err(ServiceError::Cancelled));
+                self.shared.num_waiting.fetch_sub(1, Ordering::AcqRel);
+                self.shared.num_aborted.fetch_add(1, Ordering::Relaxed);
+            }
             Command::Submit(pending) => self.waiting.push_back(pending),
+            Command::CancelAll => self.cancel_all(),
+            Command::Flush { deadline, done } => {
+                let mut complete = false;
+                while std::time::Instant::now() < deadline {
+                    if !self.engine.idle_work() {
+                        complete = true;
+                        break;
+                    }
+                }
+                let _ = done.send(complete);
+            }
         }
+    }
+
+    /// Ends every request with [`ServiceError::Cancelled`], freeing its sequence.
+    fn cancel_all(&mut self) {
+        for (id, tx) in self.running.drain() {
+            self.engine.abort(id);
+            let _ = tx.send(Err(ServiceError::Cancelled));
+            self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
+            self.shared.num_aborted.fetch_add(1, Ordering::Relaxed);
+        }
+        for pending in self.waiting.drain(..) {
+            let _ = pending.events.send(Err(ServiceError::Cancelled));
+            self.shared.num_waiting.fetch_sub(1, Ordering::AcqRel);
+            self.shared.num_aborted.fetch_add(1, Ordering::Relaxed);
+        }
+        self.publish_state();
     }
 
     /// Forgets waiting requests and aborts running ones whose stream was dropped.
@@ -523,6 +605,8 @@ mod tests {
         num_forwards: u64,
         /// Prompt tokens `attach_prefix` claims to hold already (a prefix cache hit).
         cached_prefix: usize,
+        /// Units of background work left (`idle_work` does one per call).
+        idle_left: Arc<AtomicUsize>,
     }
 
     impl FakeRunner {
@@ -554,6 +638,7 @@ mod tests {
                 panic_at_step: None,
                 num_forwards: 0,
                 cached_prefix: 0,
+                idle_left: Arc::default(),
             }
         }
     }
@@ -615,6 +700,20 @@ mod tests {
             let n = self.cached_prefix.min(tokens.len().saturating_sub(1));
             self.live.lock().unwrap().insert(seq, (n, None));
             n
+        }
+
+        fn idle_work(&mut self) -> bool {
+            std::thread::sleep(Duration::from_millis(1));
+            let left = self.idle_left.load(Ordering::Acquire);
+            if left > 0 {
+                self.idle_left.store(left - 1, Ordering::Release);
+            }
+            left > 1
+        }
+
+        /// One block per sequence held.
+        fn kv_usage(&self) -> models::KvUsage {
+            models::KvUsage { used_blocks: self.live.lock().unwrap().len(), ..Default::default() }
         }
     }
 
@@ -749,6 +848,59 @@ mod tests {
         assert_eq!(handle.stats().num_running, 0);
         // The loop goes on serving.
         assert_eq!(collect(&mut handle.submit(request("next", 3)).unwrap()).0, "abc");
+    }
+
+    #[test]
+    fn the_gauges_show_an_aborted_requests_blocks_freed_while_idle() {
+        let handle = spawn(FakeRunner::new(10_000, Duration::from_millis(2)), ServiceConfig::default());
+        let mut stream = handle.submit(request("long", 500)).unwrap();
+        assert!(matches!(stream.blocking_next(), Some(Ok(Event::Token { .. }))));
+        wait_until("a used block", || handle.stats().kv.used_blocks == 1);
+        drop(stream);
+        let t0 = Instant::now();
+        wait_until("the abort", || handle.stats().num_aborted == 1);
+        wait_until("no used blocks", || handle.stats().kv.used_blocks == 0);
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        // And it stays so while the thread sleeps.
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(handle.stats().kv.used_blocks, 0);
+    }
+
+    #[test]
+    fn cancel_all_ends_running_and_waiting_requests_and_refuses_new_ones() {
+        let config = ServiceConfig { max_running: 1, ..Default::default() };
+        let runner = FakeRunner::new(10_000, Duration::from_millis(2));
+        let live = runner.live.clone();
+        let handle = spawn(runner, config);
+        let mut running = handle.submit(request("a", 5000)).unwrap();
+        assert!(matches!(running.blocking_next(), Some(Ok(Event::Token { .. }))));
+        let mut waiting = handle.submit(request("b", 5)).unwrap();
+        handle.cancel_all();
+        assert_eq!(collect(&mut running).1, Err(ServiceError::Cancelled));
+        assert_eq!(collect(&mut waiting), (String::new(), Err(ServiceError::Cancelled)));
+        assert!(running.blocking_next().is_none());
+        assert_eq!(handle.submit(request("c", 5)).unwrap_err(), ServiceError::Cancelled);
+        wait_until("the sequences freed", || live.lock().unwrap().is_empty() && handle.stats().num_running == 0);
+        let stats = handle.stats();
+        assert_eq!((stats.num_aborted, stats.num_waiting, stats.kv.used_blocks), (2, 0, 0));
+    }
+
+    #[test]
+    fn flush_finishes_the_background_work_within_its_deadline() {
+        let runner = FakeRunner::new(3, Duration::ZERO);
+        let idle_left = runner.idle_left.clone();
+        let handle = spawn(runner, ServiceConfig::default());
+        // Busy first, so the idle loop has not done the work yet when the flush is asked for.
+        let mut stream = handle.submit(request("a", 3)).unwrap();
+        idle_left.store(20, Ordering::Release);
+        assert!(handle.flush(Duration::from_secs(5)));
+        assert_eq!(idle_left.load(Ordering::Acquire), 0);
+        assert_eq!(collect(&mut stream).0, "abc");
+        // More work than the deadline allows (1 ms a unit): false, on time.
+        idle_left.store(100_000, Ordering::Release);
+        let t0 = Instant::now();
+        assert!(!handle.flush(Duration::from_millis(50)));
+        assert!(t0.elapsed() < Duration::from_millis(500), "{:?}", t0.elapsed());
     }
 
     #[test]

@@ -55,6 +55,14 @@ fn grow(v: &mut Vec<f32>, n: usize) {
     }
 }
 
+/// Allocates storage (`len` values) for the blocks `table` now needs and frees it for those it no longer does.
+fn sync_storage(table: &mut BlockTable, blocks: &mut Vec<Box<[u16]>>, len: usize) {
+    blocks.resize_with(table.num_created(), Box::default);
+    for b in table.take_storage_changes() {
+        blocks[b as usize] = if table.is_stored(b) { vec![0u16; len].into_boxed_slice() } else { Box::default() };
+    }
+}
+
 pub struct CpuRunner {
     cfg: ModelConfig,
     weights: Weights,
@@ -129,6 +137,18 @@ impl CpuRunner {
         self.table.set_max_blocks(num_blocks);
     }
 
+    /// Caps the in-memory prefix cache (unreferenced cached blocks); `None` = the whole pool.
+    pub fn set_prefix_cache_blocks(&mut self, max_blocks: Option<usize>) {
+        self.table.set_max_cached_blocks(max_blocks);
+        self.sync_storage();
+    }
+
+    /// Allocates storage for the blocks the table now needs and frees it for those it no longer does.
+    fn sync_storage(&mut self) {
+        let len = self.block_len();
+        sync_storage(&mut self.table, &mut self.blocks, len);
+    }
+
     /// Bytes of one KV block.
     pub fn kv_block_bytes(&self) -> usize {
         self.block_len() * 2
@@ -194,9 +214,7 @@ impl CpuRunner {
                 .map_err(|e| Error::KvCacheFull { needed: e.needed, available: e.available })?;
         }
         let block_len = cfg.num_layers * 2 * BLOCK_TOKENS * kvd;
-        while self.blocks.len() < self.table.num_created() {
-            self.blocks.push(vec![0u16; block_len].into_boxed_slice());
-        }
+        sync_storage(&mut self.table, &mut self.blocks, block_len);
         // Where each row's keys and values go.
         let slots: Vec<(u32, usize)> = rows.iter().map(|&(seq, pos)| self.table.slot(seq, pos)).collect();
         let tokens = batch.chunks.iter().flat_map(|c| c.tokens.iter().copied());
@@ -396,9 +414,7 @@ impl Runner for CpuRunner {
 
     fn truncate(&mut self, seq: SeqId, len: usize) {
         if let Some(copy) = self.table.truncate(seq, len) {
-            while self.blocks.len() < self.table.num_created() {
-                self.blocks.push(vec![0u16; self.block_len()].into_boxed_slice());
-            }
+            self.sync_storage();
             let from = self.blocks[copy.from as usize].clone();
             self.blocks[copy.to as usize].copy_from_slice(&from);
         }
@@ -406,6 +422,7 @@ impl Runner for CpuRunner {
 
     fn release(&mut self, seq: SeqId) {
         self.table.release(seq);
+        self.sync_storage();
     }
 
     fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
@@ -425,9 +442,7 @@ impl Runner for CpuRunner {
                 break;
             }
             let Some(b) = self.table.attach_loaded(seq, h, chunk) else { break };
-            while self.blocks.len() < self.table.num_created() {
-                self.blocks.push(vec![0u16; block_len].into_boxed_slice());
-            }
+            sync_storage(&mut self.table, &mut self.blocks, block_len);
             self.blocks[b as usize].copy_from_slice(&buf);
             n += BLOCK_TOKENS;
         }

@@ -8,6 +8,12 @@
 //! that starts with the same tokens, and are evicted least recently used when a block is needed. Partial blocks are
 //! private to their sequence, so appending never writes into a shared block; rolling back into a registered block
 //! unregisters it, or copies it when another sequence shares it.
+//!
+//! Memory: blocks are created as they are first needed, up to the pool's size. The unreferenced cached blocks (the
+//! in-memory prefix cache) may be capped below the pool ([`BlockTable::set_max_cached_blocks`]); past the cap the
+//! least recently used one is evicted. A block that is neither referenced nor cached needs no storage: the table says
+//! which blocks gained or lost the need ([`BlockTable::take_storage_changes`]) so the backend allocates or frees
+//! their storage, and memory follows what is in use plus the cap instead of the pool's high-water mark.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -49,6 +55,10 @@ pub struct KvUsage {
     pub hit_tokens: u64,
     pub lookup_tokens: u64,
     pub evicted_blocks: u64,
+    /// Most unreferenced cached blocks kept in memory; `None` = as many as the pool holds.
+    pub max_cached_blocks: Option<usize>,
+    /// Blocks that hold storage now (referenced or cached).
+    pub stored_blocks: usize,
 }
 
 #[derive(Debug, Default)]
@@ -92,6 +102,13 @@ pub struct BlockTable {
     tick: u64,
     seqs: HashMap<SeqId, SeqBlocks>,
     usage: KvUsage,
+    /// Cap on `lru.len()`; `None` = the pool's size.
+    max_cached: Option<usize>,
+    /// Whether block `b` needs storage: it is referenced or cached (free blocks do not).
+    stored: Vec<bool>,
+    num_stored: usize,
+    /// Blocks whose `stored` changed since [`Self::take_storage_changes`] was last called.
+    storage_changes: Vec<u32>,
 }
 
 impl BlockTable {
@@ -115,6 +132,57 @@ impl BlockTable {
             tick: 0,
             seqs: HashMap::new(),
             usage: KvUsage::default(),
+            max_cached: None,
+            stored: Vec::new(),
+            num_stored: 0,
+            storage_changes: Vec::new(),
+        }
+    }
+
+    /// Caps the unreferenced cached blocks kept in memory (`None`: as many as the pool holds), evicting the least
+    /// recently used ones beyond it now.
+    pub fn set_max_cached_blocks(&mut self, max_cached: Option<usize>) {
+        self.max_cached = max_cached;
+        self.enforce_cache_cap();
+    }
+
+    /// Blocks whose storage need changed since the last call: for each, allocate storage if [`Self::is_stored`]
+    /// (its content is then written before it is read) and free it otherwise.
+    pub fn take_storage_changes(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.storage_changes)
+    }
+
+    /// Whether block `b` needs storage (it is referenced or cached).
+    pub fn is_stored(&self, b: u32) -> bool {
+        self.stored.get(b as usize).copied().unwrap_or(false)
+    }
+
+    fn set_stored(&mut self, b: u32, stored: bool) {
+        if self.stored[b as usize] != stored {
+            self.stored[b as usize] = stored;
+            if stored {
+                self.num_stored += 1
+            } else {
+                self.num_stored -= 1
+            }
+            self.storage_changes.push(b);
+        }
+    }
+
+    /// Puts an unreferenced, uncached block on the free list; its storage is given back.
+    fn push_free(&mut self, b: u32) {
+        self.set_stored(b, false);
+        self.free.push(b);
+    }
+
+    /// Evicts the least recently used cached blocks beyond the cap.
+    fn enforce_cache_cap(&mut self) {
+        let Some(max) = self.max_cached else { return };
+        while self.lru.len() > max {
+            let Some((_, b)) = self.lru.pop_first() else { break };
+            self.unregister(b);
+            self.usage.evicted_blocks += 1;
+            self.push_free(b);
         }
     }
 
@@ -138,6 +206,8 @@ impl BlockTable {
             capacity_blocks: self.max_blocks,
             used_blocks: self.refs.iter().filter(|&&r| r > 0).count(),
             cached_blocks: self.lru.len(),
+            max_cached_blocks: self.max_cached,
+            stored_blocks: self.num_stored,
             ..self.usage
         }
     }
@@ -181,8 +251,9 @@ impl BlockTable {
             if self.hash_of[b as usize].is_some() {
                 self.touch(b);
                 self.lru.insert(self.last_use[b as usize], b);
+                self.enforce_cache_cap();
             } else {
-                self.free.push(b);
+                self.push_free(b);
             }
         }
     }
@@ -204,6 +275,7 @@ impl BlockTable {
             self.refs.push(0);
             self.hash_of.push(None);
             self.last_use.push(0);
+            self.stored.push(false);
             (self.num_created - 1) as u32
         } else {
             let (&t, &b) = self.lru.iter().next()?;
@@ -213,6 +285,7 @@ impl BlockTable {
             b
         };
         self.refs[b as usize] = 1;
+        self.set_stored(b, true);
         self.touch(b);
         Some(b)
     }
@@ -359,7 +432,7 @@ impl BlockTable {
         while let Some((t, b)) = self.lru.pop_first() {
             let _ = t;
             self.unregister(b);
-            self.free.push(b);
+            self.push_free(b);
             self.usage.evicted_blocks += 1;
         }
     }
@@ -401,6 +474,44 @@ mod tests {
         assert_eq!(t.attach_prefix(SeqId(5), &a), 0);
         assert!(t.usage().evicted_blocks >= 2);
         assert!(t.reserve(SeqId(5), 16).is_err(), "all 8 blocks are in use by sequence 4");
+    }
+
+    #[test]
+    fn the_cache_cap_evicts_lru_and_free_blocks_give_their_storage_back() {
+        let mut t = BlockTable::new(64);
+        t.set_max_cached_blocks(Some(3));
+        // Storage follows allocation: 3 blocks for 40 tokens.
+        write(&mut t, SeqId(1), &toks(40, 0));
+        let created: Vec<u32> = t.take_storage_changes();
+        assert_eq!(created.len(), 3);
+        assert!(created.iter().all(|&b| t.is_stored(b)));
+        assert_eq!(t.usage().stored_blocks, 3);
+        // Released: the 2 full blocks stay cached (stored), the partial one is freed.
+        t.release(SeqId(1));
+        let changes = t.take_storage_changes();
+        assert_eq!(changes.len(), 1);
+        assert!(!t.is_stored(changes[0]));
+        assert_eq!((t.usage().cached_blocks, t.usage().stored_blocks), (2, 2));
+        // Many distinct prompts: never more than 3 cached blocks, and storage only for those.
+        for salt in 1..20 {
+            write(&mut t, SeqId(10 + salt as u64), &toks(64, salt * 1000));
+            t.release(SeqId(10 + salt as u64));
+            let u = t.usage();
+            assert!(u.cached_blocks <= 3, "{u:?}");
+            assert_eq!(u.stored_blocks, u.cached_blocks, "{u:?}");
+        }
+        let u = t.usage();
+        assert_eq!((u.max_cached_blocks, u.used_blocks), (Some(3), 0));
+        assert!(u.evicted_blocks >= 19 * 4 - 3);
+        // The most recent prompt's last 3 blocks are the ones kept: its first block went first.
+        let last = toks(64, 19_000);
+        assert_eq!(t.attach_prefix(SeqId(99), &last), 0);
+        // Lowering the cap evicts at once.
+        t.release(SeqId(99));
+        t.set_max_cached_blocks(Some(1));
+        assert_eq!((t.usage().cached_blocks, t.usage().stored_blocks), (1, 1));
+        t.set_max_cached_blocks(Some(0));
+        assert_eq!((t.usage().cached_blocks, t.usage().stored_blocks), (0, 0));
     }
 
     #[test]

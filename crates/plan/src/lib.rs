@@ -13,7 +13,11 @@
 //! 4. the rest is KV cache, in pages of [`PAGE_TOKENS`] tokens (f16 keys and values of every layer, target and draft
 //!    together). Context comes first: the largest context (≤ the model's, ≤ `--max-context`) whose pages fit one
 //!    sequence; then as many sequences as fit *each at that full context* (so nothing is over-committed even while the
-//!    runner keeps per-sequence KV), up to the device's default or `--max-sequences`.
+//!    runner keeps per-sequence KV), up to the device's default or `--max-sequences`;
+//! 5. with a prefix-cache cap ([`PlanInput::prefix_cache_bytes`]; `splash serve` and `splash plan` set
+//!    [`default_prefix_cache_bytes`] unless told otherwise), the pool is only what those sequences need plus the cap:
+//!    the in-memory prefix cache keeps at most the cap's pages, the rest of the prefixes live on the disk tier, and
+//!    the machine keeps the memory no plan line asked for. Without a cap the pool takes everything left.
 //!
 //! If not even [`MIN_USEFUL_CONTEXT`] tokens (or the model's or user's smaller maximum) fit one sequence, the plan is
 //! refused with the breakdown and a suggestion.
@@ -37,6 +41,19 @@ pub const MIN_USEFUL_CONTEXT: usize = 2048;
 pub const NUM_SPECULATIVE_TOKENS: usize = 8;
 
 const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// Share of the device's memory the in-memory prefix cache may take by default (the smaller of this and
+/// [`DEFAULT_PREFIX_CACHE_MAX_BYTES`]).
+pub const DEFAULT_PREFIX_CACHE_SHARE: u64 = 8;
+/// The default prefix-cache cap's ceiling.
+pub const DEFAULT_PREFIX_CACHE_MAX_BYTES: u64 = 4 * GIB;
+
+/// The default in-memory prefix-cache cap: an eighth of the device's memory, at most 4 GiB (3 GiB on a 24 GiB
+/// machine), so a laptop that also runs an IDE, a browser and a build keeps its memory.
+pub fn default_prefix_cache_bytes(memory: &DeviceMemory) -> u64 {
+    (memory.total_bytes / DEFAULT_PREFIX_CACHE_SHARE).min(DEFAULT_PREFIX_CACHE_MAX_BYTES)
+}
 
 /// Which device the plan is for; it sets the default sequence and batch ceilings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -157,6 +174,9 @@ pub struct PlanInput {
     pub max_batch_tokens: Option<usize>,
     /// Threads that each keep a row of attention scores.
     pub num_threads: usize,
+    /// Most memory the in-memory prefix cache (KV pages no running sequence holds) may keep, on top of the pages
+    /// the planned sequences need; `None` = every page the budget leaves.
+    pub prefix_cache_bytes: Option<u64>,
 }
 
 impl PlanInput {
@@ -173,6 +193,7 @@ impl PlanInput {
             max_sequences: None,
             max_batch_tokens: None,
             num_threads: 1,
+            prefix_cache_bytes: None,
         }
     }
 }
@@ -239,8 +260,11 @@ pub struct Plan {
     pub page_tokens: usize,
     /// KV bytes per token, target and draft together.
     pub kv_bytes_per_token: u64,
-    /// Pages in the KV pool: all memory the deductions leave (≥ `max_sequences` × pages of `max_context`).
+    /// Pages in the KV pool: `max_sequences` × pages of `max_context`, plus the prefix cache's cap (or, without a
+    /// cap, all memory the deductions leave).
     pub num_kv_pages: usize,
+    /// Most pages the in-memory prefix cache keeps when no sequence holds them (`None`: no cap beyond the pool).
+    pub max_cached_pages: Option<usize>,
     /// Most tokens of prompt and output per sequence (≤ the model's).
     pub max_context: usize,
     pub model_max_context: usize,
@@ -255,6 +279,11 @@ pub struct Plan {
 impl Plan {
     pub fn kv_pool_bytes(&self) -> u64 {
         self.num_kv_pages as u64 * self.page_tokens as u64 * self.kv_bytes_per_token
+    }
+
+    /// Bytes of the in-memory prefix cache's cap, when there is one.
+    pub fn prefix_cache_bytes(&self) -> Option<u64> {
+        self.max_cached_pages.map(|n| n as u64 * self.page_tokens as u64 * self.kv_bytes_per_token)
     }
 
     /// Pages one sequence needs to hold `num_tokens`.
@@ -287,6 +316,15 @@ impl fmt::Display for Plan {
             human_bytes(self.kv_bytes_per_token),
             human_bytes(self.kv_pool_bytes())
         )?;
+        match self.prefix_cache_bytes() {
+            Some(bytes) => writeln!(
+                f,
+                "prefix cache     at most {} pages in memory ({}; --prefix-cache-memory), the rest on disk",
+                self.max_cached_pages.unwrap_or(0),
+                human_bytes(bytes)
+            )?,
+            None => writeln!(f, "prefix cache     every page no sequence holds (no cap)")?,
+        }
         writeln!(f, "memory breakdown:")?;
         write!(f, "{}", self.breakdown)
     }
@@ -422,13 +460,23 @@ pub fn plan(input: &PlanInput) -> Result<Plan, PlanError> {
     }
     let num_seqs = lo;
     let mut b = breakdown(num_seqs, context, 0);
-    let num_kv_pages = (b.kv_bytes / page_bytes) as usize;
+    let all_pages = (b.kv_bytes / page_bytes) as usize;
+    let (num_kv_pages, max_cached_pages) = match input.prefix_cache_bytes {
+        None => (all_pages, None),
+        Some(cap) => {
+            // `fits` guarantees the sequences' pages; the cache gets what is left up to its cap.
+            let active_pages = num_seqs * context.div_ceil(PAGE_TOKENS);
+            let num_pages = all_pages.min(active_pages.saturating_add((cap / page_bytes) as usize));
+            (num_pages, Some(num_pages.saturating_sub(active_pages)))
+        }
+    };
     b.over_bytes = 0;
     Ok(Plan {
         device: input.device,
         page_tokens: PAGE_TOKENS,
         kv_bytes_per_token: kv_per_token,
         num_kv_pages,
+        max_cached_pages,
         max_context: context,
         model_max_context: model_max,
         context_limit,

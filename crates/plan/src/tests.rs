@@ -287,3 +287,38 @@ fn bad_shapes_and_sizes() {
     assert_eq!(human_bytes(3 * GIB / 2), "1.5 GiB");
     assert_eq!(human_bytes(12), "12 B");
 }
+
+#[test]
+fn the_prefix_cache_cap_bounds_the_pool_issue_22() {
+    // Issue 22: a 24 GiB machine, `--max-context 2048 --max-sequences 2`, the 1.5B with its draft, planned a
+    // 20.9 GiB pool that the prefix cache filled over a day.
+    let mut i = input(qwen_1_5b(), Some(qwen_0_5b()), 24);
+    i.max_context = Some(2048);
+    i.max_sequences = Some(2);
+    let uncapped = plan(&i).unwrap();
+    assert!(uncapped.kv_pool_bytes() > 15 * GIB, "{uncapped}");
+    assert_eq!(uncapped.max_cached_pages, None);
+    let cap = default_prefix_cache_bytes(&i.memory);
+    assert_eq!(cap, 3 * GIB);
+    i.prefix_cache_bytes = Some(cap);
+    let p = plan(&i).unwrap();
+    assert_no_overcommit(&i, &p);
+    run_pool(&p);
+    let active = p.max_sequences * p.pages_for(p.max_context);
+    assert_eq!((p.max_context, p.max_sequences), (2048, 2));
+    assert_eq!(p.num_kv_pages, active + p.max_cached_pages.unwrap());
+    assert!(
+        p.prefix_cache_bytes().unwrap() <= cap && p.prefix_cache_bytes().unwrap() > cap - p.kv_bytes_per_token * 16
+    );
+    assert!(p.kv_pool_bytes() < 4 * GIB, "{p}");
+    assert!(p.to_string().contains("prefix cache     at most"), "{p}");
+    // The default cap is an eighth of memory, at most 4 GiB; memory left below the cap bounds it instead.
+    assert_eq!(default_prefix_cache_bytes(&DeviceMemory::simulated(8 * GIB)), GIB);
+    assert_eq!(default_prefix_cache_bytes(&DeviceMemory::simulated(141 * GIB)), 4 * GIB);
+    let mut small = input(qwen_0_5b(), None, 2);
+    small.prefix_cache_bytes = Some(64 * GIB);
+    let s = plan(&small).unwrap();
+    assert_no_overcommit(&small, &s);
+    let all = plan(&input(qwen_0_5b(), None, 2)).unwrap();
+    assert_eq!(s.num_kv_pages, all.num_kv_pages);
+}

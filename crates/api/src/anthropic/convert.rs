@@ -305,6 +305,7 @@ fn convert_tools(tools: Vec<wire::Tool>, referenced: &HashSet<String>) -> Result
             .name
             .filter(|n| !n.is_empty())
             .ok_or_else(|| ApiError::invalid_param(format!("tools[{i}].name"), "A tool needs a non-empty 'name'."))?;
+        crate::tools::check_name(&name, &format!("tools[{i}].name"))?;
         let parameters = match t.input_schema {
             None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
             Some(s @ Value::Object(_)) => s,

@@ -21,7 +21,10 @@ impl<E: Into<ApiError>> From<E> for AnthropicError {
 
 fn error_type(kind: ErrorKind) -> &'static str {
     match kind {
-        ErrorKind::InvalidRequest | ErrorKind::ContextLength | ErrorKind::MethodNotAllowed => "invalid_request_error",
+        ErrorKind::InvalidRequest
+        | ErrorKind::ContextLength
+        | ErrorKind::MethodNotAllowed
+        | ErrorKind::UnsupportedMediaType => "invalid_request_error",
         ErrorKind::Authentication => "authentication_error",
         ErrorKind::Forbidden => "permission_error",
         ErrorKind::NotFound => "not_found_error",

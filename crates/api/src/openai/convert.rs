@@ -7,7 +7,8 @@ use serde_json::{Map, Value, json};
 
 use super::wire;
 use crate::error::ApiError;
-use crate::generate::{ChatTurn, Collected, OutputFormat, StopReason, Thinking, TokenLogprob, ToolChoice, random_id};
+use crate::generate::{ChatTurn, Collected, OutputFormat, StopReason, Thinking, TokenLogprob, random_id};
+use crate::tools::OpenAiApi;
 
 /// Most stop strings in one request.
 const MAX_STOP_STRINGS: usize = 16;
@@ -94,7 +95,7 @@ pub fn to_turn(req: wire::ChatRequest, defaults: &SamplingParams) -> Result<Chat
         repetition_penalty: req.repetition_penalty,
     };
     let tools = convert_tools(req.tools.unwrap_or_default())?;
-    let tool_choice = convert_tool_choice(req.tool_choice.as_ref())?;
+    let tool_choice = crate::tools::openai_tool_choice(req.tool_choice.as_ref(), OpenAiApi::ChatCompletions)?;
     let messages =
         req.messages.into_iter().enumerate().map(|(i, m)| convert_message(i, m)).collect::<Result<Vec<_>, _>>()?;
     let mut sampling = sampling(&requested, defaults)?;
@@ -220,9 +221,7 @@ fn convert_tools(tools: Vec<wire::Tool>) -> Result<Vec<chat::Tool>, ApiError> {
         let f = tool.function.ok_or_else(|| {
             ApiError::invalid_param(format!("tools[{i}].function"), "A function tool needs a 'function' object.")
         })?;
-        if f.name.is_empty() {
-            return Err(ApiError::invalid_param(format!("tools[{i}].function.name"), "A tool name must not be empty."));
-        }
+        crate::tools::check_name(&f.name, &format!("tools[{i}].function.name"))?;
         let parameters = match f.parameters {
             None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
             Some(p @ Value::Object(_)) => p,
@@ -236,29 +235,6 @@ fn convert_tools(tools: Vec<wire::Tool>) -> Result<Vec<chat::Tool>, ApiError> {
         out.push(chat::Tool { name: f.name, description: f.description, parameters });
     }
     Ok(out)
-}
-
-fn convert_tool_choice(choice: Option<&Value>) -> Result<ToolChoice, ApiError> {
-    let bad = || {
-        ApiError::invalid_param(
-            "tool_choice",
-            "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}.",
-        )
-    };
-    match choice {
-        None | Some(Value::Null) => Ok(ToolChoice::Auto),
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => Ok(ToolChoice::Auto),
-            "none" => Ok(ToolChoice::None),
-            "required" => Ok(ToolChoice::Required),
-            _ => Err(bad()),
-        },
-        Some(Value::Object(o)) => {
-            let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).ok_or_else(bad)?;
-            Ok(ToolChoice::Named(name.to_owned()))
-        }
-        Some(_) => Err(bad()),
-    }
 }
 
 /// Text of a `content` value: a string, or an array of text parts (joined by newlines).
@@ -465,6 +441,7 @@ pub fn completion(
 mod tests {
     use super::*;
     use crate::error::parse_json;
+    use crate::generate::ToolChoice;
 
     fn turn(body: Value) -> Result<ChatTurn, ApiError> {
         to_turn(parse_json(body.to_string().as_bytes())?, &SamplingParams::default())

@@ -27,7 +27,8 @@ fn error_type(kind: ErrorKind) -> &'static str {
         | ErrorKind::Forbidden
         | ErrorKind::NotFound
         | ErrorKind::MethodNotAllowed
-        | ErrorKind::PayloadTooLarge => "invalid_request_error",
+        | ErrorKind::PayloadTooLarge
+        | ErrorKind::UnsupportedMediaType => "invalid_request_error",
         ErrorKind::Overloaded => "rate_limit_error",
         ErrorKind::Internal | ErrorKind::Unavailable => "server_error",
     }

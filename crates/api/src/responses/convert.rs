@@ -20,7 +20,7 @@ use serde_json::{Map, Value, json};
 
 use super::wire;
 use crate::error::ApiError;
-use crate::generate::{ChatTurn, OutputFormat, Thinking, ToolChoice, random_id};
+use crate::generate::{ChatTurn, OutputFormat, Thinking, random_id};
 
 /// The conversation items of an `input` (no instructions), appended to `out`.
 pub fn input_messages(input: Option<&Value>, out: &mut Vec<Message>) -> Result<(), ApiError> {
@@ -185,9 +185,7 @@ pub const CUSTOM_INPUT: &str = "input";
 /// tool's `format`.
 fn custom_tool(t: &Value, at: &str) -> Result<chat::Tool, ApiError> {
     let name = str_field(t, "name", at)?;
-    if name.is_empty() {
-        return Err(ApiError::invalid_param(format!("{at}.name"), "A tool name must not be empty."));
-    }
+    crate::tools::check_name(name, &format!("{at}.name"))?;
     let input = match t.get("format") {
         None | Some(Value::Null) => "Free-form text.".to_owned(),
         Some(format) => match format.get("type").and_then(Value::as_str) {
@@ -230,9 +228,7 @@ fn convert_tools(tools: &[Value], param: &str, out: &mut Vec<chat::Tool>) -> Res
         match t.get("type").and_then(Value::as_str) {
             Some("function") => {
                 let name = str_field(t, "name", &at)?;
-                if name.is_empty() {
-                    return Err(ApiError::invalid_param(format!("{at}.name"), "A tool name must not be empty."));
-                }
+                crate::tools::check_name(name, &format!("{at}.name"))?;
                 let parameters = match t.get("parameters") {
                     None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
                     Some(p @ Value::Object(_)) => p.clone(),
@@ -325,33 +321,6 @@ pub fn custom_input(arguments: &str) -> String {
     }
 }
 
-fn convert_tool_choice(choice: Option<&Value>) -> Result<ToolChoice, ApiError> {
-    let bad = || {
-        ApiError::invalid_param(
-            "tool_choice",
-            "tool_choice must be 'auto', 'none', 'required' or {\"type\": \"function\" or \"custom\", \"name\": ...}.",
-        )
-    };
-    match choice {
-        None | Some(Value::Null) => Ok(ToolChoice::Auto),
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => Ok(ToolChoice::Auto),
-            "none" => Ok(ToolChoice::None),
-            "required" => Ok(ToolChoice::Required),
-            _ => Err(bad()),
-        },
-        Some(Value::Object(o)) => {
-            match (o.get("type").and_then(Value::as_str), o.get("name").and_then(Value::as_str)) {
-                (Some("function" | "custom"), Some(name)) => Ok(ToolChoice::Named(name.to_owned())),
-                // Hosted-tool choices (`{"type": "web_search"}`, ...) and allowed_tools: let the model decide.
-                (Some(_), _) => Ok(ToolChoice::Auto),
-                _ => Err(bad()),
-            }
-        }
-        Some(_) => Err(bad()),
-    }
-}
-
 /// Checks a request and converts it; `history` is the stored conversation of `previous_response_id`.
 pub fn to_turn(
     req: &wire::CreateRequest,
@@ -406,7 +375,7 @@ pub fn to_turn(
     };
     Ok(ChatTurn {
         conversation: Conversation { messages, tools },
-        tool_choice: convert_tool_choice(req.tool_choice.as_ref())?,
+        tool_choice: crate::tools::openai_tool_choice(req.tool_choice.as_ref(), crate::tools::OpenAiApi::Responses)?,
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         sampling,
         max_tokens,
@@ -497,6 +466,7 @@ pub fn output_items(reasoning: &str, text: &str, calls: &[ToolCall], tools: &Too
 mod tests {
     use super::*;
     use crate::error::parse_json;
+    use crate::generate::ToolChoice;
 
     fn turn(body: Value) -> Result<ChatTurn, ApiError> {
         let req: wire::CreateRequest = parse_json(body.to_string().as_bytes())?;

@@ -263,3 +263,14 @@ pub fn named_events(body: &str) -> Vec<(String, serde_json::Value)> {
         })
         .collect()
 }
+
+/// Posts `body` as JSON and returns the status and the body, for streamed requests too: a refusal is a JSON body;
+/// an accepted stream's body is not JSON and comes back as `Value::Null`.
+pub async fn post_json_status(h: &Harness, path: &str, body: &Value) -> (StatusCode, Value) {
+    let request =
+        Request::post(path).header("content-type", "application/json").body(Body::from(body.to_string())).unwrap();
+    let response = h.send(request).await;
+    let status = response.status();
+    let text = body_text(response).await;
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
