@@ -16,8 +16,11 @@ fn content() -> Vec<u8> {
     (0..SIZE).map(|i| (i * 7 % 251) as u8).collect()
 }
 
-/// Serves the API and the files; returns the endpoint and the log of (path, Range header).
-fn hub() -> (String, Arc<Mutex<Vec<(String, Option<String>)>>>) {
+/// `(path, Range header)` of every request the hub saw.
+type RequestLog = Arc<Mutex<Vec<(String, Option<String>)>>>;
+
+/// Serves the API and the files; returns the endpoint and the request log.
+fn hub() -> (String, RequestLog) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
     let log = Arc::new(Mutex::new(Vec::new()));
