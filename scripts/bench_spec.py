@@ -12,6 +12,14 @@ prompt plus output): evaluates the same prompt ids, then decodes the
 same number of tokens one llama_decode at a time (greedy argmax; each call timed), stopping at an end-of-generation
 token like splash. Ratios are splash mode / llama.cpp per workload (code-writing, file editing), over total tokens /
 total decode time.
+
+Cost-model comparison (no llama.cpp; run on a quiet machine):
+
+    scripts/bench_spec.py --compare /work/main/.dev/base/splash [--splash target/release/splash] [--gen-tokens 512]
+
+runs `bench --spec` with the other binary (main before the cost model), with this one, and with this one started
+from an inflated calibration (its own, just measured, with every multi-row target cost and the draft cost times
+--inflate, default 4, given with --pass-costs), and prints tok/s and the ratio to `off` of every mode side by side.
 """
 
 import argparse
@@ -65,6 +73,73 @@ def llamacpp_worker(args):
     print(json.dumps(out), flush=True)
 
 
+def bench_rows(splash, args, extra=()):
+    cmd = [splash, "bench", "--spec", "--json", "--model", args.model, "--threads", str(args.threads),
+           "--gen-tokens", str(args.gen_tokens), "--workload", args.workload, *extra]
+    print("+", " ".join(cmd), file=sys.stderr, flush=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+
+
+def speed_of(items):
+    tokens = sum(r["tokens"] - 1 for r in items)
+    return tokens / max(sum(r["decode_ms"] for r in items) / 1000, 1e-9)
+
+
+def inflated_calibration(home, factor):
+    """The newest file in $SPLASH_HOME/calibration (the run that just ended wrote it) with multi-row target costs and
+    the draft cost times `factor`, written to a temporary file."""
+    import glob
+    import tempfile
+    files = [f for f in glob.glob(os.path.join(home, "calibration", "*.txt"))]
+    newest = max(files, key=os.path.getmtime)
+    lines = []
+    for line in open(newest).read().splitlines():
+        f = line.split()
+        if f[0] == "target" and int(f[1]) > 1:
+            f[2] = repr(float(f[2]) * factor)
+        elif f[0] == "draft":
+            f[1] = repr(float(f[1]) * factor)
+        lines.append(" ".join(f))
+    tmp = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False)
+    tmp.write("\n".join(lines) + "\n")
+    tmp.close()
+    print(f"inflated calibration (x{factor} from {newest}): {tmp.name}", file=sys.stderr, flush=True)
+    return tmp.name
+
+
+def compare(args):
+    home = os.environ.get("SPLASH_HOME", os.path.expanduser("~/.cache/splash"))
+    runs = {"main before": bench_rows(args.compare, args), "this branch": bench_rows(args.splash, args)}
+    runs[f"branch, calibration x{args.inflate:g}"] = bench_rows(
+        args.splash, args, ["--pass-costs", inflated_calibration(home, args.inflate)])
+    names = list(runs)
+    print(f"\n{args.model}, {args.gen_tokens} tokens, greedy, {args.threads} threads: tok/s (x vs off of the same run)")
+    print(f"{'workload':<8} {'mode':<6} " + " ".join(f"{n:>26}" for n in names))
+    summary = {}
+    for wl in ("code", "edit"):
+        for mode in ("off", "ngram", "draft", "auto"):
+            cells = []
+            for n in names:
+                items = [r for r in runs[n] if r["workload"] == wl and r["mode"] == mode]
+                off = [r for r in runs[n] if r["workload"] == wl and r["mode"] == "off"]
+                if not items or not off:
+                    cells.append(f"{'-':>26}")
+                    continue
+                sp, ratio = speed_of(items), speed_of(items) / speed_of(off)
+                tpp = sum(r["tokens_per_pass"] * r["tokens"] for r in items) / sum(r["tokens"] for r in items)
+                same = all(r["identical_to_off"] for r in items)
+                summary.setdefault(n, {}).setdefault(wl, {})[mode] = {
+                    "tok_s": round(sp, 2), "x_off": round(ratio, 3), "tokens_per_pass": round(tpp, 3),
+                    "identical_to_off": same}
+                cells.append(f"{sp:7.1f} (x{ratio:4.2f}, {tpp:4.2f}/pass){'' if same else ' DIFF'}".rjust(26))
+            if any(c.strip() != "-" for c in cells):
+                print(f"{wl:<8} {mode:<6} " + " ".join(cells))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"summary": summary, "runs": runs}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -73,11 +148,16 @@ def main():
     ap.add_argument("--splash", default="target/release/splash")
     ap.add_argument("--ref-python", default=DEFAULT_REF_PYTHON)
     ap.add_argument("--json-out")
+    ap.add_argument("--compare", metavar="BASE_SPLASH", help="compare the cost model against this binary (see above)")
+    ap.add_argument("--inflate", type=float, default=4.0)
+    ap.add_argument("--workload", default="all")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-file", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return llamacpp_worker(args)
+    if args.compare:
+        return compare(args)
 
     home = os.environ.get("SPLASH_HOME", os.path.expanduser("~/.cache/splash"))
     files = {"qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",

@@ -78,6 +78,7 @@ pub async fn status(State(state): State<Arc<AppState>>) -> Json<Value> {
             "depth": s.spec.last_depth,
             "ngram": {"proposed": s.spec.ngram_proposed, "accepted": s.spec.ngram_accepted},
             "draft": {"proposed": s.spec.draft_proposed, "accepted": s.spec.draft_accepted},
+            "pass_costs": pass_costs_json(&s.spec.costs),
         },
         "kv_cache": {
             // The runner's page size (the GPU's pages are larger than the CPU's); the CPU's for a runner without one.
@@ -141,6 +142,40 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         &[("", format!("{:.4}", s.spec.tokens_per_pass()))],
     );
     metric("spec_depth", "gauge", "Mean draft depth in the last step.", &[("", format!("{:.3}", s.spec.last_depth))]);
+    let costs = &s.spec.costs;
+    let points: Vec<(String, &engine::spec::CostPoint)> = costs
+        .target_points()
+        .iter()
+        .map(|p| (format!("{{pass=\"target\",rows=\"{}\"}}", p.rows), p))
+        .chain(costs.draft.as_ref().map(|p| ("{pass=\"draft\",rows=\"1\"}".to_string(), p)))
+        .collect();
+    let samples = |f: &dyn Fn(&engine::spec::CostPoint) -> String| -> Vec<(&str, String)> {
+        points.iter().map(|(l, p)| (l.as_str(), f(p))).collect()
+    };
+    metric(
+        "spec_pass_cost_seconds",
+        "gauge",
+        "Pass costs the draft depth chooser is using, by pass and rows.",
+        &samples(&|p| format!("{:.6e}", p.secs)),
+    );
+    metric(
+        "spec_pass_cost_samples_total",
+        "counter",
+        "Passes timed for each cost since the start.",
+        &samples(&|p| p.samples.to_string()),
+    );
+    metric(
+        "spec_pass_cost_measured_timestamp_seconds",
+        "gauge",
+        "When each cost was last measured (Unix time; the calibration's time until a pass is timed, 0 if unknown).",
+        &samples(&|p| format!("{:.3}", p.measured_unix)),
+    );
+    metric(
+        "spec_explored_passes_total",
+        "counter",
+        "Passes padded to time a row count the chooser would not have run.",
+        &[("", costs.explored_passes.to_string())],
+    );
     metric(
         "kv_blocks",
         "gauge",
@@ -229,4 +264,27 @@ pub async fn apply_template(
         .await
         .map_err(|e| ApiError::internal(format!("rendering failed: {e}")))??;
     Ok(Json(json!({"prompt": rendered.text})))
+}
+
+/// The pass costs the depth chooser is using (`/status`, `splash run --stats`): per target row count and for the
+/// draft pass, the estimate and the calibration's value in milliseconds, how many passes were timed since the start
+/// and when the estimate was last measured (Unix seconds, and seconds ago; the calibration's time until a pass is
+/// timed).
+pub fn pass_costs_json(costs: &engine::spec::CostsView) -> serde_json::Value {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let point = |p: &engine::spec::CostPoint| {
+        serde_json::json!({
+            "rows": p.rows.max(1),
+            "ms": p.secs * 1e3,
+            "calibrated_ms": p.prior_secs * 1e3,
+            "samples": p.samples,
+            "measured_unix": (p.measured_unix > 0.0).then_some(p.measured_unix),
+            "measured_s_ago": (p.measured_unix > 0.0).then(|| (now - p.measured_unix).max(0.0)),
+        })
+    };
+    serde_json::json!({
+        "target": costs.target_points().iter().map(point).collect::<Vec<_>>(),
+        "draft": costs.draft.as_ref().map(point),
+        "explored_passes": costs.explored_passes,
+    })
 }

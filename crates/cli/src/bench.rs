@@ -279,6 +279,8 @@ fn spec_bench(a: &Args) -> Result<()> {
     let mut reference: Vec<Vec<u32>> = Vec::new();
     for mode in modes {
         engine.set_spec(a.spec_args.config(mode));
+        // Every mode starts from the same pass costs (what it learns while decoding is its own).
+        engine.set_pass_costs(costs.clone());
         for (pi, (kind, prompt)) in prompts.iter().enumerate() {
             let mut conversation = chat::Conversation::default();
             conversation.messages.push(chat::Message::user(prompt.as_str()));

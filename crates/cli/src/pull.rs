@@ -14,14 +14,17 @@ use pack::Progress;
 #[derive(clap::Args)]
 pub struct Args {
     /// Packs (qwen2.5-coder-1.5b with its draft, qwen2.5-coder-0.5b, smollm2-135m, ...), other catalog names, or a
-    /// local pack: a manifest `.toml` file or a directory holding `pack.toml`.
+    /// local pack: a manifest `.toml` file or a directory holding `pack.toml`, or a Hugging Face GGUF as
+    /// `OWNER/REPO:FILE-OR-QUANT` (e.g. `Qwen/Qwen2.5-Coder-7B-Instruct-GGUF:q4_k_m`).
     #[arg(required = true)]
     names: Vec<String>,
 }
 
 pub fn main(a: Args) -> Result<()> {
     for name in &a.names {
-        if let Some(m) = pack::local_pack(name)? {
+        if let Some(spec) = pack::hf_repo::HubSpec::parse(name) {
+            println!("{}", pack::pull_hub(&spec, &mut print_download())?.display());
+        } else if let Some(m) = pack::local_pack(name)? {
             for path in pack::pull_manifest(&m, &mut print_progress(), &mut print_download())? {
                 println!("{}", path.display());
             }

@@ -113,6 +113,7 @@ pub fn main(a: Args) -> Result<()> {
             "acceptance": engine.spec_stats().acceptance_rate(),
             "tokens_per_pass": engine.spec_stats().tokens_per_pass(),
             "draft_depth": engine.spec_stats().last_depth,
+            "pass_costs": api::admin::pass_costs_json(&engine.spec_stats().costs),
         });
         eprintln!("{stats}");
     }

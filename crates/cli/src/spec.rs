@@ -45,6 +45,11 @@ pub struct SpecArgs {
     /// machine: the depth choice relies on them).
     #[arg(long)]
     pub recalibrate: bool,
+    /// Start from the pass costs in this file (`target ROWS SECONDS` and `draft SECONDS` lines, as in
+    /// $SPLASH_HOME/calibration) instead of measuring or the cache, even when they fail the sanity check: to test how
+    /// decoding corrects a bad calibration. Nothing is written back.
+    #[arg(long, value_name = "FILE")]
+    pub pass_costs: Option<std::path::PathBuf>,
 }
 
 impl SpecArgs {
@@ -67,12 +72,55 @@ impl SpecArgs {
     }
 
     /// The draft model to load for `model`, if the mode uses one: `--draft`, else the draft of the pack named
-    /// `model`.
+    /// `model`, else (a bare file) the draft of the pack whose tokenizer fingerprint the file has ([`paired_draft`]).
     pub fn draft_model(&self, model: &str) -> Option<String> {
         if matches!(self.mode, SpecMode::Off | SpecMode::Ngram) {
             return None;
         }
-        self.draft.clone().or_else(|| crate::plan::default_draft(model).map(str::to_string))
+        self.draft
+            .clone()
+            .or_else(|| crate::plan::default_draft(model).map(str::to_string))
+            .or_else(|| paired_draft(model).ok().flatten().map(|(draft, _)| draft))
+    }
+}
+
+/// For a target given as a file that is no pack's: the catalog name of the draft of the built-in pack whose tokenizer
+/// fingerprint ([`pack::tokenizer_fingerprint`]) the file has, with that pack's name. `Ok(None)` when `model` is a
+/// pack or catalog name, or no pack's tokenizer matches.
+fn paired_draft(model: &str) -> Result<Option<(String, &'static str)>> {
+    let path = std::path::Path::new(model);
+    if pack::pack(model).is_some() || pack::catalog().get(model).is_some() || !path.is_file() {
+        return Ok(None);
+    }
+    let fingerprint = pack::tokenizer_fingerprint_of(path)?;
+    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let Some(m) = pack::draft_pack_for(pack::builtin_packs(), &fingerprint, size) else { return Ok(None) };
+    let draft = m.draft.as_ref().map(|d| d.file.as_str());
+    Ok(pack::catalog()
+        .entries
+        .iter()
+        .find(|e| Some(e.file.as_str()) == draft)
+        .map(|e| (e.name.clone(), m.name.as_str())))
+}
+
+/// Says at start which draft a bare target file got by its tokenizer, or that none matched.
+fn report_pairing(model: &str, args: &SpecArgs) {
+    if args.draft.is_some() || matches!(args.mode, SpecMode::Off | SpecMode::Ngram) {
+        return;
+    }
+    let path = std::path::Path::new(model);
+    if pack::pack(model).is_some() || pack::catalog().get(model).is_some() || !path.is_file() {
+        return;
+    }
+    match paired_draft(model) {
+        Ok(Some((draft, pack))) => {
+            eprintln!("draft: {draft} (this file's tokenizer is the {pack} pack's, fingerprint matched)")
+        }
+        Ok(None) => eprintln!(
+            "no draft model: no pack's draft shares this file's tokenizer (ids, merges, specials); speculation uses \
+             prompt lookup only (--draft FILE picks one)"
+        ),
+        Err(e) => eprintln!("no draft model: reading this file's tokenizer for pairing failed ({e})"),
     }
 }
 
@@ -90,6 +138,7 @@ pub fn setup(
 ) -> Result<Option<String>> {
     let recalibrate = recalibrate || args.recalibrate;
     engine.set_spec(args.config(args.mode));
+    report_pairing(model, args);
     let draft_name = args.draft_model(model);
     let mut draft_path = None;
     if let Some(name) = &draft_name {
@@ -109,18 +158,70 @@ pub fn setup(
     if args.mode == SpecMode::Off {
         return Ok(draft_name);
     }
+    if let Some(file) = &args.pass_costs {
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        let costs = parse_costs(&text).with_context(|| format!("{}: not a pass-cost file", file.display()))?;
+        if let Err(problem) = costs.check() {
+            eprintln!("pass costs from {}: {problem} (used as given)", file.display());
+        }
+        engine.set_pass_costs_measured_at(costs, modified_unix(file));
+        return Ok(draft_name);
+    }
     let cache = calibration_path(engine, &crate::load::model_path(model)?, draft_path.as_deref());
-    match std::fs::read_to_string(&cache).ok().and_then(|t| parse_costs(&t)) {
-        Some(costs) if !recalibrate => engine.set_pass_costs(costs),
-        _ => {
+    let cached = if recalibrate { None } else { load_costs(&cache) };
+    match cached {
+        Some(costs) => engine.set_pass_costs_measured_at(costs, modified_unix(&cache)),
+        None => {
             engine.calibrate().context("measuring pass costs")?;
-            if let Some(dir) = cache.parent() {
-                let _ = std::fs::create_dir_all(dir);
-                let _ = std::fs::write(&cache, format_costs(engine.pass_costs()));
+            if let Err(problem) = engine.pass_costs().check() {
+                eprintln!("pass costs look wrong after measuring again ({problem}); decoding measures them anew");
             }
+            save_costs(&cache, engine.pass_costs());
         }
     }
+    // What decoding learns is where the next start begins.
+    engine.set_cost_sink(move |costs| save_costs(&cache, costs));
     Ok(draft_name)
+}
+
+/// The pass costs cached at `path`, if there are any that pass their sanity check ([`PassCosts::check`]); says why
+/// a cache is not used.
+fn load_costs(path: &std::path::Path) -> Option<PassCosts> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let problem = match parse_costs(&text) {
+        Some(costs) => match costs.check() {
+            Ok(()) => return Some(costs),
+            Err(problem) => problem,
+        },
+        None => "unreadable".to_string(),
+    };
+    eprintln!("pass-cost cache {}: {problem}; measuring again", path.display());
+    None
+}
+
+/// Writes `costs` to `path` whole (a temporary file renamed into place), when they pass their sanity check; a
+/// failure to write only costs the next start a calibration.
+fn save_costs(path: &std::path::Path, costs: &PassCosts) {
+    if costs.check().is_err() {
+        return;
+    }
+    let Some(dir) = path.parent() else { return };
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&tmp, format_costs(costs)))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// A file's modification time in Unix seconds (0 when unknown).
+fn modified_unix(path: &std::path::Path) -> f64 {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Where the pass costs of this target and draft file (path, size, modification time), device, CPU, binary and
@@ -192,5 +293,43 @@ mod tests {
         assert!(parse_costs("target 1 x\n").is_none());
         assert!(parse_costs("").is_none());
         assert!(parse_costs("target 0 0.1\n").is_none());
+    }
+
+    /// A calibration of the 1.5B on two cores (30 ms a row, 3 ms per further row, a 5 ms draft pass), with the
+    /// multi-row counts and the draft scaled by `inflate`.
+    fn calibration_file(inflate: f64) -> String {
+        let target: Vec<(usize, f64)> = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 17, 33]
+            .iter()
+            .map(|&r| (r, if r == 1 { 0.030 } else { inflate * (0.030 + 0.003 * (r - 1) as f64) }))
+            .collect();
+        format_costs(&PassCosts { target, draft_s: inflate * 0.005 })
+    }
+
+    #[test]
+    fn a_cache_that_fails_its_check_is_measured_again_and_live_costs_are_saved_whole() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("calibration").join("key.txt");
+        // Nothing there yet: measure.
+        assert!(load_costs(&path).is_none());
+        // A good calibration is saved and used.
+        let good = parse_costs(&calibration_file(1.0)).expect("parses");
+        save_costs(&path, &good);
+        assert_eq!(load_costs(&path).expect("used").target, good.target);
+        // Multi-row passes and the draft four times dearer (a busy minute at the first start): two rows would cost
+        // more than two single-row passes; measured again.
+        std::fs::write(&path, calibration_file(4.0)).expect("write");
+        assert!(parse_costs(&calibration_file(4.0)).expect("parses").check().is_err());
+        assert!(load_costs(&path).is_none());
+        // So would 1.6-fold (an outlier step from one row to two). Inflated 1.2-fold it passes: it is the prior, and
+        // decoding corrects it (the engine's speculation tests).
+        assert!(parse_costs(&calibration_file(1.6)).expect("parses").check().is_err());
+        let mild = parse_costs(&calibration_file(1.2)).expect("parses");
+        std::fs::write(&path, calibration_file(1.2)).expect("write");
+        assert_eq!(load_costs(&path).expect("used").target, mild.target);
+        // Costs that fail the check are never saved (the next start would not use them).
+        let falling = PassCosts { target: vec![(1, 0.03), (4, 0.01)], draft_s: 0.005 };
+        save_costs(&path, &falling);
+        assert_eq!(load_costs(&path).expect("still the last good costs").target, mild.target);
+        assert_eq!(std::fs::read_dir(path.parent().expect("dir")).expect("dir").count(), 1, "no temporary left");
     }
 }

@@ -26,7 +26,7 @@ pub use sampler::{Sampler, SamplingParams};
 pub use spec::SpecConfig;
 pub use stop::StopStrings;
 
-use spec::{Acceptance, Method, NgramAcceptance, PassCosts};
+use spec::{Acceptance, CostModel, Method, NgramAcceptance, PassCosts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -82,6 +82,8 @@ pub struct SpecStats {
     pub draft_s: f64,
     pub target_s: f64,
     pub other_s: f64,
+    /// The pass costs the depth chooser is using, and when and how often each was measured.
+    pub costs: spec::CostsView,
 }
 
 impl SpecStats {
@@ -268,6 +270,9 @@ struct Proposal {
     /// The depth is this sequence's own and the step may not trim it (seeded sampling, see [`Engine::costs_for`],
     /// and probes).
     fixed: bool,
+    /// Tokens at the end of `tokens` that pad the pass to a row count the cost model wants timed
+    /// ([`Engine::explore`]): verified like any draft, counted for no proposer.
+    pad: usize,
     /// A probe of the draft model that its measured acceptance alone would not have chosen.
     probe: bool,
     /// A greedy draft whose depth follows the draft's confidence: `tokens` is the most it may draft, and it stops
@@ -323,6 +328,20 @@ const DRAFT_PROBE_DEPTH: usize = 2;
 const DRAFT_PROBE_GAP_MIN: usize = 8;
 const DRAFT_PROBE_GAP_MAX: usize = 256;
 
+/// Live cost estimates go to the cost sink ([`Engine::set_cost_sink`]) after this many observed passes (and when
+/// the engine is dropped).
+const PERSIST_EVERY: u64 = 256;
+
+/// Seconds on the engine's clock ([`Engine::set_clock`]).
+type Clock = Arc<dyn Fn() -> f64 + Send + Sync>;
+
+/// Receives the live cost estimates to keep them for the next start.
+type CostSink = Box<dyn FnMut(&PassCosts) + Send>;
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
 pub struct Engine<R: Runner> {
     runner: R,
     draft: Option<R>,
@@ -332,7 +351,12 @@ pub struct Engine<R: Runner> {
     next_id: u64,
     /// Pass costs as calibrated (or set), and as kept current by the passes since.
     costs: PassCosts,
-    live_costs: PassCosts,
+    cost_model: CostModel,
+    /// Times passes for the cost model (a monotonic clock; tests substitute a simulated one).
+    clock: Clock,
+    cost_sink: Option<CostSink>,
+    /// Observations since the cost sink last got the estimates.
+    unsaved_observations: u64,
     /// Acceptance of greedy draft tokens by the draft's confidence in them.
     confidence: spec::Confidence,
     stats: SpecStats,
@@ -349,7 +373,13 @@ impl<R: Runner> Engine<R> {
             seqs: Vec::new(),
             next_id: 0,
             costs: PassCosts::assumed(),
-            live_costs: PassCosts::assumed(),
+            cost_model: CostModel::new(&PassCosts::assumed(), 0.0),
+            clock: {
+                let origin = Instant::now();
+                Arc::new(move || origin.elapsed().as_secs_f64())
+            },
+            cost_sink: None,
+            unsaved_observations: 0,
             confidence: spec::Confidence::default(),
             stats: SpecStats::default(),
         }
@@ -411,7 +441,37 @@ impl<R: Runner> Engine<R> {
     }
 
     pub fn spec_stats(&self) -> SpecStats {
-        self.stats
+        SpecStats { costs: self.cost_model.view(self.draft.is_some()), ..self.stats }
+    }
+
+    /// Times passes with `clock` (seconds, monotonic) instead of the system's: tests run on a simulated clock that
+    /// their fake runners advance by known costs.
+    pub fn set_clock(&mut self, clock: impl Fn() -> f64 + Send + Sync + 'static) {
+        self.clock = Arc::new(clock);
+    }
+
+    /// Hands the live cost estimates to `sink` every few hundred observed passes and when the engine is dropped, so the
+    /// next start begins from what this one learned.
+    pub fn set_cost_sink(&mut self, sink: impl FnMut(&PassCosts) + Send + 'static) {
+        self.cost_sink = Some(Box::new(sink));
+    }
+
+    /// Gives the cost sink the live estimates now, if anything was observed since it last got them.
+    pub fn persist_costs(&mut self) {
+        if self.unsaved_observations == 0 {
+            return;
+        }
+        self.unsaved_observations = 0;
+        if let Some(sink) = self.cost_sink.as_mut() {
+            sink(self.cost_model.costs());
+        }
+    }
+
+    fn observed(&mut self) {
+        self.unsaved_observations += 1;
+        if self.unsaved_observations >= PERSIST_EVERY {
+            self.persist_costs();
+        }
     }
 
     /// The pass costs as calibrated (or set).
@@ -424,9 +484,9 @@ impl<R: Runner> Engine<R> {
         &self.confidence
     }
 
-    /// The pass costs as the passes run since calibration measured them.
+    /// The pass costs as the passes run since calibration measured them ([`CostModel`]): what the chooser uses.
     pub fn live_pass_costs(&self) -> &PassCosts {
-        &self.live_costs
+        self.cost_model.costs()
     }
 
     /// The costs that choose `s`'s depth. A sampled request with a seed must give the same tokens every time it is
@@ -434,11 +494,18 @@ impl<R: Runner> Engine<R> {
     /// and its own acceptance alone (never from pass timings or the other sequences of a step). Everything else
     /// follows the live costs.
     fn costs_for(&self, s: &Sequence) -> &PassCosts {
-        if s.sampler.params.is_seeded_sampling() { &self.costs } else { &self.live_costs }
+        if s.sampler.params.is_seeded_sampling() { &self.costs } else { self.cost_model.costs() }
     }
 
+    /// Sets the pass costs (calibrated, or saved by an earlier run) as the prior of the live cost model.
     pub fn set_pass_costs(&mut self, costs: PassCosts) {
-        self.live_costs = costs.clone();
+        self.set_pass_costs_measured_at(costs, 0.0);
+    }
+
+    /// [`Self::set_pass_costs`] for costs measured at Unix time `measured_unix` (shown until passes measure them
+    /// again).
+    pub fn set_pass_costs_measured_at(&mut self, costs: PassCosts, measured_unix: f64) {
+        self.cost_model = CostModel::new(&costs, measured_unix);
         self.costs = costs;
     }
 
@@ -449,14 +516,15 @@ impl<R: Runner> Engine<R> {
     pub fn calibrate(&mut self) -> Result<()> {
         let probe = SeqId(u64::MAX);
         let max_rows = self.config.spec.max_draft_tokens + 1;
+        let clock = self.clock.clone();
         let time = |runner: &mut R, rows: usize| -> Result<f64> {
             let tokens = vec![0u32; rows];
             let batch = Batch {
                 chunks: vec![SeqChunk { seq: probe, tokens: &tokens, start_pos: 0, logits: LogitsWanted::All }],
             };
-            let t0 = Instant::now();
+            let t0 = clock();
             let r = runner.forward(&batch).map(|_| ());
-            let secs = t0.elapsed().as_secs_f64();
+            let secs = clock() - t0;
             runner.release(probe);
             r?;
             Ok(secs)
@@ -468,8 +536,14 @@ impl<R: Runner> Engine<R> {
         points.dedup();
         let mut target: Vec<(usize, Vec<f64>)> = points.iter().map(|&r| (r, Vec::new())).collect();
         let mut draft = Vec::new();
-        // A first pass of each size warms caches and allocations without being counted.
-        for round in 0..4 {
+        // A first pass of each size warms caches and allocations without being counted. Costs that fail their
+        // sanity check ([`PassCosts::check`]: a burst of other work hit some counts in every round) get up to two
+        // more sets of three rounds; if they still fail, the machine may really be like that, and decoding measures
+        // it again anyway.
+        for round in 0..10 {
+            if (round == 4 || round == 7) && PassCosts::from_timings(&target, &draft).check().is_ok() {
+                break;
+            }
             for (rows, times) in target.iter_mut() {
                 let t = time(&mut self.runner, *rows)?;
                 if round > 0 {
@@ -483,7 +557,7 @@ impl<R: Runner> Engine<R> {
                 }
             }
         }
-        self.set_pass_costs(PassCosts::from_timings(&target, &draft));
+        self.set_pass_costs_measured_at(PassCosts::from_timings(&target, &draft), unix_now());
         Ok(())
     }
 
@@ -596,18 +670,22 @@ impl<R: Runner> Engine<R> {
         spec.max_draft_tokens > 0 && (spec.ngram || s.uses_draft)
     }
 
+    /// The most drafts `s` may have verified in one step: they must fit the context (the target holds them until
+    /// verified) and the output limit (the step emits up to k + 1 tokens).
+    fn max_drafts(&self, s: &Sequence) -> usize {
+        let max_context = self.runner.config().max_context;
+        self.config
+            .spec
+            .max_draft_tokens
+            .min(max_context.saturating_sub(s.tokens.len()))
+            .min(s.max_tokens.saturating_sub(s.num_output_tokens() + 1))
+    }
+
     /// Chooses the proposer for a decoding sequence (the one faster for it alone) and proposes as many tokens as it
     /// may; [`Self::choose_depths`] then trims them for the whole step.
     fn propose(&self, s: &Sequence, max_rows: usize) -> Proposal {
         let spec = &self.config.spec;
-        let max_context = self.runner.config().max_context;
-        // Drafts must fit the context (the target holds them until verified), the output limit (the step emits up
-        // to k + 1 tokens) and the step's row budget.
-        let max_k = spec
-            .max_draft_tokens
-            .min(max_context.saturating_sub(s.tokens.len()))
-            .min(s.max_tokens.saturating_sub(s.num_output_tokens() + 1))
-            .min(max_rows.saturating_sub(1));
+        let max_k = self.max_drafts(s).min(max_rows.saturating_sub(1));
         if max_k == 0 || s.constraint.as_ref().is_some_and(|c| !c.is_dormant()) {
             return Proposal::default();
         }
@@ -651,11 +729,14 @@ impl<R: Runner> Engine<R> {
         }
         // Adaptive: the depth is settled for the whole step later; propose all that is allowed.
         let cap = |k: usize, max: usize| if spec.adaptive && !fixed { max } else { k };
+        // A probe also replaces an n-gram proposal while the draft pass's cost rests on too few timings: a draft
+        // that a bad calibration made look dear would otherwise never run where n-gram proposals are frequent.
+        let unconfirmed = !fixed && spec.measure_costs && self.cost_model.draft_unconfirmed();
         let probe = spec.adaptive
             && s.uses_draft
             && lag <= self.config.max_batch_tokens
             && s.draft_idle >= s.draft_probe_gap
-            && best.is_none();
+            && best.is_none_or(|b| b.1 == Method::Ngram && unconfirmed);
         if probe {
             best = Some((0.0, Method::Draft, DRAFT_PROBE_DEPTH.min(max_k)));
         }
@@ -672,6 +753,7 @@ impl<R: Runner> Engine<R> {
                     shadow: Vec::new(),
                     ngram_match,
                     fixed,
+                    pad: 0,
                     probe: false,
                     guided: false,
                     conf: Vec::new(),
@@ -689,6 +771,7 @@ impl<R: Runner> Engine<R> {
                     shadow: ngram,
                     ngram_match,
                     fixed: fixed || probe,
+                    pad: 0,
                     probe,
                     guided: guided && !probe,
                     conf: Vec::new(),
@@ -719,7 +802,7 @@ impl<R: Runner> Engine<R> {
                 draft_depth = draft_depth.max(p.tokens.len());
             }
         }
-        let costs = &self.live_costs;
+        let costs = self.cost_model.costs();
         let time = |rows: usize, draft_depth: usize| costs.target(rows) + draft_depth as f64 * costs.draft_s;
         let mut speed = expected / time(rows, draft_depth);
         loop {
@@ -755,6 +838,46 @@ impl<R: Runner> Engine<R> {
                 p.method = None;
             }
         }
+    }
+
+    /// Times a row count the chooser would not have run, when the cost model says one is due
+    /// ([`CostModel::explore_rows`]): pads the drafts of the decoding sequence with the most room so that this
+    /// step's target pass has that many rows. The padding continues the sequence's text where an earlier occurrence
+    /// of its last tokens does (so it is sometimes accepted), else repeats the last token; it is verified like any
+    /// draft, so the output is what it would have been. Never for seeded sampling (its tokens may not depend on
+    /// timings) or a sequence under an awake constraint. Call only for steps without prompt chunks (those are not
+    /// timed).
+    fn explore(&mut self, props: &mut [(usize, Proposal)], base_rows: usize) {
+        let spec = &self.config.spec;
+        if !(spec.measure_costs && spec.adaptive) || spec.max_draft_tokens == 0 {
+            return;
+        }
+        let rows_now = base_rows + props.iter().map(|(_, p)| p.tokens.len()).sum::<usize>();
+        let room = props
+            .iter()
+            .enumerate()
+            .filter(|(_, (i, _))| {
+                let s = &self.seqs[*i];
+                !s.is_prefill()
+                    && !s.sampler.params.is_seeded_sampling()
+                    && s.constraint.as_ref().is_none_or(|c| c.is_dormant())
+            })
+            .map(|(j, (i, p))| (self.max_drafts(&self.seqs[*i]).saturating_sub(p.tokens.len()), j))
+            .max_by_key(|&(extra, j)| (extra, std::cmp::Reverse(j)));
+        let Some((extra, j)) = room.filter(|r| r.0 > 0) else { return };
+        let extra = extra.min(self.config.max_batch_tokens.saturating_sub(rows_now));
+        let Some(rows) = self.cost_model.explore_rows(rows_now, extra) else { return };
+        let pad = rows - rows_now;
+        let (i, p) = &mut props[j];
+        let mut hist = self.seqs[*i].tokens.clone();
+        hist.extend_from_slice(&p.tokens);
+        let mut fill = spec::ngram_propose(&hist, 1, spec.ngram_max_match.max(1), pad);
+        let last = fill.last().or(hist.last()).copied().expect("INVARIANT: a decoding sequence has tokens");
+        fill.resize(pad, last);
+        p.tokens.extend_from_slice(&fill);
+        p.weights.resize(p.tokens.len(), None);
+        p.pad = pad;
+        self.cost_model.explored();
     }
 
     /// Runs the draft model for the sequences whose proposal uses it: one pass over each one's unseen tokens, then
@@ -812,8 +935,9 @@ impl<R: Runner> Engine<R> {
                         c.map(|c| n.max(c))
                     })
                 };
+            let clock = self.clock.clone();
             let draft = self.draft.as_mut().expect("INVARIANT: checked above");
-            let pass_start = Instant::now();
+            let pass_start = clock();
             let (logits, picks, cands) = match (argmax_only, guided, candidates) {
                 (true, true, _) => (Vec::new(), Some(draft.forward_top(&batch)?), None),
                 (true, false, _) => {
@@ -825,7 +949,7 @@ impl<R: Runner> Engine<R> {
             // Only one-row passes measure the draft's price per token: a catch-up pass over many unseen tokens
             // costs more, and counting it as one draft token would make drafting look dearer each time it resumes.
             if batch.num_tokens() == 1 && self.config.spec.measure_costs {
-                self.live_costs.observe_draft(pass_start.elapsed().as_secs_f64());
+                self.cost_model.observe_draft(clock() - pass_start, unix_now());
             }
             for (r, &w) in live.iter().enumerate() {
                 let (i, prop) = &mut props[want[w]];
@@ -907,7 +1031,7 @@ impl<R: Runner> Engine<R> {
                 continue;
             }
             let max_more = p.tokens.len() - drafted;
-            if !spec::draft_more(&self.live_costs, expected, rows, draft_depth, drafted, chain, last, max_more) {
+            if !spec::draft_more(self.cost_model.costs(), expected, rows, draft_depth, drafted, chain, last, max_more) {
                 p.tokens.truncate(drafted);
                 p.weights.truncate(drafted);
             }
@@ -949,7 +1073,7 @@ impl<R: Runner> Engine<R> {
 
     /// Runs one batch and returns the events it produced, in order.
     pub fn step(&mut self) -> Result<Vec<(RequestId, Event)>> {
-        let step_start = Instant::now();
+        let step_start = (self.clock)();
         // Schedule: decoding sequences first (the pending token plus any drafts), then prompt chunks, fewest tokens
         // left first (ties in arrival order). While anything decodes, prompts share a smaller budget so streams keep
         // flowing.
@@ -1000,12 +1124,15 @@ impl<R: Runner> Engine<R> {
         let base_rows = scheduled.iter().map(|&(_, n, _)| n).sum();
         let num_decoding = scheduled.iter().filter(|(i, _, _)| !self.seqs[*i].is_prefill()).count();
         self.choose_depths(&mut props, base_rows, num_decoding);
-        let draft_start = Instant::now();
+        let draft_start = (self.clock)();
         self.run_draft(&mut props, base_rows, num_decoding)?;
         let prefills: Vec<(usize, usize)> =
             scheduled.iter().filter(|(i, _, _)| self.seqs[*i].is_prefill()).map(|&(i, n, _)| (i, n)).collect();
         self.draft_prefill(&prefills)?;
-        let draft_s = draft_start.elapsed().as_secs_f64();
+        let draft_s = (self.clock)() - draft_start;
+        if prefills.is_empty() {
+            self.explore(&mut props, base_rows);
+        }
 
         let feeds: Vec<Vec<u32>> = scheduled
             .iter()
@@ -1053,7 +1180,7 @@ impl<R: Runner> Engine<R> {
                 .filter(|&(&(i, n, _), _)| self.seqs[i].num_computed_tokens + n == self.seqs[i].tokens.len())
                 .try_fold(0, |n, (&(i, _, _), (_, p))| self.seqs[i].candidates_wanted(&p.tokens).map(|c| n.max(c)))
         };
-        let target_start = Instant::now();
+        let target_start = (self.clock)();
         // One sequence decoding alone, with no speculation that could turn its next step into more rows and a next
         // step to come (this pick is not its last by the output limit): the runner may start that step before this
         // one's pick comes back (decode ahead).
@@ -1073,9 +1200,10 @@ impl<R: Runner> Engine<R> {
         } else {
             RowsOut::Logits(self.runner.forward(&batch)?.to_vec())
         };
-        let target_s = target_start.elapsed().as_secs_f64();
+        let target_s = (self.clock)() - target_start;
         if prefills.is_empty() && self.config.spec.measure_costs {
-            self.live_costs.observe_target(batch.num_tokens(), target_s);
+            self.cost_model.observe_target(batch.num_tokens(), target_s, unix_now());
+            self.observed();
         }
         drop(batch);
         let vocab = self.runner.config().vocab_size;
@@ -1173,8 +1301,14 @@ impl<R: Runner> Engine<R> {
                     break;
                 }
             }
+            // Padding (to time the pass, see `explore`) is no proposer's: the proposer's drafts are the first
+            // `k - pad`, and a rejection within the padding rejected none of them.
+            let rolled_back = k > 0;
+            let k = k - prop.pad;
+            let rejected = rejected && accepted < k;
+            let accepted = accepted.min(k);
             if prop.method == Some(Method::Draft) && (prop.guided || (prop.probe && s.sampler.params.is_greedy())) {
-                s.guided.update(emitted, k);
+                s.guided.update(emitted.min(k + 1), k);
             }
             if prop.guided {
                 for &c in &prop.conf[..accepted] {
@@ -1212,7 +1346,15 @@ impl<R: Runner> Engine<R> {
                                 // The draft fits again: judge it afresh rather than by the yields that stopped it.
                                 s.guided = spec::GuidedYield::default();
                             }
-                            s.draft_probe_gap = if accepted == k {
+                            // Probe again soon only where drafting could pay at all: a draft whose passes cost so
+                            // much that even a well-fitting one loses is probed ever more rarely.
+                            let costs = if s.sampler.params.is_seeded_sampling() {
+                                &self.costs
+                            } else {
+                                self.cost_model.costs()
+                            };
+                            let pays = costs.best_depth(Method::Draft, 0.9, self.config.spec.max_draft_tokens) > 0;
+                            s.draft_probe_gap = if accepted == k && pays {
                                 DRAFT_PROBE_GAP_MIN
                             } else {
                                 (2 * s.draft_probe_gap).min(DRAFT_PROBE_GAP_MAX)
@@ -1222,6 +1364,8 @@ impl<R: Runner> Engine<R> {
                         self.stats.draft_accepted += accepted as u64;
                     }
                 }
+            }
+            if rolled_back {
                 // Roll back the rejected drafts: the runners keep every token but the pending last one.
                 let keep = s.tokens.len() - 1;
                 s.num_computed_tokens = keep;
@@ -1239,7 +1383,7 @@ impl<R: Runner> Engine<R> {
         }
         self.stats.draft_s += draft_s;
         self.stats.target_s += target_s;
-        self.stats.other_s += step_start.elapsed().as_secs_f64() - draft_s - target_s;
+        self.stats.other_s += (self.clock)() - step_start - draft_s - target_s;
         finished.sort_unstable();
         for i in finished.into_iter().rev() {
             let s = self.seqs.remove(i);
@@ -1276,5 +1420,12 @@ impl<R: Runner> Engine<R> {
                 }
             }
         }
+    }
+}
+
+impl<R: Runner> Drop for Engine<R> {
+    /// The cost sink gets what this engine learned about its passes.
+    fn drop(&mut self) {
+        self.persist_costs();
     }
 }

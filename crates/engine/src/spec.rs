@@ -14,6 +14,9 @@
 
 use crate::sampler::Sampler;
 
+mod costs;
+pub use costs::{CostModel, CostPoint, CostsView};
+
 /// Speculation settings.
 #[derive(Debug, Clone)]
 pub struct SpecConfig {
@@ -297,10 +300,10 @@ pub fn expected_tokens(a: f64, k: usize) -> f64 {
     (1.0 - a.powi(k as i32 + 1)) / (1.0 - a)
 }
 
-/// Time of forward passes by number of rows, for the cost model: measured by `Engine::calibrate` (or assumed), then
-/// kept current by the passes the engine really runs ([`PassCosts::observe_target`], [`PassCosts::observe_draft`]):
-/// a calibration taken while something else loaded the machine, or at a short context when requests run at a long
-/// one, would otherwise decide every depth from wrong costs for as long as the process lives.
+/// Time of forward passes by number of rows, for the cost model: measured by `Engine::calibrate` (or assumed, or
+/// saved by an earlier run), then kept current by the passes the engine really runs ([`CostModel`]): a calibration
+/// taken while something else loaded the machine, or at a short context when requests run at a long one, would
+/// otherwise decide every depth from wrong costs for as long as the process lives.
 #[derive(Debug, Clone, Default)]
 pub struct PassCosts {
     /// (rows, seconds) of target passes, rows ascending.
@@ -308,9 +311,6 @@ pub struct PassCosts {
     /// Draft pass time for one row, in seconds.
     pub draft_s: f64,
 }
-
-/// Weight of one observed pass in the running costs: a handful of passes move them, one outlier does not.
-const OBSERVE_WEIGHT: f64 = 0.1;
 
 impl PassCosts {
     /// Before measuring: a pass of r rows costs 1 + 0.1 (r - 1) single-row passes (weights read once), and a draft
@@ -333,28 +333,52 @@ impl PassCosts {
         PassCosts { target: points, draft_s: if draft.is_empty() { 0.0 } else { fastest(draft) } }
     }
 
-    /// Folds in a target pass of `rows` rows that took `secs`. One observation moves the cost by at most a
-    /// factor of 1.2 (`OBSERVE_WEIGHT` of a value clamped to half or twice the current one).
-    pub fn observe_target(&mut self, rows: usize, secs: f64) {
-        if rows == 0 || !secs.is_finite() || secs <= 0.0 {
-            return;
+    /// What is wrong with these costs as a calibration, if anything: none at all, a count that is not positive and
+    /// finite, no one-row pass, costs that fall with rows (a pass over more rows does all the work of one over fewer),
+    /// a count dearer than that many one-row passes, or one step between neighbouring counts that costs several times
+    /// the typical step and more than a quarter of a one-row pass per row (a burst of other work during part of the
+    /// measurement). A 10% tolerance covers timer noise.
+    pub fn check(&self) -> Result<(), String> {
+        let t = &self.target;
+        if t.is_empty() {
+            return Err("no target costs".into());
         }
-        let i = match self.target.binary_search_by_key(&rows, |p| p.0) {
-            Ok(i) => i,
-            Err(i) => {
-                let now = self.target(rows);
-                self.target.insert(i, (rows, now));
-                i
-            }
+        if let Some(&(r, s)) = t.iter().find(|&&(r, s)| r == 0 || !s.is_finite() || s <= 0.0) {
+            return Err(format!("target cost {s} for {r} rows"));
+        }
+        if !self.draft_s.is_finite() || self.draft_s < 0.0 {
+            return Err(format!("draft cost {}", self.draft_s));
+        }
+        if t.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err("row counts are not ascending".into());
+        }
+        let one = match t[0] {
+            (1, s) => s,
+            (r, _) => return Err(format!("no one-row cost (the first is for {r} rows)")),
         };
-        self.target[i].1 = blend(self.target[i].1, secs);
-    }
-
-    /// Folds in the time of one draft pass.
-    pub fn observe_draft(&mut self, secs: f64) {
-        if secs.is_finite() && secs > 0.0 && self.draft_s > 0.0 {
-            self.draft_s = blend(self.draft_s, secs);
+        for w in t.windows(2) {
+            let ((r0, s0), (r1, s1)) = (w[0], w[1]);
+            if s1 < 0.9 * s0 {
+                return Err(format!("{r1} rows cost less than {r0} ({s1:.3e} s < {s0:.3e} s)"));
+            }
         }
+        if let Some(&(r, s)) = t.iter().find(|&&(r, s)| s > 1.1 * r as f64 * one) {
+            return Err(format!("{r} rows cost more than {r} one-row passes ({s:.3e} s, one row {one:.3e} s)"));
+        }
+        let mut per_row: Vec<f64> = t.windows(2).map(|w| (w[1].1 - w[0].1) / (w[1].0 - w[0].0) as f64).collect();
+        let steps = per_row.clone();
+        per_row.sort_by(f64::total_cmp);
+        if let Some(&median) = per_row.get(per_row.len() / 2) {
+            for (w, &step) in t.windows(2).zip(&steps) {
+                if step > 4.0 * median.max(0.0) + 1e-12 && step > 0.25 * one {
+                    return Err(format!(
+                        "an outlier step from {} to {} rows ({:.3e} s per row, typically {median:.3e})",
+                        w[0].0, w[1].0, step
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Target pass time for `rows` rows: piecewise linear through the measured points, extended past the ends.
@@ -390,14 +414,6 @@ impl PassCosts {
         }
         best.1
     }
-}
-
-/// `old` moved towards `obs` (clamped to half or twice `old`) by [`OBSERVE_WEIGHT`].
-fn blend(old: f64, obs: f64) -> f64 {
-    if !(old.is_finite() && old > 0.0) {
-        return obs;
-    }
-    (1.0 - OBSERVE_WEIGHT) * old + OBSERVE_WEIGHT * obs.clamp(0.5 * old, 2.0 * old)
 }
 
 /// Verifies draft `d` against the target's sampling weights `p`; `q` is the draft's weights when it was sampled
@@ -543,30 +559,6 @@ mod tests {
         // Before the fix a draft pass of 0.48 and a 4-row pass of 1.68 (one noisy run) made drafting never pay at
         // the prior acceptance; with the costs cleaned it does.
         assert!(costs.best_depth(Method::Draft, 0.8, 8) >= 1);
-    }
-
-    #[test]
-    fn observed_passes_move_costs_gradually() {
-        let mut costs = PassCosts { target: vec![(1, 1.0), (5, 2.0)], draft_s: 0.5 };
-        // One wild outlier moves a cost by at most 10% of twice its value.
-        costs.observe_target(1, 100.0);
-        assert!((costs.target(1) - 1.1).abs() < 1e-12);
-        // Repeated observations converge on the machine's real speed, here a slower one.
-        for _ in 0..100 {
-            costs.observe_target(1, 1.5);
-            costs.observe_draft(0.25);
-        }
-        assert!((costs.target(1) - 1.5).abs() < 1e-3, "{}", costs.target(1));
-        assert!((costs.draft_s - 0.25).abs() < 1e-3);
-        // A row count between calibrated points becomes a point of its own, starting from the interpolation.
-        costs.observe_target(3, 1.75);
-        assert_eq!(costs.target.iter().map(|p| p.0).collect::<Vec<_>>(), vec![1, 3, 5]);
-        // Nonsense timings are ignored.
-        let before = costs.target.clone();
-        costs.observe_target(2, f64::NAN);
-        costs.observe_target(0, 1.0);
-        costs.observe_target(2, -1.0);
-        assert_eq!(costs.target, before);
     }
 
     #[test]

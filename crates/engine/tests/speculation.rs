@@ -2,12 +2,23 @@
 //! decoding gives — with n-gram drafts, with the 0.5B draft model (at a fixed depth, so drafts are really verified),
 //! with both, alone and with all prompts in flight at once — and reusing cached prefix blocks must not change a single
 //! token, also after eviction.
+//!
+//! And the cost model over fake runners with known pass costs on a simulated clock: a calibration that overstates
+//! multi-row passes and the draft is corrected within a few hundred tokens; a draft dearer than the target settles at
+//! depth 0 and costs (almost) nothing over plain decoding; a machine whose multi-row passes really are dear is
+//! measured as such.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use backend::cpu::ops::RopeStyle;
+use engine::spec::PassCosts;
 use engine::{Engine, EngineConfig, Event, GenerateRequest, RequestId, SamplingParams, SpecConfig};
+use gguf::{GgufFile, GgufWriter, Value, ValueType};
 use models::cpu::CpuRunner;
+use models::{Arch, Batch, LogitsWanted, ModelConfig, Runner, SeqId};
 use tokenizer::Tokenizer;
 
 fn model_path(file: &str) -> Option<PathBuf> {
@@ -193,4 +204,285 @@ fn prefix_blocks_on_disk_are_warm_after_a_restart() {
     assert_eq!(again[0].1, 0);
     assert_eq!(again[0].0, cold[0].0);
     let _ = std::fs::remove_dir_all(&root);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The cost model over fake runners with known costs.
+
+/// Printable ASCII tokens (`!` to `~`, ids 0 to 93) and an end token that is never produced.
+const FAKE_VOCAB: usize = 95;
+
+fn fake_tokenizer() -> Arc<Tokenizer> {
+    let mut tokens: Vec<Value> = (b'!'..=b'~').map(|b| Value::String((b as char).to_string())).collect();
+    tokens.push(Value::String("<|end|>".into()));
+    let mut types = vec![Value::I32(1); FAKE_VOCAB - 1];
+    types.push(Value::I32(3));
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", Value::String("llama".into()));
+    w.add("tokenizer.ggml.model", Value::String("gpt2".into()));
+    w.add("tokenizer.ggml.tokens", Value::Array(ValueType::String, tokens));
+    w.add("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types));
+    w.add("tokenizer.ggml.merges", Value::Array(ValueType::String, Vec::new()));
+    w.add("tokenizer.ggml.eos_token_id", Value::U32(FAKE_VOCAB as u32 - 1));
+    w.add("tokenizer.ggml.add_bos_token", Value::Bool(false));
+    Arc::new(Tokenizer::from_gguf(&GgufFile::from_bytes(w.to_bytes()).expect("parses")).expect("tokenizer"))
+}
+
+/// The simulated clock, in nanoseconds, that the fake runners advance by the cost of each pass.
+type SimClock = Arc<AtomicU64>;
+
+fn seconds(clock: &SimClock) -> f64 {
+    clock.load(Ordering::Relaxed) as f64 * 1e-9
+}
+
+/// A model whose next token is `script(history)` and whose passes cost `cost(rows)` seconds on `clock`.
+struct TimedRunner {
+    cfg: ModelConfig,
+    script: fn(&[u32]) -> u32,
+    cost: Box<dyn Fn(usize) -> f64 + Send>,
+    clock: SimClock,
+    live: BTreeMap<SeqId, Vec<u32>>,
+    out: Vec<f32>,
+}
+
+impl TimedRunner {
+    fn new(script: fn(&[u32]) -> u32, cost: impl Fn(usize) -> f64 + Send + 'static, clock: &SimClock) -> Self {
+        let cfg = ModelConfig {
+            arch: Arch::Llama,
+            num_layers: 1,
+            hidden_size: 8,
+            ffn_size: 16,
+            num_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 4,
+            vocab_size: FAKE_VOCAB,
+            rms_eps: 1e-5,
+            rope_theta: 10_000.0,
+            rope_dim: 4,
+            rope_style: RopeStyle::Interleaved,
+            max_context: 4096,
+            qkv_bias: false,
+            qk_norm: false,
+            tied_embeddings: true,
+        };
+        TimedRunner { cfg, script, cost: Box::new(cost), clock: clock.clone(), live: BTreeMap::new(), out: Vec::new() }
+    }
+}
+
+impl Runner for TimedRunner {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn forward(&mut self, batch: &Batch<'_>) -> models::Result<&[f32]> {
+        batch.validate(&self.cfg, |s| self.live.get(&s).map_or(0, Vec::len))?;
+        let secs = (self.cost)(batch.num_tokens());
+        self.clock.fetch_add((secs * 1e9).round() as u64, Ordering::Relaxed);
+        self.out.clear();
+        for c in &batch.chunks {
+            let held = self.live.entry(c.seq).or_default();
+            let base = held.len();
+            held.extend_from_slice(c.tokens);
+            let rows = match c.logits {
+                LogitsWanted::None => 0..0,
+                LogitsWanted::Last => c.tokens.len() - 1..c.tokens.len(),
+                LogitsWanted::All => 0..c.tokens.len(),
+            };
+            for r in rows {
+                let mut l = vec![-10.0; FAKE_VOCAB];
+                l[(self.script)(&held[..base + r + 1]) as usize] = 10.0;
+                self.out.extend_from_slice(&l);
+            }
+        }
+        Ok(&self.out)
+    }
+
+    fn seq_len(&self, seq: SeqId) -> usize {
+        self.live.get(&seq).map_or(0, Vec::len)
+    }
+
+    fn truncate(&mut self, seq: SeqId, len: usize) {
+        if let Some(t) = self.live.get_mut(&seq) {
+            t.truncate(len);
+        }
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        self.live.remove(&seq);
+    }
+}
+
+/// The target's next token: a pseudo-random function of the position and the last two tokens (text that rarely
+/// repeats itself, so n-gram drafts seldom help).
+fn target_script(h: &[u32]) -> u32 {
+    let n = h.len() as u32;
+    let (a, b) = (h[h.len() - 1], if h.len() > 1 { h[h.len() - 2] } else { 7 });
+    (n.wrapping_mul(2_654_435_761) ^ a.wrapping_mul(40_503) ^ b.wrapping_mul(97)) % (FAKE_VOCAB as u32 - 1)
+}
+
+/// A good draft: the target's token except at every tenth position.
+fn draft_script(h: &[u32]) -> u32 {
+    if h.len().is_multiple_of(10) { (target_script(h) + 1) % (FAKE_VOCAB as u32 - 1) } else { target_script(h) }
+}
+
+/// The real 1.5B on two cores, roughly: 30 ms for one row, 3 ms per further row.
+fn target_cost(rows: usize) -> f64 {
+    0.030 + 0.003 * (rows - 1) as f64
+}
+
+/// A calibration of `target_cost` and a draft pass of `draft_s`, with every count above one row scaled by
+/// `multi_row`.
+fn calibration(multi_row: f64, draft_s: f64) -> PassCosts {
+    let rows = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 17, 33];
+    let target = rows.iter().map(|&r| (r, if r == 1 { target_cost(1) } else { multi_row * target_cost(r) })).collect();
+    PassCosts { target, draft_s }
+}
+
+struct Decode {
+    tokens: Vec<u32>,
+    /// Simulated seconds of decoding (after the first token) for the whole reply and for its second half.
+    secs: f64,
+    second_half_secs: f64,
+    /// Draft tokens the draft model proposed in the second half, and target passes there.
+    second_half_draft_proposed: u64,
+    second_half_passes: u64,
+    stats: engine::SpecStats,
+    live: PassCosts,
+}
+
+/// Decodes `n` tokens greedily after a short prompt with `spec`, a draft whose passes cost `draft_cost`, target
+/// passes costing `cost` and the pass costs set to `prior`.
+fn decode(n: usize, spec: SpecConfig, prior: &PassCosts, cost: fn(usize) -> f64, draft_cost: f64) -> Decode {
+    let clock: SimClock = Arc::new(AtomicU64::new(0));
+    let target = TimedRunner::new(target_script, cost, &clock);
+    let config =
+        EngineConfig { spec, max_batch_tokens: 64, max_prefill_tokens_while_decoding: 64, ..Default::default() };
+    let mut e = Engine::new(target, fake_tokenizer(), config);
+    e.set_draft(TimedRunner::new(draft_script, move |_| draft_cost, &clock)).expect("same vocabulary");
+    let c = clock.clone();
+    e.set_clock(move || seconds(&c));
+    e.set_pass_costs(prior.clone());
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 5 % 90) as u32).collect();
+    let id = e.add_request(GenerateRequest::new(prompt, SamplingParams::greedy(), n)).expect("valid");
+    let (mut tokens, mut t_first, mut t_half) = (Vec::new(), None, None);
+    let mut half_stats = None;
+    while e.has_work() {
+        for (rid, ev) in e.step().expect("step") {
+            assert_eq!(rid, id);
+            if let Event::Token { id, .. } = ev {
+                tokens.push(id);
+                if tokens.len() == 1 {
+                    t_first = Some(seconds(&clock));
+                }
+                if tokens.len() == n / 2 {
+                    t_half = Some(seconds(&clock));
+                    half_stats = Some(e.spec_stats());
+                }
+            }
+        }
+    }
+    let end = seconds(&clock);
+    let (stats, half) = (e.spec_stats(), half_stats.expect("reached half way"));
+    Decode {
+        tokens,
+        secs: end - t_first.expect("a first token"),
+        second_half_secs: end - t_half.expect("half way"),
+        second_half_draft_proposed: stats.draft_proposed - half.draft_proposed,
+        second_half_passes: stats.decode_passes - half.decode_passes,
+        stats,
+        live: e.live_pass_costs().clone(),
+    }
+}
+
+/// The reference: the same reply with speculation off.
+fn plain(n: usize, cost: fn(usize) -> f64) -> Decode {
+    decode(n, SpecConfig::off(), &calibration(1.0, 0.005), cost, 0.005)
+}
+
+#[test]
+fn an_inflated_calibration_is_corrected_within_a_few_hundred_tokens() {
+    let n = 512;
+    let off = plain(n, target_cost);
+    let good = decode(n, SpecConfig::default(), &calibration(1.0, 0.005), target_cost, 0.005);
+    // Multi-row passes and the draft written down four times dearer than they are: by these numbers no draft ever
+    // pays (a draft pass would cost two thirds of a target pass and each row 0.4 of one).
+    let inflated_prior = calibration(4.0, 0.020);
+    assert!(
+        inflated_prior.best_depth(engine::spec::Method::Draft, 0.9, 8) == 0,
+        "the inflated calibration by itself never drafts"
+    );
+    let bad = decode(n, SpecConfig::default(), &inflated_prior, target_cost, 0.005);
+    assert_eq!(good.tokens, off.tokens, "greedy output is the target's");
+    assert_eq!(bad.tokens, off.tokens, "greedy output is the target's");
+    // And the second half decodes as with a good calibration: well above 1.4x plain decoding.
+    let speed = |d: &Decode| (n / 2) as f64 / d.second_half_secs;
+    let plain_speed = speed(&off);
+    eprintln!(
+        "tok/s, second half: off {:.1}, good calibration {:.1}, inflated {:.1}; whole reply: off {:.1}, good {:.1}, \
+         inflated {:.1}; {:?}",
+        plain_speed,
+        speed(&good),
+        speed(&bad),
+        (n - 1) as f64 / off.secs,
+        (n - 1) as f64 / good.secs,
+        (n - 1) as f64 / bad.secs,
+        bad.stats.costs.target_points().iter().map(|p| (p.rows, p.samples)).collect::<Vec<_>>()
+    );
+    // The estimates the chooser uses are the machine's again: the draft pass and every count it ran, and the
+    // counts below those it ran (never timed: the chooser went deeper) are at most the next one's cost.
+    assert!((bad.live.draft_s - 0.005).abs() < 1e-6, "draft {:?}", bad.live);
+    for p in bad.stats.costs.target_points().iter().filter(|p| p.rows <= 9) {
+        let want = target_cost(p.rows);
+        let tolerance = if p.samples >= 3 { 0.01 } else { 0.1 };
+        assert!((p.secs - want).abs() < tolerance * want, "{p:?}: really {want} s");
+    }
+    assert!(speed(&bad) >= 1.4 * plain_speed, "{} vs {plain_speed}", speed(&bad));
+    assert!(speed(&bad) >= 0.95 * speed(&good), "{} vs {}", speed(&bad), speed(&good));
+    // The whole reply too, first half included.
+    assert!(off.secs / bad.secs >= 1.4, "{} s vs {} s off", bad.secs, off.secs);
+}
+
+#[test]
+fn a_draft_dearer_than_the_target_settles_at_depth_zero() {
+    let n = 512;
+    let off = plain(n, target_cost);
+    // The draft pass costs 1.5 target passes. Calibrated correctly, and calibrated as if it were cheap.
+    for (label, prior) in [("calibrated", calibration(1.0, 0.045)), ("calibrated cheap", calibration(1.0, 0.005))] {
+        let spec = SpecConfig { ngram: false, ..SpecConfig::default() };
+        let slow = decode(n, spec, &prior, target_cost, 0.045);
+        assert_eq!(slow.tokens, off.tokens, "{label}: greedy output is the target's");
+        eprintln!(
+            "{label}: {:.3} s vs {:.3} s off; second half: {} draft tokens in {} passes; {:?}",
+            slow.secs, off.secs, slow.second_half_draft_proposed, slow.second_half_passes, slow.stats.costs.draft
+        );
+        assert!(slow.secs <= 1.05 * off.secs, "{label}: {} s vs {} s with speculation off", slow.secs, off.secs);
+        // What is left are rare probes (a few tokens each, ever rarer).
+        assert!(slow.second_half_draft_proposed <= 8, "{label}: {:?}", slow.stats);
+        assert!((slow.live.draft_s - 0.045).abs() < 1e-6, "{label}: {:?}", slow.live);
+    }
+}
+
+/// Every row a full pass: verification costs as much as decoding the tokens one by one.
+fn compute_bound_cost(rows: usize) -> f64 {
+    0.030 * rows as f64
+}
+
+#[test]
+fn a_machine_whose_multi_row_passes_really_are_dear_is_measured_so() {
+    let n = 512;
+    let off = plain(n, compute_bound_cost);
+    // Calibrated as the memory-bound machine (cheap rows, cheap draft), but rows really cost a full pass each.
+    let spec = SpecConfig { ngram: false, ..SpecConfig::default() };
+    let d = decode(n, spec, &calibration(1.0, 0.005), compute_bound_cost, 0.005);
+    assert_eq!(d.tokens, off.tokens);
+    eprintln!(
+        "{:.3} s vs {:.3} s off; second half {} draft tokens in {} passes; live {:?}",
+        d.secs, off.secs, d.second_half_draft_proposed, d.second_half_passes, d.live
+    );
+    for rows in [2, 5, 9] {
+        let (got, want) = (d.live.target(rows), compute_bound_cost(rows));
+        assert!((got - want).abs() < 0.02 * want, "{rows} rows: {got} s, really {want} s");
+    }
+    assert!(d.second_half_draft_proposed <= 8, "{:?}", d.stats);
+    assert!(d.second_half_secs <= 1.05 * off.second_half_secs, "{} vs {}", d.second_half_secs, off.second_half_secs);
 }

