@@ -21,7 +21,7 @@ mod calls;
 pub mod prepare;
 pub mod reply;
 
-pub use prepare::{Prepared, Rendered, encode, prepare, render};
+pub use prepare::{Prepared, Rendered, encode_prompt, prepare, render};
 pub use reply::{LoopGuard, Reply, start};
 
 /// Which tool calls the reply may or must contain.

@@ -1,5 +1,10 @@
 //! A turn into an engine request: the conversation rendered with the model's chat template, tokenized, and the
 //! output constraint (a forced call's grammar, a response format, the lazy tool-call grammar) attached.
+//!
+//! Only the template's own text writes control tokens: every string of the conversation (messages, tool results,
+//! tool names, descriptions and schemas, system prompts, template arguments) goes into the template through
+//! `Tokenizer::protect`, and the prompt is tokenized by `Tokenizer::encode_prompt`, so `<|im_start|>` written in
+//! content is plain text (see the `tokenizer` crate's `prompt` module for why template transforms keep it so).
 
 use std::sync::Arc;
 
@@ -38,8 +43,9 @@ const FORCED_CALL_PREFIX_UNCONSTRAINED: &str = "<tool_call>\n{\"name\": \"";
 /// A turn rendered with the chat template.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rendered {
-    /// The whole prompt text, prefill included.
-    pub text: String,
+    /// The whole prompt, prefill included, with its content protected (marks in it: tokenize it with
+    /// `Tokenizer::encode_prompt`, show it with [`Rendered::text`]).
+    pub prompt: String,
     /// Text appended after the generation prompt (the start of a forced tool call).
     pub prefill: String,
     /// The tools shown to the model, with their parameter schemas (empty when there are none or `tool_choice` is
@@ -49,6 +55,13 @@ pub struct Rendered {
     pub forced_tools: Vec<(String, serde_json::Value)>,
     /// The reasoning is split from the content: `Some(prompt_opened)` (the prompt ends inside the reasoning).
     pub reasoning: Option<bool>,
+}
+
+impl Rendered {
+    /// The prompt's text, as the model reads it.
+    pub fn text(&self) -> String {
+        tokenizer::unmark(&self.prompt).into_owned()
+    }
 }
 
 /// Renders a turn's conversation into prompt text. CPU-bound: call from a blocking thread.
@@ -96,22 +109,24 @@ pub fn render(state: &AppState, turn: &ChatTurn) -> Result<Rendered, ApiError> {
         extra: extra.clone(),
         ..RenderInput::from_conversation(conversation, true)
     };
-    let mut text = match template.render(&input(&conversation)) {
+    let protect = |s: &str| protect(&state.tokenizer, s);
+    let mut prompt = match template.render_protected(&input(&conversation), &protect) {
         // Strict templates refuse a system turn after the first message or two turns of one role in a row, which
         // agents send: retry once with the conversation reshaped to what such templates accept.
         Err(chat::Error::Raised(_)) => {
             reshape_for_strict_templates(&mut conversation);
-            template.render(&input(&conversation))?
+            template.render_protected(&input(&conversation), &protect)?
         }
         other => other?,
     };
     let thinks = chat::reasoning::template_thinks(template.source());
-    if thinks && thinking == Thinking::Off && chat::reasoning::prompt_opens_reasoning(&text) {
+    if thinks && thinking == Thinking::Off && chat::reasoning::prompt_opens_reasoning(&tokenizer::unmark(&prompt)) {
         // No switch in the template (or it opens the reasoning anyway): close the block, as Qwen3 does when off.
-        text.push_str(if text.ends_with('\n') { "\n</think>\n\n" } else { "\n\n</think>\n\n" });
+        let newline = tokenizer::unmark(&prompt).ends_with('\n');
+        prompt.push_str(if newline { "\n</think>\n\n" } else { "\n\n</think>\n\n" });
     }
     let reasoning = (thinks && !constrained && state.config.reasoning_format == ReasoningFormat::Auto)
-        .then(|| chat::reasoning::prompt_opens_reasoning(&text));
+        .then(|| chat::reasoning::prompt_opens_reasoning(&tokenizer::unmark(&prompt)));
     let schema = |t: &chat::Tool| (t.name.clone(), t.parameters.clone());
     let tools = if use_tools { turn.conversation.tools.iter().map(schema).collect() } else { Vec::new() };
     let forced_tools: Vec<(String, serde_json::Value)> = match &turn.tool_choice {
@@ -121,8 +136,16 @@ pub fn render(state: &AppState, turn: &ChatTurn) -> Result<Rendered, ApiError> {
         ToolChoice::Auto | ToolChoice::None => Vec::new(),
     };
     let prefill = if forced_tools.is_empty() { String::new() } else { FORCED_CALL_PREFIX.to_string() };
-    text.push_str(&prefill);
-    Ok(Rendered { text, prefill, tools, forced_tools, reasoning })
+    prompt.push_str(&prefill);
+    Ok(Rendered { prompt, prefill, tools, forced_tools, reasoning })
+}
+
+/// `Tokenizer::protect` in the shape the template takes: `None` when the string goes in unchanged.
+fn protect(tokenizer: &tokenizer::Tokenizer, s: &str) -> Option<String> {
+    match tokenizer.protect(s) {
+        std::borrow::Cow::Owned(p) => Some(p),
+        std::borrow::Cow::Borrowed(_) => None,
+    }
 }
 
 /// The grammar of a forced call: the tools' own argument schemas, or (when one of them cannot be compiled) any JSON
@@ -139,19 +162,24 @@ fn forced_call_constraint(
 
 /// Renders and tokenizes a turn. CPU-bound (templates, tokenizer): call from a blocking thread.
 pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
-    let Rendered { mut text, mut prefill, tools, forced_tools, reasoning } = render(state, &turn)?;
+    let Rendered { mut prompt, mut prefill, tools, forced_tools, reasoning } = render(state, &turn)?;
     let constraint = if forced_tools.is_empty() {
         Constraint::for_format(&state.tokenizer, &turn.output_format, "response_format")?
     } else {
         let c = forced_call_constraint(&state.tokenizer, &forced_tools);
         if c.is_none() {
-            // No grammar: fall back to opening the call in the prompt.
-            text.truncate(text.len() - prefill.len());
-            prefill = match &turn.tool_choice {
-                ToolChoice::Named(name) => format!("{FORCED_CALL_PREFIX_UNCONSTRAINED}{name}\", \"arguments\": "),
-                _ => FORCED_CALL_PREFIX_UNCONSTRAINED.to_string(),
+            // No grammar: fall back to opening the call in the prompt (the tool's name is content: protected).
+            prompt.truncate(prompt.len() - prefill.len());
+            let (written, protected) = match &turn.tool_choice {
+                ToolChoice::Named(name) => {
+                    let protected = state.tokenizer.protect(name);
+                    let call = |name: &str| format!("{FORCED_CALL_PREFIX_UNCONSTRAINED}{name}\", \"arguments\": ");
+                    (call(name), call(&protected))
+                }
+                _ => (FORCED_CALL_PREFIX_UNCONSTRAINED.to_string(), FORCED_CALL_PREFIX_UNCONSTRAINED.to_string()),
             };
-            text.push_str(&prefill);
+            prefill = written;
+            prompt.push_str(&protected);
         }
         c
     };
@@ -171,7 +199,7 @@ pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
         call_starts = Some(lazy.call_starts());
         constraint = Some(Box::new(lazy));
     }
-    let prompt = encode(&state.tokenizer, &text)?;
+    let prompt = encode_prompt(&state.tokenizer, &prompt)?;
     let mut request =
         GenerateRequest::new(prompt, turn.sampling, turn.max_tokens.unwrap_or(state.config.default_max_tokens));
     request.stop_strings = turn.stop;
@@ -196,14 +224,11 @@ fn lazy_tool_grammar(state: &AppState, turn: &ChatTurn) -> Option<LazyToolCalls>
     LazyToolCalls::new(&state.tokenizer, &tools, xml, turn.parallel_tool_calls).ok()
 }
 
-/// Tokenizes a rendered prompt (special tokens parsed), adding BOS where the model wants it.
-pub fn encode(tokenizer: &tokenizer::Tokenizer, text: &str) -> Result<Vec<u32>, ApiError> {
-    let mut ids = tokenizer.encode(text, true)?;
-    if let Some(bos) = tokenizer.bos().filter(|_| tokenizer.add_bos())
-        && ids.first() != Some(&bos)
-    {
-        ids.insert(0, bos);
-    }
+/// Tokenizes a rendered prompt ([`Rendered::prompt`]): control tokens only from the template's text, content as
+/// plain text; BOS where the model wants it.
+pub fn encode_prompt(tokenizer: &tokenizer::Tokenizer, prompt: &str) -> Result<Vec<u32>, ApiError> {
+    let mut ids = tokenizer.encode_prompt(prompt)?;
+    tokenizer.prepend_bos(&mut ids);
     Ok(ids)
 }
 
