@@ -2,6 +2,12 @@
 //! model, limits, queue, sequences, speeds), `/metrics` (Prometheus text), `/tokenize`, `/detokenize` and
 //! `/apply-template` (the prompt a Chat Completions body renders to, without running the model). Errors use OpenAI's
 //! shape.
+//!
+//! Special tokens: `/tokenize` tokenizes its text as is, special-token texts (`<|im_start|>`) parsed unless
+//! `"parse_special": false`, and says which in its answer; `/apply-template` answers the prompt text and the ids the
+//! engine would get for it, with `"special_tokens": "template"`: control tokens only where the chat template's own
+//! text writes them, every piece of content (messages, tools, system prompts) plain text. Its `prompt` given back to
+//! `/tokenize` with specials parsed can differ from `tokens` exactly where content spells a control token.
 
 use std::sync::Arc;
 
@@ -210,6 +216,13 @@ struct TokenizeRequest {
     /// Also return each token's text.
     #[serde(default)]
     with_pieces: bool,
+    /// Special-token texts become their ids (default); `false`: control tokens' texts are plain text.
+    #[serde(default = "yes")]
+    parse_special: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 pub async fn tokenize(
@@ -218,19 +231,19 @@ pub async fn tokenize(
 ) -> Result<Json<Value>, OpenAiError> {
     let request: TokenizeRequest = parse_json(&body.map_err(body_error)?)?;
     let tokenizer = &state.tokenizer;
-    let ids = if request.add_special {
-        generate::encode(tokenizer, &request.content)?
-    } else {
-        tokenizer.encode(&request.content, true).map_err(ApiError::from)?
-    };
+    let mut ids = tokenizer.encode(&request.content, request.parse_special).map_err(ApiError::from)?;
+    if request.add_special {
+        tokenizer.prepend_bos(&mut ids);
+    }
+    let parse_special = request.parse_special;
     if request.with_pieces {
         let tokens: Vec<Value> = ids
             .iter()
             .map(|&id| json!({"id": id, "piece": String::from_utf8_lossy(tokenizer.token_bytes(id))}))
             .collect();
-        return Ok(Json(json!({"tokens": tokens})));
+        return Ok(Json(json!({"tokens": tokens, "parse_special": parse_special})));
     }
-    Ok(Json(json!({"tokens": ids})))
+    Ok(Json(json!({"tokens": ids, "parse_special": parse_special})))
 }
 
 #[derive(Deserialize)]
@@ -252,7 +265,8 @@ pub async fn detokenize(
     Ok(Json(json!({"content": state.tokenizer.decode(&request.tokens)})))
 }
 
-/// The prompt a Chat Completions request renders to: `{"prompt": text}`.
+/// The prompt a Chat Completions request renders to: `{"prompt": text, "tokens": ids, "special_tokens": "template"}`
+/// (the ids the engine gets: control tokens only from the template's text).
 pub async fn apply_template(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
@@ -260,10 +274,14 @@ pub async fn apply_template(
     let request: wire::ChatRequest = parse_json(&body.map_err(body_error)?)?;
     let turn = convert::to_turn(request, &state.config.default_sampling)?;
     let s = state.clone();
-    let rendered = tokio::task::spawn_blocking(move || generate::render(&s, &turn))
-        .await
-        .map_err(|e| ApiError::internal(format!("rendering failed: {e}")))??;
-    Ok(Json(json!({"prompt": rendered.text})))
+    let (text, ids) = tokio::task::spawn_blocking(move || {
+        let rendered = generate::render(&s, &turn)?;
+        let ids = generate::encode_prompt(&s.tokenizer, &rendered.prompt)?;
+        Ok::<_, ApiError>((rendered.text(), ids))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("rendering failed: {e}")))??;
+    Ok(Json(json!({"prompt": text, "tokens": ids, "special_tokens": "template"})))
 }
 
 /// The pass costs the depth chooser is using (`/status`, `splash run --stats`): per target row count and for the

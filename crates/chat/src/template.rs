@@ -118,6 +118,18 @@ impl ChatTemplate {
     /// Renders the prompt. Tool-call arguments given as JSON strings are parsed first (vLLM's convention; a string
     /// that is not valid JSON stays a string).
     pub fn render(&self, input: &RenderInput) -> Result<String> {
+        self.render_with(input, None)
+    }
+
+    /// Renders the prompt with every string of the input (messages, tools, extra variables: keys and values at any
+    /// depth, tool-call arguments after parsing) replaced by `protect(string)` where it gives one; the template's
+    /// own text, `bos_token` and `eos_token` are left alone. With the tokenizer's `protect`, the prompt's control
+    /// tokens can then come only from the template (see `tokenizer::Tokenizer::encode_prompt`).
+    pub fn render_protected(&self, input: &RenderInput, protect: &dyn Fn(&str) -> Option<String>) -> Result<String> {
+        self.render_with(input, Some(protect))
+    }
+
+    fn render_with(&self, input: &RenderInput, protect: Option<&dyn Fn(&str) -> Option<String>>) -> Result<String> {
         if let Some(key) = RESERVED_KEYS.iter().find(|k| input.extra.contains_key(**k)) {
             return Err(Error::BadInput(format!("extra template variable {key:?} would replace a fixed one")));
         }
@@ -125,12 +137,21 @@ impl ChatTemplate {
         context.insert("bos_token".into(), Value::from(self.bos_token.as_str()));
         context.insert("eos_token".into(), Value::from(self.eos_token.as_str()));
         for (k, v) in &input.extra {
-            context.insert(k.clone(), v.clone());
+            let mut v = v.clone();
+            if let Some(protect) = protect {
+                protect_strings(&mut v, protect);
+            }
+            context.insert(k.clone(), v);
         }
-        let mut messages = input.messages.clone();
-        parse_tool_call_arguments(&mut messages);
-        context.insert("messages".into(), Value::Array(messages));
-        context.insert("tools".into(), input.tools.clone().map_or(Value::Null, Value::Array));
+        let mut messages = Value::Array(input.messages.clone());
+        parse_tool_call_arguments(messages.as_array_mut().map_or(&mut [][..], Vec::as_mut_slice));
+        let mut tools = input.tools.clone().map_or(Value::Null, Value::Array);
+        if let Some(protect) = protect {
+            protect_strings(&mut messages, protect);
+            protect_strings(&mut tools, protect);
+        }
+        context.insert("messages".into(), messages);
+        context.insert("tools".into(), tools);
         context.insert("documents".into(), Value::Null);
         context.insert("add_generation_prompt".into(), Value::Bool(input.add_generation_prompt));
 
@@ -158,6 +179,26 @@ fn parse_tool_call_arguments(messages: &mut [Value]) {
                 *arguments = parsed;
             }
         }
+    }
+}
+
+/// Replaces every string in `value` (object keys included) by `protect(string)` where it gives one.
+fn protect_strings(value: &mut Value, protect: &dyn Fn(&str) -> Option<String>) {
+    match value {
+        Value::String(s) => {
+            if let Some(p) = protect(s) {
+                *s = p;
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| protect_strings(v, protect)),
+        Value::Object(map) => {
+            let entries = std::mem::take(map);
+            for (key, mut v) in entries {
+                protect_strings(&mut v, protect);
+                map.insert(protect(&key).unwrap_or(key), v);
+            }
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
     }
 }
 

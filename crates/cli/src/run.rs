@@ -1,4 +1,7 @@
 //! `splash run`: one generation to stdout, or an interactive chat.
+//!
+//! The prompt and system text go through the chat template as content: control-token texts in them are plain text
+//! (`Tokenizer::protect` / `encode_prompt`, as on the server). `--raw` tokenizes the prompt as is, specials parsed.
 
 use std::io::{BufRead, Write};
 
@@ -66,13 +69,16 @@ pub fn main(a: Args) -> Result<()> {
     sampling.validate().map_err(anyhow::Error::msg)?;
     let mut engine = Engine::new(runner, tokenizer.clone(), EngineConfig::default());
     crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, a.device, false)?;
-    let encode = |text: &str| -> Result<Vec<u32>> {
-        let mut ids = tokenizer.encode(text, true)?;
-        if let Some(bos) = tokenizer.bos().filter(|_| tokenizer.add_bos())
-            && ids.first() != Some(&bos)
-        {
-            ids.insert(0, bos);
-        }
+    // A chat prompt (rendered with protected content), or with --raw the prompt as is.
+    let encode = |conversation: &chat::Conversation| -> Result<Vec<u32>> {
+        let template = template.as_ref().context("this model has no chat template; use --raw")?;
+        let protect = |s: &str| match tokenizer.protect(s) {
+            std::borrow::Cow::Owned(p) => Some(p),
+            std::borrow::Cow::Borrowed(_) => None,
+        };
+        let input = chat::RenderInput::from_conversation(conversation, true);
+        let mut ids = tokenizer.encode_prompt(&template.render_protected(&input, &protect)?)?;
+        tokenizer.prepend_bos(&mut ids);
         Ok(ids)
     };
     let request = |prompt: Vec<u32>| {
@@ -85,18 +91,18 @@ pub fn main(a: Args) -> Result<()> {
     let Some(prompt) = a.prompt.as_deref() else {
         return chat_loop(&mut engine, template.as_ref(), a.system.as_deref(), &encode, &request);
     };
-    let text = if a.raw {
-        prompt.to_string()
+    let ids = if a.raw {
+        let mut ids = tokenizer.encode(prompt, true)?;
+        tokenizer.prepend_bos(&mut ids);
+        ids
     } else {
-        let template = template.as_ref().context("this model has no chat template; use --raw")?;
         let mut conversation = chat::Conversation::default();
         if let Some(s) = &a.system {
             conversation.messages.push(chat::Message::system(s.as_str()));
         }
         conversation.messages.push(chat::Message::user(prompt));
-        template.render(&chat::RenderInput::from_conversation(&conversation, true))?
+        encode(&conversation)?
     };
-    let ids = encode(&text)?;
     let (_, _, usage) = engine.generate(request(ids), |t| {
         let _ = stdout.write_all(t.as_bytes());
         let _ = stdout.flush();
@@ -124,10 +130,12 @@ fn chat_loop<R: models::Runner>(
     engine: &mut Engine<R>,
     template: Option<&chat::ChatTemplate>,
     system: Option<&str>,
-    encode: &dyn Fn(&str) -> Result<Vec<u32>>,
+    encode: &dyn Fn(&chat::Conversation) -> Result<Vec<u32>>,
     request: &dyn Fn(Vec<u32>) -> GenerateRequest,
 ) -> Result<()> {
-    let Some(template) = template else { bail!("this model has no chat template; give --prompt with --raw") };
+    if template.is_none() {
+        bail!("this model has no chat template; give --prompt with --raw");
+    }
     let mut conversation = chat::Conversation::default();
     if let Some(s) = system {
         conversation.messages.push(chat::Message::system(s));
@@ -142,7 +150,7 @@ fn chat_loop<R: models::Runner>(
             return Ok(());
         }
         conversation.messages.push(chat::Message::user(line.trim_end()));
-        let ids = encode(&template.render(&chat::RenderInput::from_conversation(&conversation, true))?)?;
+        let ids = encode(&conversation)?;
         let mut reply = String::new();
         engine.generate(request(ids), |t| {
             reply.push_str(t);

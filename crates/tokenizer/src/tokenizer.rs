@@ -12,6 +12,7 @@ use tokenizers::models::bpe::BPE;
 use crate::bytes;
 use crate::error::{Error, Result};
 use crate::pretokenizer::PreTokenizer;
+use crate::prompt::{self, Guard};
 use crate::vocab::{SpecialIds, Vocab, attr};
 
 /// A byte-level BPE tokenizer read from a GGUF file. Cheap to share (`Send + Sync`); all methods take `&self`.
@@ -29,6 +30,8 @@ pub struct Tokenizer {
     byte_missing: [bool; 256],
     add_bos: bool,
     add_eos: bool,
+    /// The control-token texts content must not spell in a chat prompt.
+    guard: Guard,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -44,8 +47,9 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
-enum Fragment {
+pub(crate) enum Fragment {
     Token(u32),
+    /// A byte range of the text.
     Text(usize, usize),
 }
 
@@ -78,7 +82,24 @@ impl Tokenizer {
         if add_bos && vocab.special.bos.is_none() {
             return Err(Error::BadVocab("add_bos_token is set but there is no BOS token".into()));
         }
-        Ok(Tokenizer { vocab, pre, bpe, special_tokens, piece_bytes, piece_offsets, byte_missing, add_bos, add_eos })
+        let guard = Guard::new(
+            special_tokens
+                .iter()
+                .filter(|&&id| vocab.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) != 0)
+                .map(|&id| vocab.texts[id as usize].as_str()),
+        );
+        Ok(Tokenizer {
+            vocab,
+            pre,
+            bpe,
+            special_tokens,
+            piece_bytes,
+            piece_offsets,
+            byte_missing,
+            add_bos,
+            add_eos,
+            guard,
+        })
     }
 
     /// Token ids of `text`, without BOS/EOS (see [`Tokenizer::add_bos`]). With `parse_special`, the texts of control
@@ -94,7 +115,7 @@ impl Tokenizer {
     pub fn encode_into(&self, text: &str, parse_special: bool, ids: &mut Vec<u32>) -> Result<()> {
         let mut words = Vec::new();
         let mut word = String::new();
-        for fragment in self.partition(text, parse_special) {
+        for fragment in self.partition(text, parse_special, false) {
             match fragment {
                 Fragment::Token(id) => ids.push(id),
                 Fragment::Text(start, end) => {
@@ -120,18 +141,21 @@ impl Tokenizer {
         Ok(())
     }
 
-    /// Splits `text` around the special tokens in it (llama.cpp's `tokenizer_st_partition`).
-    fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
+    /// Splits `text` around the special tokens in it (llama.cpp's `tokenizer_st_partition`). `in_prompt`: a chat
+    /// prompt, in which control tokens whose text cannot be protected are never parsed (see `prompt`).
+    pub(crate) fn partition(&self, text: &str, parse_special: bool, in_prompt: bool) -> Vec<Fragment> {
         let mut fragments = Vec::new();
         if text.is_empty() {
             return fragments;
         }
         fragments.push(Fragment::Text(0, text.len()));
         for &id in &self.special_tokens {
-            if !parse_special && self.vocab.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) != 0 {
+            let pattern = self.vocab.texts[id as usize].as_str();
+            if self.vocab.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) != 0
+                && (!parse_special || (in_prompt && !prompt::parsed_in_prompts(pattern)))
+            {
                 continue;
             }
-            let pattern = self.vocab.texts[id as usize].as_str();
             if !text.contains(pattern) {
                 continue;
             }
@@ -162,6 +186,15 @@ impl Tokenizer {
     /// Whether a BOS token should start a prompt (`tokenizer.ggml.add_bos_token`, else the pre-tokenizer's default).
     pub fn add_bos(&self) -> bool {
         self.add_bos
+    }
+
+    /// Puts BOS at the start of a prompt's ids where the model wants it (and it is not there yet).
+    pub fn prepend_bos(&self, ids: &mut Vec<u32>) {
+        if let Some(bos) = self.bos().filter(|_| self.add_bos)
+            && ids.first() != Some(&bos)
+        {
+            ids.insert(0, bos);
+        }
     }
 
     /// Whether an EOS token should end a prompt (`tokenizer.ggml.add_eos_token`; off when absent).
@@ -252,6 +285,10 @@ impl Tokenizer {
             out.extend_from_slice(self.piece(id, render_special));
         }
         out
+    }
+
+    pub(crate) fn guard(&self) -> &Guard {
+        &self.guard
     }
 
     fn attr(&self, id: u32) -> u8 {
