@@ -107,8 +107,11 @@ pub struct BlockTable {
     /// Whether block `b` needs storage: it is referenced or cached (free blocks do not).
     stored: Vec<bool>,
     num_stored: usize,
-    /// Blocks whose `stored` changed since [`Self::take_storage_changes`] was last called.
+    /// Blocks whose `stored` changed since [`Self::take_storage_changes`] was last called, each once (so the list is
+    /// bounded by the pool even for a runner that never takes it, as the GPU's, whose pages are allocated up front).
     storage_changes: Vec<u32>,
+    /// Whether block `b` is in `storage_changes`.
+    change_pending: Vec<bool>,
 }
 
 impl BlockTable {
@@ -136,6 +139,7 @@ impl BlockTable {
             stored: Vec::new(),
             num_stored: 0,
             storage_changes: Vec::new(),
+            change_pending: Vec::new(),
         }
     }
 
@@ -149,6 +153,9 @@ impl BlockTable {
     /// Blocks whose storage need changed since the last call: for each, allocate storage if [`Self::is_stored`]
     /// (its content is then written before it is read) and free it otherwise.
     pub fn take_storage_changes(&mut self) -> Vec<u32> {
+        for &b in &self.storage_changes {
+            self.change_pending[b as usize] = false;
+        }
         std::mem::take(&mut self.storage_changes)
     }
 
@@ -165,7 +172,9 @@ impl BlockTable {
             } else {
                 self.num_stored -= 1
             }
-            self.storage_changes.push(b);
+            if !std::mem::replace(&mut self.change_pending[b as usize], true) {
+                self.storage_changes.push(b);
+            }
         }
     }
 
@@ -276,6 +285,7 @@ impl BlockTable {
             self.hash_of.push(None);
             self.last_use.push(0);
             self.stored.push(false);
+            self.change_pending.push(false);
             (self.num_created - 1) as u32
         } else {
             let (&t, &b) = self.lru.iter().next()?;
