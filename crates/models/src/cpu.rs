@@ -78,11 +78,7 @@ impl CpuRunner {
 
     /// Bytes of one KV block.
     pub fn kv_block_bytes(&self) -> usize {
-        self.block_len() * 2
-    }
-
-    fn block_len(&self) -> usize {
-        self.kv.layout.block_values()
+        self.kv.layout.block_values() * 2
     }
 
     /// Makes the storage of every block the table has created exist.
