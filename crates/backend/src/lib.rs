@@ -1,7 +1,510 @@
-//! Compute backends. `cpu` is the reference implementation and the test oracle for every other backend.
+//! Compute backends behind one trait, [`Backend`]. `cpu` is the reference implementation and the test oracle for
+//! every other backend; `cuda` holds the device plumbing of the GPU one.
 //!
-//! Backend operations are named after the math (`rms_norm`, `rope`, `matmul`, `attention`); they take numbers and
-//! buffers, never model names.
+//! Backend operations are named after the maths (`rms_norm`, `rope`, `linear`, `paged_attention`); they take numbers
+//! and buffers, never model names. The model crate writes the forward pass once over this trait
+//! (`models::transformer`): an architecture is a recipe of weights and layer kinds, the backend decides how to fuse.
+//!
+//! Two levels of operation:
+//! - **primitive ops** ([`Backend::embedding`], [`Backend::rms_norm`], [`Backend::linear`], [`Backend::rope`],
+//!   [`Backend::paged_attention`], [`Backend::swiglu`], ...): one piece of maths each, tested one by one against a
+//!   plain f32 reference (crates/backend/tests/ops.rs);
+//! - **sub-layer ops** ([`Backend::attention_sublayer`], [`Backend::ffn_sublayer`], and the declared
+//!   [`Backend::recurrent_sublayer`]): `x += f(norm(x))` for one layer kind, with default bodies composed of the
+//!   primitives. The forward pass calls only these (plus embedding and the output head), so a backend that fuses
+//!   (the CUDA one: Q/K/V matrix-vector + bias + RoPE + KV write in one kernel, gate/up + SwiGLU + activation
+//!   quantization in one, RMSNorm fused into the next input's quantization, the residual add into the last matvec)
+//!   overrides a sub-layer and keeps every number the trait promises.
+//!
+//! Buffers are the backend's own ([`Backend::Tensor`], [`Backend::Matrix`], [`Backend::Vector`],
+//! [`Backend::KvPages`]): host memory on the CPU, device memory on the GPU. Every op may run asynchronously (enqueued
+//! on a stream, or recorded into a graph between [`Backend::begin_forward`] and [`Backend::finish_forward`]); results
+//! are observable only through [`Backend::read`] (or the backend's own accessors), which waits for them.
+//!
+//! Shapes: a tensor is `[rows, cols]` f32 activations (a backend may keep other forms beside them, e.g. 8-bit
+//! quantized copies, as long as the f32 view reads back what the maths says). Ops take the number of rows in use;
+//! a tensor's capacity (the rows it was allocated with) may be larger.
 
 pub mod cpu;
 pub mod cuda;
+
+/// An error of a backend operation. Operations on valid shapes do not fail on the CPU; a device can (launch, memory).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The backend does not implement this op (or this form of it: a weight type, a layer kind).
+    #[error("{op}: not supported by the {backend} backend: {reason}")]
+    Unsupported { backend: &'static str, op: &'static str, reason: String },
+    /// Arguments whose shapes disagree (a bug in the caller, reported instead of a panic).
+    #[error("{op}: {reason}")]
+    Shape { op: &'static str, reason: String },
+    /// The device failed (a launch, an allocation, a copy).
+    #[error("{op}: {message}")]
+    Device { op: &'static str, message: String },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// How rotary embeddings pair up the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)` (GGUF llama files, whose Q/K weights were permuted at conversion).
+    Interleaved,
+    /// Halves `(i, i + rope_dim/2)` (GPT-NeoX, Qwen2, Qwen3).
+    Neox,
+}
+
+/// Rotary position embedding of each head of a `[rows, num_heads * head_dim]` tensor: the first `rope_dim` dimensions
+/// of every head are rotated by `pos * theta^(-2i / rope_dim)` (full RoPE when `rope_dim == head_dim`, partial
+/// otherwise: the rest pass through). The inverse frequencies are computed as ggml does (a running product of
+/// `theta^(-2 / rope_dim)` in f32).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeSpec {
+    pub style: RopeStyle,
+    pub head_dim: usize,
+    /// Even, at most `head_dim`.
+    pub rope_dim: usize,
+    pub theta: f32,
+}
+
+/// Which RMSNorm: `y = x / sqrt(mean(x²) + eps) * w` ([`NormKind::Plain`]), or the zero-centred form whose stored
+/// weight is `w - 1` (`y = ... * (1 + w)`, [`NormKind::OnePlus`]: Qwen3-Next/Qwen3.5, Gemma).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormKind {
+    Plain,
+    OnePlus,
+}
+
+/// An RMSNorm's weight (`[dim]`, on the backend) and numbers. Applied to every consecutive run of `dim` values of a
+/// tensor's rows, so a `[head_dim]` weight over a `[rows, num_heads * head_dim]` tensor is a per-head norm.
+pub struct Norm<V> {
+    pub weight: V,
+    /// `dim`, the length of `weight`.
+    pub dim: usize,
+    pub eps: f32,
+    pub kind: NormKind,
+}
+
+/// Which ops read a matrix ([`Backend::load_matrix`]): a token embedding is read a row at a time, a linear layer's
+/// matrix whole; a tied output head is both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatrixUse {
+    Linear,
+    Embedding,
+    Both,
+}
+
+/// The numbers of grouped-query attention.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Multiplies each query·key product (`1 / sqrt(head_dim)` unless the model says otherwise).
+    pub scale: f32,
+}
+
+impl AttnShape {
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}
+
+/// How the paged KV cache is laid out: blocks of `block_tokens` positions, each holding, for every layer, that
+/// layer's keys then its values, `[num_layers][k | v][block_tokens][kv_dim]` f16 values. This is also the host
+/// form of a block ([`Backend::kv_block_to_host`]), which the prefix cache's disk tier stores, so a block written
+/// by one backend reads back on another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    pub num_layers: usize,
+    pub kv_dim: usize,
+    pub block_tokens: usize,
+}
+
+impl KvLayout {
+    /// f16 values in one block.
+    pub fn block_values(&self) -> usize {
+        self.num_layers * 2 * self.block_tokens * self.kv_dim
+    }
+
+    /// Offset of layer `layer`'s keys in a block (its values follow at `+ block_tokens * kv_dim`).
+    pub fn layer_offset(&self, layer: usize) -> usize {
+        layer * 2 * self.block_tokens * self.kv_dim
+    }
+}
+
+/// One sequence's run of consecutive rows in a batch and its KV blocks: row `i` of the run is at position
+/// `start_pos + i`; `blocks[j]` holds positions `j * block_tokens ..`, and covers at least `start_pos + num_rows`.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqRows<'a> {
+    pub blocks: &'a [u32],
+    pub start_pos: usize,
+    pub num_rows: usize,
+}
+
+/// Where the rows of a batch sit: per row its position and the `(block, offset in block)` slot its key and value go
+/// to; per sequence its run of rows (in row order: the runs tile `0..num_rows`).
+#[derive(Debug, Clone, Copy)]
+pub struct AttnRows<'a> {
+    /// `[num_rows]`
+    pub positions: &'a [usize],
+    /// `[num_rows]`
+    pub slots: &'a [(u32, usize)],
+    pub seqs: &'a [SeqRows<'a>],
+}
+
+impl AttnRows<'_> {
+    pub fn num_rows(&self) -> usize {
+        self.positions.len()
+    }
+}
+
+/// The weights of a self-attention sub-layer: `x += Wo · attn(rope(norm_qk(Wq·n + bq)), rope(norm_qk(Wk·n + bk)),
+/// Wv·n + bv)` with `n = norm(x)`.
+pub struct AttentionWeights<B: Backend + ?Sized> {
+    pub norm: Norm<B::Vector>,
+    /// `[q_dim, hidden]`
+    pub wq: B::Matrix,
+    /// `[kv_dim, hidden]`
+    pub wk: B::Matrix,
+    /// `[kv_dim, hidden]`
+    pub wv: B::Matrix,
+    /// `[q_dim]`, `[kv_dim]`, `[kv_dim]` (qwen2)
+    pub bq: Option<B::Vector>,
+    pub bk: Option<B::Vector>,
+    pub bv: Option<B::Vector>,
+    /// Per-head RMSNorm of queries and keys before RoPE, `[head_dim]` each (qwen3).
+    pub q_norm: Option<Norm<B::Vector>>,
+    pub k_norm: Option<Norm<B::Vector>>,
+    /// `[hidden, q_dim]`
+    pub wo: B::Matrix,
+}
+
+/// The numbers of a self-attention sub-layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionSpec {
+    pub shape: AttnShape,
+    pub rope: RopeSpec,
+}
+
+/// A feed-forward sub-layer, `x += ffn(norm(x))`.
+pub enum FfnWeights<B: Backend + ?Sized> {
+    /// `down · (silu(gate · n) * (up · n))`
+    SwiGlu {
+        norm: Norm<B::Vector>,
+        /// `[ffn, hidden]`
+        gate: B::Matrix,
+        /// `[ffn, hidden]`
+        up: B::Matrix,
+        /// `[hidden, ffn]`
+        down: B::Matrix,
+    },
+    /// Expert-routed (mixture of experts): a router picks `num_experts_used` SwiGLU experts per row and mixes their
+    /// outputs by its softmax weights (renormalised over the picked ones when `normalise_weights`), plus an
+    /// always-on shared expert when present. Declared for the MoE issue (Qwen3-Coder-30B-A3B); no backend runs it
+    /// yet ([`Error::Unsupported`]).
+    Experts {
+        norm: Norm<B::Vector>,
+        /// `[num_experts, hidden]`
+        router: B::Matrix,
+        /// `[num_experts]` of `[expert_ffn, hidden]`, `[expert_ffn, hidden]`, `[hidden, expert_ffn]`
+        gate: Vec<B::Matrix>,
+        up: Vec<B::Matrix>,
+        down: Vec<B::Matrix>,
+        num_experts_used: usize,
+        normalise_weights: bool,
+    },
+}
+
+/// A recurrent-state mixer (Gated DeltaNet of the Qwen3.5/3.6 hybrids): declared for the hybrid issue, which fills
+/// in its weights and numbers; no backend runs it yet ([`Error::Unsupported`]). Its per-sequence state is a tensor
+/// of the backend's, owned by the runner beside the sequence's KV blocks.
+pub struct RecurrentWeights<B: Backend + ?Sized> {
+    pub norm: Norm<B::Vector>,
+    /// `[in_dim, hidden]`: the fused input projection (queries, keys, values, gates).
+    pub in_proj: B::Matrix,
+    /// `[hidden, value_dim]`
+    pub out_proj: B::Matrix,
+}
+
+/// The numbers of a recurrent-state mixer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecurrentSpec {
+    pub num_heads: usize,
+    pub head_k_dim: usize,
+    pub head_v_dim: usize,
+    pub conv_kernel: usize,
+}
+
+/// The token mixer of a layer.
+pub enum MixerWeights<B: Backend + ?Sized> {
+    Attention(AttentionWeights<B>),
+    Recurrent(RecurrentWeights<B>),
+}
+
+/// One layer: a token mixer and a feed-forward sub-layer, each `x += f(norm(x))`.
+pub struct LayerWeights<B: Backend + ?Sized> {
+    pub mixer: MixerWeights<B>,
+    pub ffn: FfnWeights<B>,
+}
+
+/// The widths of a forward pass's activations, for [`Workspace::new`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Widths {
+    pub hidden: usize,
+    pub q_dim: usize,
+    pub kv_dim: usize,
+    pub ffn: usize,
+}
+
+/// Activation buffers of the sub-layer ops, allocated once for up to `rows` rows and grown with [`Workspace::fit`].
+pub struct Workspace<B: Backend + ?Sized> {
+    pub widths: Widths,
+    /// Capacity in rows.
+    pub rows: usize,
+    /// `[rows, hidden]` normalised input of the current sub-layer
+    pub xn: B::Tensor,
+    /// `[rows, q_dim]`
+    pub q: B::Tensor,
+    /// `[rows, kv_dim]`
+    pub k: B::Tensor,
+    /// `[rows, kv_dim]`
+    pub v: B::Tensor,
+    /// `[rows, q_dim]` attention output
+    pub att: B::Tensor,
+    /// `[rows, hidden]` a sub-layer's output before the residual add
+    pub proj: B::Tensor,
+    /// `[rows, ffn]`
+    pub gate: B::Tensor,
+    /// `[rows, ffn]`
+    pub up: B::Tensor,
+}
+
+impl<B: Backend + ?Sized> Workspace<B> {
+    pub fn new(backend: &mut B, widths: Widths, rows: usize) -> Result<Self> {
+        let rows = rows.max(1);
+        let Widths { hidden, q_dim, kv_dim, ffn } = widths;
+        Ok(Workspace {
+            widths,
+            rows,
+            xn: backend.alloc(rows, hidden)?,
+            q: backend.alloc(rows, q_dim)?,
+            k: backend.alloc(rows, kv_dim)?,
+            v: backend.alloc(rows, kv_dim)?,
+            att: backend.alloc(rows, q_dim)?,
+            proj: backend.alloc(rows, hidden)?,
+            gate: backend.alloc(rows, ffn)?,
+            up: backend.alloc(rows, ffn)?,
+        })
+    }
+
+    /// Grows the buffers to hold at least `rows` rows (contents are not kept).
+    pub fn fit(&mut self, backend: &mut B, rows: usize) -> Result<()> {
+        if rows > self.rows {
+            *self = Workspace::new(backend, self.widths, rows)?;
+        }
+        Ok(())
+    }
+}
+
+/// A compute backend. See the module docs for the contract shared by every op: buffers are the backend's, `rows`
+/// says how many rows of each tensor are in use, ops may run asynchronously until [`Backend::read`].
+///
+/// Numbers each op promises (the per-op tests in crates/backend/tests/ops.rs check every backend against plain f32
+/// references with these tolerances):
+/// - `embedding`, `gather_rows`, `add`: exact;
+/// - `rms_norm`, `rope`, `swiglu`: f32 rounding (relative 1e-5);
+/// - `linear`: the product of the dequantized weight with the input quantized to the weight type's activation format
+///   (Q8_K / Q8_0 / f32, as ggml), so relative to an f32 product of the dequantized weight within the quantization
+///   of the input (stated per type in the tests);
+/// - `paged_attention`: queries rounded to f16, keys and values stored as f16, softmax in f32.
+///
+/// Batch invariance: on the CPU every row's result is bitwise independent of the other rows in the call (a decode
+/// step, a prefill chunk and the k+1 rows of a speculative verification give a position the same logits). A GPU
+/// backend keeps this for the rows of one call shape at least (batched = unbatched is checked end to end).
+pub trait Backend {
+    /// `[rows, cols]` f32 activations.
+    type Tensor;
+    /// A quantized weight matrix `[rows, cols]` (GGUF block types), in whatever layout the backend's kernels read.
+    type Matrix;
+    /// A small f32 vector (norm weights, biases).
+    type Vector;
+    /// The storage of the paged KV cache ([`KvLayout`]); which blocks a sequence owns is the runner's business
+    /// (models::kv_cache), the backend only stores them.
+    type KvPages;
+
+    /// `"cpu"`, `"cuda"`: for messages.
+    fn name(&self) -> &'static str;
+
+    // --- Buffers ---
+
+    /// A tensor of `rows` rows of `cols` values (contents unspecified).
+    fn alloc(&mut self, rows: usize, cols: usize) -> Result<Self::Tensor>;
+    /// Writes `data` (`[n, cols]`, `n` at most the capacity) to the first rows of `t`.
+    fn write(&mut self, t: &mut Self::Tensor, data: &[f32]) -> Result<()>;
+    /// The first `rows` rows of `t`, `[rows, cols]`, after every op enqueued before has finished.
+    fn read(&mut self, t: &Self::Tensor, rows: usize) -> Result<Vec<f32>>;
+    /// Brings a matrix of the host (a GGUF view or an owned copy) onto the backend, in the layout the ops named by
+    /// `usage` read fastest. [`Error::Unsupported`] when the backend has no kernel for its type.
+    fn load_matrix(&mut self, m: &cpu::QMatrix, usage: MatrixUse) -> Result<Self::Matrix>;
+    fn load_vector(&mut self, v: &[f32]) -> Result<Self::Vector>;
+
+    // --- KV pages ---
+
+    /// Empty KV storage of this layout.
+    fn kv_pages(&mut self, layout: KvLayout) -> Result<Self::KvPages>;
+    /// Makes blocks `0..num_blocks` exist (new ones zeroed); never shrinks.
+    fn kv_grow(&mut self, kv: &mut Self::KvPages, num_blocks: usize) -> Result<()>;
+    /// Copies block `from` over block `to` (copy-on-write of a shared partial block).
+    fn kv_copy_block(&mut self, kv: &mut Self::KvPages, from: u32, to: u32) -> Result<()>;
+    /// Block `block` in its host form (`[layout.block_values()]` f16 bits, [`KvLayout`]).
+    fn kv_block_to_host(&mut self, kv: &Self::KvPages, block: u32, out: &mut [u16]) -> Result<()>;
+    /// Overwrites block `block` from its host form.
+    fn kv_block_from_host(&mut self, kv: &mut Self::KvPages, block: u32, data: &[u16]) -> Result<()>;
+
+    // --- Primitive ops ---
+
+    /// `out[t] = table[tokens[t]]` (the row dequantized to f32).
+    fn embedding(&mut self, table: &Self::Matrix, tokens: &[u32], out: &mut Self::Tensor) -> Result<()>;
+    /// `out[i] = x[rows[i]]`.
+    fn gather_rows(&mut self, x: &Self::Tensor, rows: &[usize], out: &mut Self::Tensor) -> Result<()>;
+    /// `out = rms_norm(x)` over the first `rows` rows ([`Norm`]; `x` and `out` of the same width).
+    fn rms_norm(
+        &mut self,
+        x: &Self::Tensor,
+        rows: usize,
+        norm: &Norm<Self::Vector>,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
+    /// [`Backend::rms_norm`] in place.
+    fn rms_norm_in_place(&mut self, x: &mut Self::Tensor, rows: usize, norm: &Norm<Self::Vector>) -> Result<()>;
+    /// Quantized linear layers sharing one input: `outs[i] = x · ws[i]ᵀ (+ biases[i])` for the first `rows` rows of
+    /// `x` (`[rows, cols]`, every matrix `cols` wide). One op for every row count: the backend picks matrix-vector
+    /// kernels for decode and verification rows and GEMM for prefill, and may fuse the matrices (Q/K/V, gate/up)
+    /// into one pass over the input. `biases` is empty or one entry per matrix.
+    fn linear(
+        &mut self,
+        x: &Self::Tensor,
+        rows: usize,
+        ws: &[&Self::Matrix],
+        biases: &[Option<&Self::Vector>],
+        outs: &mut [&mut Self::Tensor],
+    ) -> Result<()>;
+    /// RoPE in place over `x` (`[rows, num_heads * spec.head_dim]`), row `t` at position `positions[t]`.
+    fn rope(&mut self, x: &mut Self::Tensor, positions: &[usize], spec: &RopeSpec) -> Result<()>;
+    /// Writes each row's key and value (`k`, `v`: `[rows, kv_dim]`) to its slot of layer `layer`, then causal
+    /// grouped-query attention of each row's query (`q`: `[rows, q_dim]`) over its sequence's keys up to and
+    /// including its own position: `out` `[rows, q_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn paged_attention(
+        &mut self,
+        kv: &mut Self::KvPages,
+        layer: usize,
+        shape: AttnShape,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        rows: &AttnRows<'_>,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
+    /// In place: `gate = silu(gate) * up` over the first `rows` rows.
+    fn swiglu(&mut self, gate: &mut Self::Tensor, up: &Self::Tensor, rows: usize) -> Result<()>;
+    /// In place: `x += y` over the first `rows` rows.
+    fn add(&mut self, x: &mut Self::Tensor, y: &Self::Tensor, rows: usize) -> Result<()>;
+
+    // --- Sub-layer ops (what the forward pass calls; override to fuse) ---
+
+    /// `x += Wo · attention(...)` of one attention layer ([`AttentionWeights`]) for the `rows.num_rows()` rows of
+    /// `x` (`[rows, hidden]`), storing their keys and values in `kv`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_sublayer(
+        &mut self,
+        x: &mut Self::Tensor,
+        w: &AttentionWeights<Self>,
+        spec: &AttentionSpec,
+        kv: &mut Self::KvPages,
+        layer: usize,
+        rows: &AttnRows<'_>,
+        ws: &mut Workspace<Self>,
+    ) -> Result<()> {
+        let m = rows.num_rows();
+        let Workspace { xn, q, k, v, att, proj, .. } = ws;
+        self.rms_norm(x, m, &w.norm, xn)?;
+        let biases = [w.bq.as_ref(), w.bk.as_ref(), w.bv.as_ref()];
+        let biases: &[Option<&Self::Vector>] = if biases.iter().any(Option::is_some) { &biases } else { &[] };
+        self.linear(xn, m, &[&w.wq, &w.wk, &w.wv], biases, &mut [&mut *q, &mut *k, &mut *v])?;
+        if let Some(n) = &w.q_norm {
+            self.rms_norm_in_place(q, m, n)?;
+        }
+        if let Some(n) = &w.k_norm {
+            self.rms_norm_in_place(k, m, n)?;
+        }
+        self.rope(q, rows.positions, &spec.rope)?;
+        self.rope(k, rows.positions, &spec.rope)?;
+        self.paged_attention(kv, layer, spec.shape, q, k, v, rows, att)?;
+        self.linear(att, m, &[&w.wo], &[], &mut [proj])?;
+        self.add(x, proj, m)
+    }
+
+    /// `x += ffn(norm(x))` for the first `rows` rows of `x` (`[rows, hidden]`).
+    fn ffn_sublayer(
+        &mut self,
+        x: &mut Self::Tensor,
+        rows: usize,
+        w: &FfnWeights<Self>,
+        ws: &mut Workspace<Self>,
+    ) -> Result<()> {
+        match w {
+            FfnWeights::SwiGlu { norm, gate, up, down } => {
+                let Workspace { xn, gate: g, up: u, proj, .. } = ws;
+                self.rms_norm(x, rows, norm, xn)?;
+                self.linear(xn, rows, &[gate, up], &[], &mut [&mut *g, &mut *u])?;
+                self.swiglu(g, u, rows)?;
+                self.linear(g, rows, &[down], &[], &mut [proj])?;
+                self.add(x, proj, rows)
+            }
+            FfnWeights::Experts { .. } => Err(Error::Unsupported {
+                backend: self.name(),
+                op: "ffn_sublayer",
+                reason: "expert-routed FFN (declared, not implemented yet)".into(),
+            }),
+        }
+    }
+
+    /// `x += mixer(norm(x))` of a recurrent-state layer, reading and updating each sequence's state (`states[i]`
+    /// for `seqs[i]`). Declared for the hybrid issue.
+    #[allow(clippy::too_many_arguments)]
+    fn recurrent_sublayer(
+        &mut self,
+        x: &mut Self::Tensor,
+        w: &RecurrentWeights<Self>,
+        spec: &RecurrentSpec,
+        seqs: &[SeqRows<'_>],
+        states: &mut [&mut Self::Tensor],
+        ws: &mut Workspace<Self>,
+    ) -> Result<()> {
+        let _ = (x, w, spec, seqs, states, ws);
+        Err(Error::Unsupported {
+            backend: self.name(),
+            op: "recurrent_sublayer",
+            reason: "recurrent-state layers (declared, not implemented yet)".into(),
+        })
+    }
+
+    // --- Forward hooks ---
+
+    /// Called before the first op of a forward pass over a batch whose sequences have the given row counts: a backend
+    /// that captures graphs looks one up (or starts recording) for this shape here.
+    fn begin_forward(&mut self, rows_per_seq: &[usize]) -> Result<()> {
+        let _ = rows_per_seq;
+        Ok(())
+    }
+
+    /// Called after the last op of a forward pass (the output head's): ends a recording, or launches the graph.
+    fn finish_forward(&mut self) -> Result<()> {
+        Ok(())
+    }
+}

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use plan::{Device, DeviceMemory, ModelInput, ModelShapes, Plan, PlanInput};
+use plan::{Device, DeviceMemory, ModelInput, Plan, PlanInput};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -105,19 +105,7 @@ fn input_for(name: &str, spec: Option<&pack::FileSpec>) -> Result<(ModelInput, b
 
 /// The plan input a pack manifest records for one of its files (tested equal to the file's GGUF header).
 pub fn manifest_input(s: &pack::Shapes) -> ModelInput {
-    ModelInput {
-        shapes: ModelShapes {
-            num_layers: s.num_layers,
-            hidden_size: s.hidden_size,
-            ffn_size: s.ffn_size,
-            num_heads: s.num_heads,
-            num_kv_heads: s.num_kv_heads,
-            head_dim: s.head_dim,
-            vocab_size: s.vocab_size,
-            max_context: s.max_context,
-        },
-        weight_bytes: s.weight_bytes,
-    }
+    ModelInput { shapes: s.model, weight_bytes: s.weight_bytes }
 }
 
 /// Shapes and weight bytes from a GGUF header.
@@ -126,19 +114,7 @@ pub fn model_input(path: &Path) -> Result<ModelInput> {
     let c =
         models::arch::config_from_gguf(&file).with_context(|| format!("reading the shapes of {}", path.display()))?;
     let weight_bytes = file.tensors.iter().map(|t| t.size_bytes).sum();
-    Ok(ModelInput {
-        shapes: ModelShapes {
-            num_layers: c.num_layers,
-            hidden_size: c.hidden_size,
-            ffn_size: c.ffn_size,
-            num_heads: c.num_heads,
-            num_kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            vocab_size: c.vocab_size,
-            max_context: c.max_context,
-        },
-        weight_bytes,
-    })
+    Ok(ModelInput { shapes: c.shapes, weight_bytes })
 }
 
 /// Threads the model will use: `0` means all cores.

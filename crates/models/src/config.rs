@@ -1,6 +1,8 @@
-use backend::cpu::ops::RopeStyle;
+use backend::RopeStyle;
+pub use plan::ModelShapes;
 
-/// The architectures Splash runs. Each differs from the shared transformer only in the flags of [`ModelConfig`].
+/// The architectures Splash runs. Each is a recipe in `arch/<name>.rs` (its weights and its layer and FFN kinds)
+/// over the shared forward pass (`transformer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
     Qwen2,
@@ -18,43 +20,42 @@ impl Arch {
     }
 }
 
-/// Everything the forward pass needs to know about a model, as numbers and flags.
+/// Everything the forward pass needs to know about a model, as numbers and flags: its shapes (the one shapes type,
+/// [`ModelShapes`], also read through `Deref`: `cfg.hidden_size`) and the numbers of its layers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub arch: Arch,
-    pub num_layers: usize,
-    pub hidden_size: usize,
-    pub ffn_size: usize,
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub vocab_size: usize,
+    pub shapes: ModelShapes,
     pub rms_eps: f32,
     pub rope_theta: f32,
     /// Dimensions of each head that are rotated (the first `rope_dim`).
     pub rope_dim: usize,
     pub rope_style: RopeStyle,
-    /// The context length the model was trained for.
-    pub max_context: usize,
-    /// Q, K and V projections carry biases (qwen2).
+    /// Q, K and V projections carry biases (qwen2; from the architecture's recipe).
     pub qkv_bias: bool,
-    /// Per-head RMSNorm of queries and keys before RoPE (qwen3).
+    /// Per-head RMSNorm of queries and keys before RoPE (qwen3; from the architecture's recipe).
     pub qk_norm: bool,
     /// The output projection reuses the token embedding.
     pub tied_embeddings: bool,
 }
 
+impl std::ops::Deref for ModelConfig {
+    type Target = ModelShapes;
+
+    fn deref(&self) -> &ModelShapes {
+        &self.shapes
+    }
+}
+
+impl std::ops::DerefMut for ModelConfig {
+    fn deref_mut(&mut self) -> &mut ModelShapes {
+        &mut self.shapes
+    }
+}
+
 impl ModelConfig {
-    pub fn q_dim(&self) -> usize {
-        self.num_heads * self.head_dim
-    }
-
-    pub fn kv_dim(&self) -> usize {
-        self.num_kv_heads * self.head_dim
-    }
-
-    /// Bytes of KV cache per token at f16 (keys and values of every layer).
+    /// Bytes of KV cache per token at f16 (keys and values of every layer): [`ModelShapes::kv_bytes_per_token`].
     pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.num_layers * self.kv_dim() * 2
+        self.shapes.kv_bytes_per_token() as usize
     }
 }

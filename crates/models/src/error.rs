@@ -18,6 +18,8 @@ pub enum Error {
     UnsupportedType { name: String, ty: gguf::GgmlType },
     #[error("GPU backend: {0}")]
     Backend(String),
+    #[error(transparent)]
+    Compute(#[from] backend::Error),
     // Request-scoped errors: the batch was wrong, the model is fine.
     #[error("sequence {0} would exceed the model's context of {1} tokens")]
     ContextOverflow(u64, usize),

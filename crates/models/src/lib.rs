@@ -1,8 +1,9 @@
 //! Model architectures: configuration read from GGUF metadata, weight-name tables, and the model runner that executes
 //! a batch of token chunks on a backend.
 //!
-//! Model knowledge lives in `arch/<name>.rs` (which keys and tensors an architecture has, and how it differs from the
-//! shared transformer); the forward pass itself is shared and takes only numbers from [`ModelConfig`].
+//! Model knowledge lives in `arch/<name>.rs` (a recipe: the architecture's weights, layer and FFN kinds); the forward
+//! pass is written once in [`transformer`] over the `backend::Backend` trait and takes only numbers from
+//! [`ModelConfig`]. [`cpu::CpuRunner`] drives it on the CPU backend with the KV system of `kv_cache`.
 
 pub mod arch;
 mod config;
@@ -13,9 +14,10 @@ mod error;
 pub mod kv_cache;
 pub mod prefix_store;
 mod runner;
+pub mod transformer;
 mod weights;
 
-pub use config::{Arch, ModelConfig};
+pub use config::{Arch, ModelConfig, ModelShapes};
 pub use error::{Error, Result};
 pub use kv_cache::KvUsage;
 pub use runner::{Batch, LogitsWanted, Runner, SeqChunk, SeqId, argmax, top_candidates, top_prob};

@@ -1,5 +1,6 @@
-//! The weights of a llama-family transformer, named as in GGUF files (`blk.N.attn_q.weight`, ...). Matrices stay in
-//! the memory-mapped file in their quantized form; the small vectors (norms, biases) are copied out as f32.
+//! The weights of a llama-family transformer as the host reads them, by the names of the architecture's recipe
+//! (`arch/`, `blk.N.attn_q.weight`, ...). Matrices stay in the memory-mapped file in their quantized form; the small
+//! vectors (norms, biases) are copied out as f32. A backend then loads them in its own form (`transformer`).
 
 use std::sync::Arc;
 
@@ -44,36 +45,41 @@ pub struct Weights {
 }
 
 impl Weights {
+    /// Loads the weights the architecture's recipe names (`arch/`), checking every shape against `cfg`.
     pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Self> {
+        let recipe = cfg.arch.recipe();
+        let n = recipe.names;
+        let crate::arch::MixerKind::Attention { qkv_bias, qk_norm } = recipe.mixer;
         let h = cfg.hidden_size;
-        let token_embd = matrix(file, "token_embd.weight", cfg.vocab_size, h)?;
-        let output =
-            if cfg.tied_embeddings { token_embd.clone() } else { matrix(file, "output.weight", cfg.vocab_size, h)? };
+        let token_embd = matrix(file, n.token_embd, cfg.vocab_size, h)?;
+        let output = if cfg.tied_embeddings { token_embd.clone() } else { matrix(file, n.output, cfg.vocab_size, h)? };
         let layers = (0..cfg.num_layers)
             .map(|i| {
-                let name = |s: &str| format!("blk.{i}.{s}");
-                let bias = |s: &str, n| if cfg.qkv_bias { vector(file, &name(s), n).map(Some) } else { Ok(None) };
+                let weight = |s: &str| format!("blk.{i}.{s}.weight");
+                let bias = |s: &str, len| {
+                    if qkv_bias { vector(file, &format!("blk.{i}.{s}.bias"), len).map(Some) } else { Ok(None) }
+                };
                 let qk_norm =
-                    |s: &str| if cfg.qk_norm { vector(file, &name(s), cfg.head_dim).map(Some) } else { Ok(None) };
+                    |s: &str| if qk_norm { vector(file, &weight(s), cfg.head_dim).map(Some) } else { Ok(None) };
                 Ok(LayerWeights {
-                    attn_norm: vector(file, &name("attn_norm.weight"), h)?,
-                    wq: matrix(file, &name("attn_q.weight"), cfg.q_dim(), h)?,
-                    wk: matrix(file, &name("attn_k.weight"), cfg.kv_dim(), h)?,
-                    wv: matrix(file, &name("attn_v.weight"), cfg.kv_dim(), h)?,
-                    bq: bias("attn_q.bias", cfg.q_dim())?,
-                    bk: bias("attn_k.bias", cfg.kv_dim())?,
-                    bv: bias("attn_v.bias", cfg.kv_dim())?,
-                    q_norm: qk_norm("attn_q_norm.weight")?,
-                    k_norm: qk_norm("attn_k_norm.weight")?,
-                    wo: matrix(file, &name("attn_output.weight"), h, cfg.q_dim())?,
-                    ffn_norm: vector(file, &name("ffn_norm.weight"), h)?,
-                    w_gate: matrix(file, &name("ffn_gate.weight"), cfg.ffn_size, h)?,
-                    w_up: matrix(file, &name("ffn_up.weight"), cfg.ffn_size, h)?,
-                    w_down: matrix(file, &name("ffn_down.weight"), h, cfg.ffn_size)?,
+                    attn_norm: vector(file, &weight(n.attn_norm), h)?,
+                    wq: matrix(file, &weight(n.attn_q), cfg.q_dim(), h)?,
+                    wk: matrix(file, &weight(n.attn_k), cfg.kv_dim(), h)?,
+                    wv: matrix(file, &weight(n.attn_v), cfg.kv_dim(), h)?,
+                    bq: bias(n.attn_q, cfg.q_dim())?,
+                    bk: bias(n.attn_k, cfg.kv_dim())?,
+                    bv: bias(n.attn_v, cfg.kv_dim())?,
+                    q_norm: qk_norm(n.attn_q_norm)?,
+                    k_norm: qk_norm(n.attn_k_norm)?,
+                    wo: matrix(file, &weight(n.attn_output), h, cfg.q_dim())?,
+                    ffn_norm: vector(file, &weight(n.ffn_norm), h)?,
+                    w_gate: matrix(file, &weight(n.ffn_gate), cfg.ffn_size, h)?,
+                    w_up: matrix(file, &weight(n.ffn_up), cfg.ffn_size, h)?,
+                    w_down: matrix(file, &weight(n.ffn_down), h, cfg.ffn_size)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Weights { token_embd, layers, output_norm: vector(file, "output_norm.weight", h)?, output })
+        Ok(Weights { token_embd, layers, output_norm: vector(file, n.output_norm, h)?, output })
     }
 
     /// Every matrix of the model, for size accounting.

@@ -67,20 +67,37 @@ pub struct FileSpec {
     pub tokenizer: Option<String>,
 }
 
-/// What the memory plan needs of a model, as its GGUF header says.
+/// What the memory plan needs of a model, as its GGUF header says: its shapes (the one shapes type,
+/// [`plan::ModelShapes`], flattened into the same TOML table) and the bytes of its tensor data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "ShapesTable")]
 pub struct Shapes {
-    pub num_layers: usize,
-    pub hidden_size: usize,
-    pub ffn_size: usize,
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub vocab_size: usize,
-    pub max_context: usize,
+    #[serde(flatten)]
+    pub model: plan::ModelShapes,
     /// Bytes of tensor data (the file minus its header).
     pub weight_bytes: u64,
+}
+
+/// The `shapes` table as read, with the keys neither part knows kept aside to refuse them (serde's
+/// `deny_unknown_fields` does not see through `flatten`).
+#[derive(Deserialize)]
+struct ShapesTable {
+    #[serde(flatten)]
+    model: plan::ModelShapes,
+    weight_bytes: u64,
+    #[serde(flatten)]
+    unknown: std::collections::BTreeMap<String, toml::Value>,
+}
+
+impl TryFrom<ShapesTable> for Shapes {
+    type Error = String;
+
+    fn try_from(t: ShapesTable) -> Result<Self, String> {
+        match t.unknown.keys().next() {
+            Some(k) => Err(format!("unknown field `{k}` in shapes")),
+            None => Ok(Shapes { model: t.model, weight_bytes: t.weight_bytes }),
+        }
+    }
 }
 
 /// A place a file can come from.
@@ -269,6 +286,7 @@ mod tests {
             (good.replace("default = 8192", "default = 9000"), "context default"),
             (good.replace("\"SmolLM2-135M-Instruct.Q4_1.gguf\"\nsize", "\"../x.gguf\"\nsize"), "bad file name"),
             (format!("{good}\nflavour = 1\n"), "unknown field"),
+            (good.replace("weight_bytes = 96576768", "weight_bytes = 96576768\nnum_experts = 8"), "unknown field"),
             (good.replace("name = \"smollm2-135m\"", "name = \"a b\""), "bad pack name"),
             (format!("{good}\n[speculation]\nnum_draft_tokens = 4\n"), "without a draft"),
             (format!("{good}\n[template]\nchat_template = \"nope.jinja\"\n"), "unknown chat_template"),

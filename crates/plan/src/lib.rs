@@ -27,7 +27,7 @@ pub mod memory;
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use error::PlanError;
 pub use memory::{DeviceMemory, cpu_memory};
@@ -88,8 +88,11 @@ impl Device {
     }
 }
 
-/// The numbers of a model that decide its memory (read from the GGUF header).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A model's shapes: the one definition, read from the GGUF header by `models` (inside `models::ModelConfig`),
+/// recorded in pack manifests (`pack::Shapes`) and planned with here. Everything derived from them
+/// ([`ModelShapes::kv_bytes_per_token`], ...) is computed here once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ModelShapes {
     pub num_layers: usize,
     pub hidden_size: usize,

@@ -55,13 +55,7 @@ impl<'a> SeqAttn<'a> {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub scale: f32,
-}
+pub use crate::AttnShape;
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);

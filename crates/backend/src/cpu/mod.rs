@@ -2,11 +2,13 @@
 //! elementwise and attention operations a transformer forward pass needs.
 
 pub mod attention;
+mod backend;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
 pub mod quant;
 pub mod simd;
 
+pub use backend::{CpuBackend, CpuKvPages, CpuTensor};
 pub use matmul::{QMatrix, matmul};
 pub use pool::ThreadPool;

@@ -13,6 +13,30 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// The zero-centred RMSNorm: `out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * (1 + weight)` (the file stores `w - 1`).
+pub fn rms_norm_one_plus(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let dim = weight.len();
+    for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        let sum: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
+        let scale = 1.0 / ((sum / dim as f64) as f32 + eps).sqrt();
+        for ((o, &v), &w) in or.iter_mut().zip(xr).zip(weight) {
+            *o = v * scale * (1.0 + w);
+        }
+    }
+}
+
+/// [`rms_norm`] (or [`rms_norm_one_plus`]) in place, with the same numbers.
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32, one_plus: bool) {
+    let dim = weight.len();
+    for xr in x.chunks_exact_mut(dim) {
+        let sum: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
+        let scale = 1.0 / ((sum / dim as f64) as f32 + eps).sqrt();
+        for (v, &w) in xr.iter_mut().zip(weight) {
+            *v = if one_plus { *v * scale * (1.0 + w) } else { *v * scale * w };
+        }
+    }
+}
+
 /// In place: `x[r] += bias` for every row of length `bias.len()`.
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_exact_mut(bias.len()) {
@@ -34,14 +58,7 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     super::simd::silu_mul(gate, up)
 }
 
-/// How rotary embeddings pair up the dimensions of a head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeStyle {
-    /// Adjacent pairs `(2i, 2i+1)` (GGUF llama files, whose Q/K weights were permuted at conversion).
-    Interleaved,
-    /// Halves `(i, i + d/2)` (GPT-NeoX, Qwen2).
-    Neox,
-}
+pub use crate::RopeStyle;
 
 /// Precomputed inverse frequencies for rotary embeddings over the first `rope_dim` dims of each head.
 #[derive(Debug, Clone)]

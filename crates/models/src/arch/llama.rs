@@ -1,13 +1,17 @@
 //! Llama (and SmolLM2, which is a llama): no biases, GQA, RoPE over adjacent pairs (GGUF conversion permutes Q and K
 //! so that llama.cpp's "normal" rotation applies), embeddings tied when the file has no `output.weight`.
 
-use backend::cpu::ops::RopeStyle;
-use gguf::GgufFile;
+use backend::{NormKind, RopeStyle};
 
-use crate::{Arch, ModelConfig, Result};
+use super::{FfnKind, LLAMA_NAMES, MixerKind, Recipe};
+use crate::Arch;
 
-pub fn config(file: &GgufFile) -> Result<ModelConfig> {
-    let mut c = super::read_common(file, Arch::Llama, RopeStyle::Interleaved, 10_000.0)?;
-    c.tied_embeddings = file.tensor("output.weight").is_none();
-    Ok(c)
-}
+pub const RECIPE: Recipe = Recipe {
+    arch: Arch::Llama,
+    names: &LLAMA_NAMES,
+    mixer: MixerKind::Attention { qkv_bias: false, qk_norm: false },
+    ffn: FfnKind::SwiGlu,
+    norm: NormKind::Plain,
+    rope_style: RopeStyle::Interleaved,
+    default_rope_theta: 10_000.0,
+};

@@ -1,0 +1,366 @@
+//! [`CpuBackend`]: the [`Backend`] trait over this module's kernels (the thread pool, the quantized matmul, the
+//! flash-style attention). Every op runs synchronously on the calling thread and the pool; it is the reference the
+//! other backends are tested against.
+
+use super::attention::{self, SeqAttn};
+use super::ops::{self, Rope};
+use super::{QMatrix, ThreadPool, matmul};
+use crate::{AttnRows, AttnShape, Backend, Error, KvLayout, MatrixUse, Norm, NormKind, Result, RopeSpec};
+
+/// `[rows, cols]` f32 values in host memory.
+#[derive(Debug, Clone, Default)]
+pub struct CpuTensor {
+    data: Vec<f32>,
+    cols: usize,
+}
+
+impl CpuTensor {
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Rows of capacity.
+    pub fn capacity_rows(&self) -> usize {
+        self.data.len().checked_div(self.cols).unwrap_or(0)
+    }
+
+    /// The first `rows` rows, `[rows, cols]`.
+    pub fn rows(&self, rows: usize) -> &[f32] {
+        &self.data[..rows * self.cols]
+    }
+
+    pub fn rows_mut(&mut self, rows: usize) -> &mut [f32] {
+        &mut self.data[..rows * self.cols]
+    }
+}
+
+/// KV blocks in host memory: block `b` is `[layer][k | v][block_tokens][kv_dim]` f16 bits ([`KvLayout`]).
+pub struct CpuKvPages {
+    pub layout: KvLayout,
+    pub blocks: Vec<Box<[u16]>>,
+}
+
+pub struct CpuBackend {
+    pool: ThreadPool,
+    /// The RoPE tables asked for so far (a model asks for one or two).
+    ropes: Vec<(RopeSpec, Rope)>,
+}
+
+impl CpuBackend {
+    /// A backend on `num_threads` threads (`0`: every core).
+    pub fn new(num_threads: usize) -> Self {
+        CpuBackend { pool: ThreadPool::new(num_threads), ropes: Vec::new() }
+    }
+
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+
+    fn rope_table(&mut self, spec: &RopeSpec) -> &Rope {
+        let i = match self.ropes.iter().position(|(s, _)| s == spec) {
+            Some(i) => i,
+            None => {
+                self.ropes.push((*spec, Rope::new(spec.style, spec.head_dim, spec.rope_dim, spec.theta)));
+                self.ropes.len() - 1
+            }
+        };
+        &self.ropes[i].1
+    }
+}
+
+fn shape_err(op: &'static str, reason: String) -> Error {
+    Error::Shape { op, reason }
+}
+
+fn check_rows(op: &'static str, t: &CpuTensor, rows: usize) -> Result<()> {
+    if rows * t.cols > t.data.len() {
+        return Err(shape_err(op, format!("{rows} rows of {} exceed the tensor's {}", t.cols, t.capacity_rows())));
+    }
+    Ok(())
+}
+
+fn write_f16(dst: &mut [u16], src: &[f32]) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = half::f16::from_f32(x).to_bits();
+    }
+}
+
+fn norm_rows(op: &'static str, x: &CpuTensor, rows: usize, norm: &Norm<Vec<f32>>) -> Result<()> {
+    check_rows(op, x, rows)?;
+    if norm.dim == 0 || norm.weight.len() != norm.dim || x.cols % norm.dim != 0 {
+        return Err(shape_err(op, format!("a norm of {} over rows of {}", norm.dim, x.cols)));
+    }
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Matrix = QMatrix;
+    type Vector = Vec<f32>;
+    type KvPages = CpuKvPages;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn alloc(&mut self, rows: usize, cols: usize) -> Result<CpuTensor> {
+        Ok(CpuTensor { data: vec![0.0; rows * cols], cols })
+    }
+
+    fn write(&mut self, t: &mut CpuTensor, data: &[f32]) -> Result<()> {
+        if data.len() > t.data.len() || (t.cols > 0 && data.len() % t.cols != 0) {
+            return Err(shape_err(
+                "write",
+                format!("{} values into a tensor of {} rows of {}", data.len(), t.capacity_rows(), t.cols),
+            ));
+        }
+        t.data[..data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn read(&mut self, t: &CpuTensor, rows: usize) -> Result<Vec<f32>> {
+        check_rows("read", t, rows)?;
+        Ok(t.rows(rows).to_vec())
+    }
+
+    fn load_matrix(&mut self, m: &QMatrix, usage: MatrixUse) -> Result<QMatrix> {
+        if super::quant::act_format(m.ty).is_none() {
+            return Err(Error::Unsupported { backend: "cpu", op: "load_matrix", reason: format!("type {}", m.ty) });
+        }
+        // Rows looked up one at a time stay in the file's layout; matrices only multiplied get the layout this
+        // machine's kernels read faster (Q4_K on AVX-512: `quant::q4k_pairs`).
+        Ok(match usage {
+            MatrixUse::Linear => m.repacked(&self.pool).unwrap_or_else(|| m.clone()),
+            MatrixUse::Embedding | MatrixUse::Both => m.clone(),
+        })
+    }
+
+    fn load_vector(&mut self, v: &[f32]) -> Result<Vec<f32>> {
+        Ok(v.to_vec())
+    }
+
+    fn kv_pages(&mut self, layout: KvLayout) -> Result<CpuKvPages> {
+        Ok(CpuKvPages { layout, blocks: Vec::new() })
+    }
+
+    fn kv_grow(&mut self, kv: &mut CpuKvPages, num_blocks: usize) -> Result<()> {
+        let len = kv.layout.block_values();
+        while kv.blocks.len() < num_blocks {
+            kv.blocks.push(vec![0u16; len].into_boxed_slice());
+        }
+        Ok(())
+    }
+
+    fn kv_copy_block(&mut self, kv: &mut CpuKvPages, from: u32, to: u32) -> Result<()> {
+        let n = kv.blocks.len();
+        if from as usize >= n || to as usize >= n {
+            return Err(shape_err("kv_copy_block", format!("blocks {from} -> {to} of {n}")));
+        }
+        if from != to {
+            let src = kv.blocks[from as usize].clone();
+            kv.blocks[to as usize].copy_from_slice(&src);
+        }
+        Ok(())
+    }
+
+    fn kv_block_to_host(&mut self, kv: &CpuKvPages, block: u32, out: &mut [u16]) -> Result<()> {
+        let b = kv.blocks.get(block as usize).ok_or_else(|| shape_err("kv_block_to_host", format!("block {block}")))?;
+        if out.len() != b.len() {
+            return Err(shape_err("kv_block_to_host", format!("{} values for a block of {}", out.len(), b.len())));
+        }
+        out.copy_from_slice(b);
+        Ok(())
+    }
+
+    fn kv_block_from_host(&mut self, kv: &mut CpuKvPages, block: u32, data: &[u16]) -> Result<()> {
+        let b = kv
+            .blocks
+            .get_mut(block as usize)
+            .ok_or_else(|| shape_err("kv_block_from_host", format!("block {block}")))?;
+        if data.len() != b.len() {
+            return Err(shape_err("kv_block_from_host", format!("{} values for a block of {}", data.len(), b.len())));
+        }
+        b.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn embedding(&mut self, table: &QMatrix, tokens: &[u32], out: &mut CpuTensor) -> Result<()> {
+        check_rows("embedding", out, tokens.len())?;
+        if out.cols != table.cols {
+            return Err(shape_err("embedding", format!("rows of {} into a tensor of {}", table.cols, out.cols)));
+        }
+        let h = table.cols;
+        for (t, &tok) in tokens.iter().enumerate() {
+            if tok as usize >= table.rows {
+                return Err(shape_err("embedding", format!("token {tok} of a table of {} rows", table.rows)));
+            }
+            table.dequantize_row(tok as usize, &mut out.data[t * h..(t + 1) * h]);
+        }
+        Ok(())
+    }
+
+    fn gather_rows(&mut self, x: &CpuTensor, rows: &[usize], out: &mut CpuTensor) -> Result<()> {
+        check_rows("gather_rows", out, rows.len())?;
+        let c = x.cols;
+        if out.cols != c || rows.iter().any(|&r| r >= x.capacity_rows()) {
+            return Err(shape_err("gather_rows", format!("rows {rows:?} of a tensor of {} rows", x.capacity_rows())));
+        }
+        for (i, &r) in rows.iter().enumerate() {
+            out.data[i * c..(i + 1) * c].copy_from_slice(&x.data[r * c..(r + 1) * c]);
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&mut self, x: &CpuTensor, rows: usize, norm: &Norm<Vec<f32>>, out: &mut CpuTensor) -> Result<()> {
+        norm_rows("rms_norm", x, rows, norm)?;
+        check_rows("rms_norm", out, rows)?;
+        if out.cols != x.cols {
+            return Err(shape_err("rms_norm", format!("rows of {} into rows of {}", x.cols, out.cols)));
+        }
+        let (x, out) = (x.rows(rows), out.rows_mut(rows));
+        match norm.kind {
+            NormKind::Plain => ops::rms_norm(x, &norm.weight, norm.eps, out),
+            NormKind::OnePlus => ops::rms_norm_one_plus(x, &norm.weight, norm.eps, out),
+        }
+        Ok(())
+    }
+
+    fn rms_norm_in_place(&mut self, x: &mut CpuTensor, rows: usize, norm: &Norm<Vec<f32>>) -> Result<()> {
+        norm_rows("rms_norm_in_place", x, rows, norm)?;
+        let one_plus = norm.kind == NormKind::OnePlus;
+        ops::rms_norm_in_place(x.rows_mut(rows), &norm.weight, norm.eps, one_plus);
+        Ok(())
+    }
+
+    fn linear(
+        &mut self,
+        x: &CpuTensor,
+        rows: usize,
+        ws: &[&QMatrix],
+        biases: &[Option<&Vec<f32>>],
+        outs: &mut [&mut CpuTensor],
+    ) -> Result<()> {
+        check_rows("linear", x, rows)?;
+        if ws.is_empty() || ws.len() != outs.len() || !(biases.is_empty() || biases.len() == ws.len()) {
+            return Err(shape_err(
+                "linear",
+                format!("{} matrices, {} outputs, {} biases", ws.len(), outs.len(), biases.len()),
+            ));
+        }
+        for (i, (w, o)) in ws.iter().zip(outs.iter()).enumerate() {
+            if w.cols != x.cols || o.cols != w.rows || rows > o.capacity_rows() {
+                return Err(shape_err("linear", format!("{w:?} from rows of {} into rows of {}", x.cols, o.cols)));
+            }
+            if let Some(Some(b)) = biases.get(i)
+                && b.len() != w.rows
+            {
+                return Err(shape_err("linear", format!("a bias of {} for {w:?}", b.len())));
+            }
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.rows_mut(rows)).collect();
+        matmul(&self.pool, ws, x.rows(rows), rows, &mut slices);
+        for (o, b) in slices.iter_mut().zip(biases) {
+            if let Some(b) = b {
+                ops::add_bias(o, b);
+            }
+        }
+        Ok(())
+    }
+
+    fn rope(&mut self, x: &mut CpuTensor, positions: &[usize], spec: &RopeSpec) -> Result<()> {
+        check_rows("rope", x, positions.len())?;
+        if spec.head_dim == 0 || x.cols % spec.head_dim != 0 || spec.rope_dim > spec.head_dim || spec.rope_dim % 2 != 0
+        {
+            return Err(shape_err("rope", format!("{spec:?} over rows of {}", x.cols)));
+        }
+        let c = x.cols;
+        let rope = self.rope_table(spec);
+        for (t, &pos) in positions.iter().enumerate() {
+            rope.apply(&mut x.data[t * c..(t + 1) * c], pos);
+        }
+        Ok(())
+    }
+
+    fn paged_attention(
+        &mut self,
+        kv: &mut CpuKvPages,
+        layer: usize,
+        shape: AttnShape,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        rows: &AttnRows<'_>,
+        out: &mut CpuTensor,
+    ) -> Result<()> {
+        let m = rows.num_rows();
+        let (qd, kvd) = (shape.q_dim(), shape.kv_dim());
+        let layout = kv.layout;
+        let bt = layout.block_tokens;
+        for (t, name) in [(q, "q"), (k, "k"), (v, "v")] {
+            check_rows("paged_attention", t, m)?;
+            let want = if name == "q" { qd } else { kvd };
+            if t.cols != want {
+                return Err(shape_err("paged_attention", format!("{name} rows of {} for {shape:?}", t.cols)));
+            }
+        }
+        check_rows("paged_attention", out, m)?;
+        let covered: usize = rows.seqs.iter().map(|s| s.num_rows).sum();
+        if out.cols != qd || kvd != layout.kv_dim || layer >= layout.num_layers || rows.slots.len() != m || covered != m
+        {
+            return Err(shape_err("paged_attention", format!("{m} rows, layer {layer}, {layout:?}, {shape:?}")));
+        }
+        let n = kv.blocks.len();
+        let bad_slot = rows.slots.iter().any(|&(b, r)| b as usize >= n || r >= bt);
+        let bad_seq = rows
+            .seqs
+            .iter()
+            .any(|s| s.blocks.iter().any(|&b| b as usize >= n) || s.blocks.len() * bt < s.start_pos + s.num_rows);
+        if bad_slot || bad_seq {
+            return Err(shape_err("paged_attention", format!("a slot or block outside the {n} blocks")));
+        }
+        let layer_k = layout.layer_offset(layer);
+        let layer_v = layer_k + bt * kvd;
+        for (t, &(b, r)) in rows.slots.iter().enumerate() {
+            let blk = &mut kv.blocks[b as usize];
+            write_f16(&mut blk[layer_k + r * kvd..][..kvd], &k.data[t * kvd..(t + 1) * kvd]);
+            write_f16(&mut blk[layer_v + r * kvd..][..kvd], &v.data[t * kvd..(t + 1) * kvd]);
+        }
+        let blocks = &kv.blocks;
+        let seqs: Vec<SeqAttn> = rows
+            .seqs
+            .iter()
+            .map(|s| SeqAttn {
+                k: s.blocks.iter().map(|&b| &blocks[b as usize][layer_k..layer_k + bt * kvd]).collect(),
+                v: s.blocks.iter().map(|&b| &blocks[b as usize][layer_v..layer_v + bt * kvd]).collect(),
+                block_tokens: bt,
+                start_pos: s.start_pos,
+                num_rows: s.num_rows,
+            })
+            .collect();
+        attention::attention(&self.pool, shape, q.rows(m), &seqs, out.rows_mut(m));
+        Ok(())
+    }
+
+    fn swiglu(&mut self, gate: &mut CpuTensor, up: &CpuTensor, rows: usize) -> Result<()> {
+        check_rows("swiglu", gate, rows)?;
+        check_rows("swiglu", up, rows)?;
+        if gate.cols != up.cols {
+            return Err(shape_err("swiglu", format!("gate rows of {}, up rows of {}", gate.cols, up.cols)));
+        }
+        ops::silu_mul(gate.rows_mut(rows), up.rows(rows));
+        Ok(())
+    }
+
+    fn add(&mut self, x: &mut CpuTensor, y: &CpuTensor, rows: usize) -> Result<()> {
+        check_rows("add", x, rows)?;
+        check_rows("add", y, rows)?;
+        if x.cols != y.cols {
+            return Err(shape_err("add", format!("rows of {} and {}", x.cols, y.cols)));
+        }
+        ops::add(x.rows_mut(rows), y.rows(rows));
+        Ok(())
+    }
+}

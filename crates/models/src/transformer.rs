@@ -1,0 +1,182 @@
+//! The forward pass, written once over [`backend::Backend`]: token embedding, then for every layer its token mixer
+//! and its FFN (each `x += f(norm(x))`, the kinds named by the architecture's recipe in `arch/`), then the final
+//! norm and the output head on the rows that want logits.
+//!
+//! In: a batch's tokens, where each row sits ([`AttnRows`]: positions, KV slots, each sequence's blocks) and which
+//! rows want logits. Out: those rows' logits, `[num_logit_rows, head rows]`, in a tensor of the backend. Which KV
+//! blocks a sequence owns is the runner's (`kv_cache`); this module only passes them to the backend.
+
+use backend::{
+    AttentionSpec, AttentionWeights, AttnRows, AttnShape, Backend, FfnWeights, LayerWeights, MatrixUse, MixerWeights,
+    Norm, RopeSpec, Widths, Workspace,
+};
+
+use crate::arch::{FfnKind, MixerKind};
+use crate::{ModelConfig, Result, Weights};
+
+/// A model's weights on a backend, and the activation buffers of its forward pass.
+pub struct Transformer<B: Backend> {
+    attention: AttentionSpec,
+    /// `[vocab, hidden]`, read a row per token.
+    token_embd: B::Matrix,
+    layers: Vec<LayerWeights<B>>,
+    output_norm: Norm<B::Vector>,
+    /// `[vocab, hidden]`; the token embedding when tied.
+    output: B::Matrix,
+    hidden: usize,
+    /// `[rows, hidden]` the residual stream, with its capacity in rows.
+    x: B::Tensor,
+    x_rows: usize,
+    ws: Workspace<B>,
+    /// `[rows, head rows]` the logits of the last forward, with its capacity `(rows, head rows)`.
+    logits: B::Tensor,
+    logits_shape: (usize, usize),
+}
+
+fn norm<B: Backend>(b: &mut B, cfg: &ModelConfig, w: &[f32]) -> Result<Norm<B::Vector>> {
+    Ok(Norm { weight: b.load_vector(w)?, dim: w.len(), eps: cfg.rms_eps, kind: cfg.arch.recipe().norm })
+}
+
+fn vector<B: Backend>(b: &mut B, v: &Option<Vec<f32>>) -> Result<Option<B::Vector>> {
+    Ok(match v {
+        Some(v) => Some(b.load_vector(v)?),
+        None => None,
+    })
+}
+
+impl<B: Backend> Transformer<B> {
+    /// Loads the host weights (`Weights::load`) onto the backend as the architecture's recipe lays them out.
+    pub fn new(b: &mut B, cfg: &ModelConfig, w: &Weights) -> Result<Self> {
+        let recipe = cfg.arch.recipe();
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            let MixerKind::Attention { .. } = recipe.mixer;
+            let qk = |b: &mut B, v: &Option<Vec<f32>>| -> Result<Option<Norm<B::Vector>>> {
+                v.as_deref().map(|v| norm(b, cfg, v)).transpose()
+            };
+            let mixer = MixerWeights::Attention(AttentionWeights {
+                norm: norm(b, cfg, &l.attn_norm)?,
+                wq: b.load_matrix(&l.wq, MatrixUse::Linear)?,
+                wk: b.load_matrix(&l.wk, MatrixUse::Linear)?,
+                wv: b.load_matrix(&l.wv, MatrixUse::Linear)?,
+                bq: vector(b, &l.bq)?,
+                bk: vector(b, &l.bk)?,
+                bv: vector(b, &l.bv)?,
+                q_norm: qk(b, &l.q_norm)?,
+                k_norm: qk(b, &l.k_norm)?,
+                wo: b.load_matrix(&l.wo, MatrixUse::Linear)?,
+            });
+            let FfnKind::SwiGlu = recipe.ffn;
+            let ffn = FfnWeights::SwiGlu {
+                norm: norm(b, cfg, &l.ffn_norm)?,
+                gate: b.load_matrix(&l.w_gate, MatrixUse::Linear)?,
+                up: b.load_matrix(&l.w_up, MatrixUse::Linear)?,
+                down: b.load_matrix(&l.w_down, MatrixUse::Linear)?,
+            };
+            layers.push(LayerWeights { mixer, ffn });
+        }
+        let (embd_use, out_use) = if cfg.tied_embeddings {
+            (MatrixUse::Both, MatrixUse::Both)
+        } else {
+            (MatrixUse::Embedding, MatrixUse::Linear)
+        };
+        let attention = AttentionSpec {
+            shape: AttnShape {
+                num_heads: cfg.num_heads,
+                num_kv_heads: cfg.num_kv_heads,
+                head_dim: cfg.head_dim,
+                scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+            },
+            rope: RopeSpec {
+                style: cfg.rope_style,
+                head_dim: cfg.head_dim,
+                rope_dim: cfg.rope_dim,
+                theta: cfg.rope_theta,
+            },
+        };
+        let widths = Widths { hidden: cfg.hidden_size, q_dim: cfg.q_dim(), kv_dim: cfg.kv_dim(), ffn: cfg.ffn_size };
+        Ok(Transformer {
+            attention,
+            token_embd: b.load_matrix(&w.token_embd, embd_use)?,
+            layers,
+            output_norm: norm(b, cfg, &w.output_norm)?,
+            output: b.load_matrix(&w.output, out_use)?,
+            hidden: cfg.hidden_size,
+            x: b.alloc(1, cfg.hidden_size)?,
+            x_rows: 1,
+            ws: Workspace::new(b, widths, 1)?,
+            logits: b.alloc(0, 0)?,
+            logits_shape: (0, 0),
+        })
+    }
+
+    /// The full output head, `[vocab, hidden]`.
+    pub fn output(&self) -> &B::Matrix {
+        &self.output
+    }
+
+    /// The logits of the last [`Transformer::forward`].
+    pub fn logits(&self) -> &B::Tensor {
+        &self.logits
+    }
+
+    /// Runs `tokens` (row `t` placed by `rows`) through every layer, storing their keys and values in `kv`, and
+    /// the output head over the rows `logit_rows` (indices into the batch, in the order wanted). `head` replaces
+    /// the full output head (a narrowed one: its matrix and its number of rows). Returns the logits,
+    /// `[logit_rows.len(), head rows]`.
+    pub fn forward(
+        &mut self,
+        b: &mut B,
+        kv: &mut B::KvPages,
+        tokens: &[u32],
+        rows: &AttnRows<'_>,
+        logit_rows: &[usize],
+        head: (Option<&B::Matrix>, usize),
+    ) -> Result<&B::Tensor> {
+        let m = tokens.len();
+        let seq_rows: Vec<usize> = rows.seqs.iter().map(|s| s.num_rows).collect();
+        b.begin_forward(&seq_rows)?;
+        if m > self.x_rows {
+            self.x = b.alloc(m, self.hidden)?;
+            self.x_rows = m;
+        }
+        self.ws.fit(b, m)?;
+        b.embedding(&self.token_embd, tokens, &mut self.x)?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            match &layer.mixer {
+                MixerWeights::Attention(w) => {
+                    b.attention_sublayer(&mut self.x, w, &self.attention, kv, li, rows, &mut self.ws)?
+                }
+                MixerWeights::Recurrent(_) => {
+                    return Err(backend::Error::Unsupported {
+                        backend: b.name(),
+                        op: "forward",
+                        reason: "recurrent layers need per-sequence state from the runner".into(),
+                    }
+                    .into());
+                }
+            }
+            b.ffn_sublayer(&mut self.x, m, &layer.ffn, &mut self.ws)?;
+        }
+
+        // The output head, on the rows that want logits.
+        let r = logit_rows.len();
+        let (head, head_rows) = match head {
+            (Some(h), n) => (h, n),
+            (None, n) => (&self.output, n),
+        };
+        if r > self.logits_shape.0 || head_rows != self.logits_shape.1 {
+            let cap = r.max(self.logits_shape.0 * usize::from(head_rows == self.logits_shape.1));
+            self.logits = b.alloc(cap, head_rows)?;
+            self.logits_shape = (cap, head_rows);
+        }
+        if r > 0 {
+            let Workspace { xn, proj, .. } = &mut self.ws;
+            b.gather_rows(&self.x, logit_rows, proj)?;
+            b.rms_norm(proj, r, &self.output_norm, xn)?;
+            b.linear(xn, r, &[head], &[], &mut [&mut self.logits])?;
+        }
+        b.finish_forward()?;
+        Ok(&self.logits)
+    }
+}
