@@ -104,7 +104,7 @@ const CANCEL_GRACE: Duration = Duration::from_secs(2);
 /// A non-negative number of seconds (`10`, `0.5`).
 fn parse_seconds(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 && v <= 86_400.0 => Ok(v),
+        Ok(v) if (0.0..=86_400.0).contains(&v) => Ok(v),
         _ => Err(format!("expected a number of seconds from 0 to 86400, got {s:?}")),
     }
 }
