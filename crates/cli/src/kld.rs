@@ -22,7 +22,7 @@ use crate::load::{AnyRunner, Device, build_runner};
 
 /// The text scored: prose written for it, then a frozen copy of one of this repository's source files.
 pub const TEXT: &str =
-    concat!(include_str!("../../../fixtures/kld/prose.txt"), "\n", include_str!("../../../fixtures/kld/code.rs"));
+    concat!(include_str!("../../../fixtures/kld/prose.txt"), "\n", include_str!("../../../fixtures/kld/code.txt"));
 
 #[derive(Debug, Clone)]
 pub struct Options {
