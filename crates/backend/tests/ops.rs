@@ -100,7 +100,7 @@ fn matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> (QMatrix,
 /// The weight types whose blocks divide `cols`.
 fn types_for(cols: usize) -> Vec<GgmlType> {
     let mut t = vec![GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0];
-    if cols % 256 == 0 {
+    if cols.is_multiple_of(256) {
         t.extend([GgmlType::Q4_K, GgmlType::Q6_K]);
     }
     t

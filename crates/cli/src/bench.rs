@@ -49,11 +49,37 @@ pub struct Args {
     workload: String,
     #[command(flatten)]
     spec_args: crate::spec::SpecArgs,
+    /// Measure correctness instead: mean KL divergence, top-1 agreement and perplexity of the backend (--device, or
+    /// each of --kld-devices) against the f32 reference over real text (code and prose), as llama-perplexity
+    /// --kl-divergence reports them.
+    #[arg(long)]
+    kld: bool,
+    /// With --kld: tokens per window; the second half of each window is scored.
+    #[arg(long, default_value_t = 512)]
+    kld_ctx: usize,
+    /// With --kld: positions to score at least (whole windows).
+    #[arg(long, default_value_t = 1024)]
+    kld_positions: usize,
+    /// With --kld: the backends to measure, against one reference pass (e.g. `cpu,cuda`); default: --device.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    kld_devices: Vec<crate::load::Device>,
 }
 
 pub fn main(a: Args) -> Result<()> {
     if a.spec {
         return spec_bench(&a);
+    }
+    if a.kld {
+        let devices = if a.kld_devices.is_empty() { vec![a.device] } else { a.kld_devices.clone() };
+        let o = crate::kld::Options { ctx: a.kld_ctx, positions: a.kld_positions, threads: a.threads };
+        for s in crate::kld::report(&a.model, &devices, &o)? {
+            if a.json {
+                println!("{}", crate::kld::json(&s));
+            } else {
+                crate::kld::print(&s);
+            }
+        }
+        return Ok(());
     }
     let loaded = load(&a.model, a.threads, a.device)?;
     let mut runner = loaded.runner;

@@ -39,6 +39,14 @@ pub struct Args {
     /// CPU threads for the reference (0 = all cores).
     #[arg(long, short, default_value_t = 0)]
     threads: usize,
+    /// Instead: both backends against the f32 reference over real text (`splash bench --kld --kld-devices
+    /// cpu,cuda`), and the gate of issue 24: CUDA's mean KL divergence at most 1.2 times the CPU's and its top-1
+    /// agreement at least the CPU's minus 0.5 points.
+    #[arg(long)]
+    reference: bool,
+    /// With --reference: tokens per window (the second half of each is scored).
+    #[arg(long, default_value_t = 512)]
+    kld_ctx: usize,
 }
 
 fn pseudo_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
@@ -87,7 +95,46 @@ fn summary(name: &str, errs: &mut [f64], top1: usize) -> (f64, f64) {
     (max, agree)
 }
 
+/// `--reference`: the CPU and CUDA backends' distance to the f32 reference, and the gate on CUDA's.
+fn against_reference(a: &Args) -> Result<()> {
+    use crate::load::Device;
+    let o = crate::kld::Options { ctx: a.kld_ctx, positions: a.positions.max(1024), threads: a.threads };
+    let s = crate::kld::report(&a.model, &[Device::Cpu, Device::Cuda], &o)?;
+    for x in &s {
+        crate::kld::print(x);
+    }
+    let (cpu, gpu) = (&s[0], &s[1]);
+    println!(
+        "cuda vs cpu: mean KLD {:.6} vs {:.6} ({:.2}x, gate <= 1.2x); top-1 {:.2}% vs {:.2}% (gate >= cpu - 0.5)",
+        gpu.kld_mean.0,
+        cpu.kld_mean.0,
+        gpu.kld_mean.0 / cpu.kld_mean.0.max(1e-12),
+        100.0 * gpu.same_top.0,
+        100.0 * cpu.same_top.0
+    );
+    let mut failed = Vec::new();
+    if gpu.kld_mean.0 > 1.2 * cpu.kld_mean.0 {
+        failed.push(format!("CUDA's mean KLD {:.6} > 1.2 x the CPU's {:.6}", gpu.kld_mean.0, cpu.kld_mean.0));
+    }
+    if 100.0 * gpu.same_top.0 < 100.0 * cpu.same_top.0 - 0.5 {
+        failed.push(format!(
+            "CUDA's top-1 {:.2}% < the CPU's {:.2}% - 0.5",
+            100.0 * gpu.same_top.0,
+            100.0 * cpu.same_top.0
+        ));
+    }
+    if failed.is_empty() {
+        println!("PASS");
+        Ok(())
+    } else {
+        bail!("FAIL: {}", failed.join("; "))
+    }
+}
+
 pub fn main(a: Args) -> Result<()> {
+    if a.reference {
+        return against_reference(&a);
+    }
     let path = crate::load::model_path(&a.model)?;
     let file = Arc::new(gguf::GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))?);
     if a.cpu_dump.is_some() || a.cpu_compare.is_some() {

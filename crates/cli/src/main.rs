@@ -3,6 +3,7 @@
 mod agents;
 mod bench;
 mod cuda_check;
+mod kld;
 mod load;
 mod ls;
 mod plan;

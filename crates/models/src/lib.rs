@@ -13,6 +13,7 @@ pub mod draft_head;
 mod error;
 pub mod kv_cache;
 pub mod prefix_store;
+pub mod reference;
 mod runner;
 pub mod transformer;
 mod weights;

@@ -87,7 +87,7 @@ fn write_f16(dst: &mut [u16], src: &[f32]) {
 
 fn norm_rows(op: &'static str, x: &CpuTensor, rows: usize, norm: &Norm<Vec<f32>>) -> Result<()> {
     check_rows(op, x, rows)?;
-    if norm.dim == 0 || norm.weight.len() != norm.dim || x.cols % norm.dim != 0 {
+    if norm.dim == 0 || norm.weight.len() != norm.dim || !x.cols.is_multiple_of(norm.dim) {
         return Err(shape_err(op, format!("a norm of {} over rows of {}", norm.dim, x.cols)));
     }
     Ok(())
@@ -108,7 +108,7 @@ impl Backend for CpuBackend {
     }
 
     fn write(&mut self, t: &mut CpuTensor, data: &[f32]) -> Result<()> {
-        if data.len() > t.data.len() || (t.cols > 0 && data.len() % t.cols != 0) {
+        if data.len() > t.data.len() || (t.cols > 0 && !data.len().is_multiple_of(t.cols)) {
             return Err(shape_err(
                 "write",
                 format!("{} values into a tensor of {} rows of {}", data.len(), t.capacity_rows(), t.cols),
@@ -272,7 +272,10 @@ impl Backend for CpuBackend {
 
     fn rope(&mut self, x: &mut CpuTensor, positions: &[usize], spec: &RopeSpec) -> Result<()> {
         check_rows("rope", x, positions.len())?;
-        if spec.head_dim == 0 || x.cols % spec.head_dim != 0 || spec.rope_dim > spec.head_dim || spec.rope_dim % 2 != 0
+        if spec.head_dim == 0
+            || !x.cols.is_multiple_of(spec.head_dim)
+            || spec.rope_dim > spec.head_dim
+            || !spec.rope_dim.is_multiple_of(2)
         {
             return Err(shape_err("rope", format!("{spec:?} over rows of {}", x.cols)));
         }

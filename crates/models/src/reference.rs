@@ -1,0 +1,500 @@
+//! The f32 reference forward pass: the oracle that every backend's correctness is measured against.
+//!
+//! A plain transformer over any GGUF file an `arch/` reader accepts (qwen2, llama, qwen3): weights are dequantized
+//! with `gguf::quant` (the scalar decoders that are bit-identical with ggml's), activations stay f32 (the norms, RoPE
+//! angles and softmax sums in f64) and the KV cache is f32, one growing vector per sequence and layer. It shares
+//! nothing with the backends' kernels (no quantized activations, no packed layouts, no paged cache): written from
+//! the maths, llama2.c style, so that a backend's distance to it is the backend's own error.
+//!
+//! Matrices stay quantized in the mapped file; each product dequantizes panels of rows into a small buffer per
+//! thread (plain `std::thread::scope` threads) and multiplies them with every row of the batch, so a long prompt
+//! reads each weight once and the memory held is a few panels, not an f32 copy of the model. The dot products keep
+//! eight partial sums in a fixed order, so the result does not depend on the machine's vector width.
+//!
+//! It implements [`Runner`], so anything that drives a runner (teacher-forced logits, greedy decoding, the KL
+//! divergence report of `splash bench --kld`) can run on it; it is slow (a full-precision product per weight per
+//! batch) and meant for measuring, not serving.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use backend::cpu::ops::RopeStyle;
+use gguf::{GgmlType, GgufFile};
+
+use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId};
+
+/// A `[rows, cols]` matrix left in the file in its stored type.
+struct Matrix {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    /// Byte range of the data within the file.
+    start: usize,
+    row_bytes: usize,
+}
+
+impl Matrix {
+    fn load(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Self> {
+        let t = tensor(file, name, &[cols as u64, rows as u64])?;
+        let row_bytes = t.ty.row_bytes(cols).filter(|_| gguf::quant::is_supported(t.ty));
+        let row_bytes = row_bytes.ok_or_else(|| Error::UnsupportedType { name: name.into(), ty: t.ty })?;
+        if row_bytes * rows != t.size_bytes as usize {
+            return Err(Error::BadShape { name: name.into(), found: t.dims.clone(), expected: vec![cols as u64] });
+        }
+        Ok(Matrix { ty: t.ty, rows, cols, start: (file.data_offset + t.offset) as usize, row_bytes })
+    }
+
+    /// Rows `r0..r0 + out.len() / cols` as f32.
+    fn rows_f32(&self, file: &GgufFile, r0: usize, out: &mut [f32]) {
+        let n = out.len() / self.cols;
+        let bytes = &file.bytes()[self.start + r0 * self.row_bytes..][..n * self.row_bytes];
+        gguf::quant::dequantize(self.ty, bytes, out).expect("INVARIANT: type and sizes were checked at load");
+    }
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: Matrix,
+    wk: Matrix,
+    wv: Matrix,
+    bias: Option<[Vec<f32>; 3]>,
+    qk_norm: Option<[Vec<f32>; 2]>,
+    wo: Matrix,
+    ffn_norm: Vec<f32>,
+    gate: Matrix,
+    up: Matrix,
+    down: Matrix,
+}
+
+/// One sequence's keys and values: per layer, `[len, kv_dim]` each.
+struct SeqKv {
+    len: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+/// The f32 reference model (see the module documentation).
+pub struct Reference {
+    cfg: ModelConfig,
+    file: Arc<GgufFile>,
+    token_embd: Matrix,
+    layers: Vec<Layer>,
+    output_norm: Vec<f32>,
+    output: Matrix,
+    /// Inverse frequency of each rotated pair.
+    inv_freq: Vec<f64>,
+    threads: usize,
+    seqs: HashMap<SeqId, SeqKv>,
+    logits: Vec<f32>,
+}
+
+fn tensor<'a>(file: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a gguf::TensorInfo> {
+    let t = file.tensor(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
+    if t.dims != dims {
+        return Err(Error::BadShape { name: name.into(), found: t.dims.clone(), expected: dims.to_vec() });
+    }
+    Ok(t)
+}
+
+fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
+    let t = tensor(file, name, &[n as u64])?;
+    let mut out = vec![0f32; n];
+    gguf::quant::dequantize(t.ty, file.tensor_data(t), &mut out)
+        .map_err(|_| Error::UnsupportedType { name: name.into(), ty: t.ty })?;
+    Ok(out)
+}
+
+impl Reference {
+    /// Reads the model from a parsed GGUF file; `threads == 0` uses every core.
+    pub fn new(file: Arc<GgufFile>, threads: usize) -> Result<Self> {
+        let cfg = crate::arch::config_from_gguf(&file)?;
+        let (h, qd, kvd, hd, ffn) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.ffn_size);
+        let f = &*file;
+        let token_embd = Matrix::load(f, "token_embd.weight", cfg.vocab_size, h)?;
+        let output = match f.tensor("output.weight") {
+            Some(_) => Matrix::load(f, "output.weight", cfg.vocab_size, h)?,
+            None => Matrix::load(f, "token_embd.weight", cfg.vocab_size, h)?,
+        };
+        let layers = (0..cfg.num_layers)
+            .map(|i| {
+                let n = |s: &str| format!("blk.{i}.{s}");
+                let bias = if cfg.qkv_bias {
+                    Some([
+                        vector(f, &n("attn_q.bias"), qd)?,
+                        vector(f, &n("attn_k.bias"), kvd)?,
+                        vector(f, &n("attn_v.bias"), kvd)?,
+                    ])
+                } else {
+                    None
+                };
+                let qk_norm = if cfg.qk_norm {
+                    Some([vector(f, &n("attn_q_norm.weight"), hd)?, vector(f, &n("attn_k_norm.weight"), hd)?])
+                } else {
+                    None
+                };
+                Ok(Layer {
+                    attn_norm: vector(f, &n("attn_norm.weight"), h)?,
+                    wq: Matrix::load(f, &n("attn_q.weight"), qd, h)?,
+                    wk: Matrix::load(f, &n("attn_k.weight"), kvd, h)?,
+                    wv: Matrix::load(f, &n("attn_v.weight"), kvd, h)?,
+                    bias,
+                    qk_norm,
+                    wo: Matrix::load(f, &n("attn_output.weight"), h, qd)?,
+                    ffn_norm: vector(f, &n("ffn_norm.weight"), h)?,
+                    gate: Matrix::load(f, &n("ffn_gate.weight"), ffn, h)?,
+                    up: Matrix::load(f, &n("ffn_up.weight"), ffn, h)?,
+                    down: Matrix::load(f, &n("ffn_down.weight"), h, ffn)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let output_norm = vector(f, "output_norm.weight", h)?;
+        let inv_freq = (0..cfg.rope_dim / 2)
+            .map(|i| (cfg.rope_theta as f64).powf(-2.0 * i as f64 / cfg.rope_dim as f64))
+            .collect();
+        let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+        Ok(Reference {
+            cfg,
+            file,
+            token_embd,
+            layers,
+            output_norm,
+            output,
+            inv_freq,
+            threads,
+            seqs: HashMap::new(),
+            logits: Vec::new(),
+        })
+    }
+
+    /// `out[t, r] = Σ_c x[t, c] · w[r, c]` for the `m` rows of `x` (`[m, w.cols]`); `out` is `[m, w.rows]`.
+    fn linear(&self, w: &Matrix, x: &[f32], m: usize, out: &mut [f32]) {
+        let (rows, cols) = (w.rows, w.cols);
+        // Rows of x padded to a multiple of the tile, so the kernel never has a ragged edge.
+        let m4 = m.div_ceil(TILE) * TILE;
+        let mut xp = vec![0f32; m4 * cols];
+        xp[..m * cols].copy_from_slice(&x[..m * cols]);
+        // Transposed result: each thread owns a contiguous range of weight rows.
+        let mut out_t = vec![0f32; rows * m4];
+        let per = rows.div_ceil(self.threads).div_ceil(PANEL) * PANEL;
+        std::thread::scope(|s| {
+            for (j, part) in out_t.chunks_mut(per * m4).enumerate() {
+                let (xp, file) = (&xp, &*self.file);
+                s.spawn(move || {
+                    let mut panel = vec![0f32; PANEL * cols];
+                    let r_begin = j * per;
+                    for (p, dst) in part.chunks_mut(PANEL * m4).enumerate() {
+                        let r0 = r_begin + p * PANEL;
+                        let n = dst.len() / m4;
+                        panel[n * cols..].fill(0.0);
+                        w.rows_f32(file, r0, &mut panel[..n * cols]);
+                        products(&panel, xp, cols, m4, n, dst);
+                    }
+                });
+            }
+        });
+        for t in 0..m {
+            for (r, o) in out[t * rows..(t + 1) * rows].iter_mut().enumerate() {
+                *o = out_t[r * m4 + t];
+            }
+        }
+    }
+
+    fn rope(&self, v: &mut [f32], pos: usize) {
+        let (hd, rd) = (self.cfg.head_dim, self.cfg.rope_dim);
+        for head in v.chunks_exact_mut(hd) {
+            for (i, &f) in self.inv_freq.iter().enumerate() {
+                let (sin, cos) = (pos as f64 * f).sin_cos();
+                let (a, b) = match self.cfg.rope_style {
+                    RopeStyle::Neox => (i, i + rd / 2),
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                };
+                let (x, y) = (head[a] as f64, head[b] as f64);
+                head[a] = (x * cos - y * sin) as f32;
+                head[b] = (x * sin + y * cos) as f32;
+            }
+        }
+    }
+
+    /// Causal attention of each row over its sequence's cached keys and values (which already hold the row itself).
+    fn attention(&self, q: &[f32], rows: &[(SeqId, usize)], li: usize, out: &mut [f32]) {
+        let cfg = &self.cfg;
+        let (qd, kvd, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let group = cfg.num_heads / cfg.num_kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let per = rows.len().div_ceil(self.threads).max(1);
+        std::thread::scope(|s| {
+            for (j, part) in out[..rows.len() * qd].chunks_mut(per * qd).enumerate() {
+                s.spawn(move || {
+                    let mut scores = Vec::new();
+                    for (i, o) in part.chunks_exact_mut(qd).enumerate() {
+                        let t = j * per + i;
+                        let (seq, pos) = rows[t];
+                        let kv = &self.seqs[&seq];
+                        let (k, v) = (&kv.k[li], &kv.v[li]);
+                        for hh in 0..cfg.num_heads {
+                            let qh = &q[t * qd + hh * hd..][..hd];
+                            let off = (hh / group) * hd;
+                            scores.clear();
+                            scores.extend((0..=pos).map(|p| dot(qh, &k[p * kvd + off..][..hd]) * scale));
+                            let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                            let mut sum = 0f64;
+                            for s in scores.iter_mut() {
+                                let e = ((*s - max) as f64).exp();
+                                sum += e;
+                                *s = e as f32;
+                            }
+                            let oh = &mut o[hh * hd..][..hd];
+                            let mut acc = vec![0f64; hd];
+                            for (p, &w) in scores.iter().enumerate() {
+                                for (a, &x) in acc.iter_mut().zip(&v[p * kvd + off..][..hd]) {
+                                    *a += w as f64 * x as f64;
+                                }
+                            }
+                            for (o, a) in oh.iter_mut().zip(acc) {
+                                *o = (a / sum) as f32;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    fn run(&mut self, batch: &Batch<'_>) -> Result<()> {
+        batch.validate(&self.cfg, |s| self.seq_len(s))?;
+        let cfg = self.cfg.clone();
+        let (h, qd, kvd, ffn) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_size);
+        let m = batch.num_tokens();
+        let rows: Vec<(SeqId, usize)> =
+            batch.chunks.iter().flat_map(|c| (0..c.tokens.len()).map(move |i| (c.seq, c.start_pos + i))).collect();
+        let mut x = vec![0f32; m * h];
+        for (t, tok) in batch.chunks.iter().flat_map(|c| c.tokens.iter()).enumerate() {
+            self.token_embd.rows_f32(&self.file, *tok as usize, &mut x[t * h..(t + 1) * h]);
+        }
+        for c in &batch.chunks {
+            let kv = self.seqs.entry(c.seq).or_insert_with(|| SeqKv {
+                len: 0,
+                k: vec![Vec::new(); cfg.num_layers],
+                v: vec![Vec::new(); cfg.num_layers],
+            });
+            kv.len += c.tokens.len();
+        }
+        let (mut xn, mut q, mut k, mut v) =
+            (vec![0f32; m * h], vec![0f32; m * qd], vec![0f32; m * kvd], vec![0f32; m * kvd]);
+        let (mut att, mut proj, mut g, mut u) =
+            (vec![0f32; m * qd], vec![0f32; m * h], vec![0f32; m * ffn], vec![0f32; m * ffn]);
+        for (li, l) in self.layers.iter().enumerate() {
+            rms_norm(&x, &l.attn_norm, cfg.rms_eps, &mut xn);
+            self.linear(&l.wq, &xn, m, &mut q);
+            self.linear(&l.wk, &xn, m, &mut k);
+            self.linear(&l.wv, &xn, m, &mut v);
+            if let Some([bq, bk, bv]) = &l.bias {
+                for (y, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
+                    for row in y.chunks_exact_mut(b.len()) {
+                        row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+                    }
+                }
+            }
+            if let Some([qn, kn]) = &l.qk_norm {
+                for (y, w) in [(&mut q, qn), (&mut k, kn)] {
+                    let tmp = y.clone();
+                    rms_norm(&tmp, w, cfg.rms_eps, y);
+                }
+            }
+            for (t, &(_, pos)) in rows.iter().enumerate() {
+                self.rope(&mut q[t * qd..(t + 1) * qd], pos);
+                self.rope(&mut k[t * kvd..(t + 1) * kvd], pos);
+            }
+            // Rows arrive in position order within each sequence, so appending keeps the cache in order.
+            for (t, &(seq, _)) in rows.iter().enumerate() {
+                let kv = self.seqs.get_mut(&seq).expect("INVARIANT: inserted above");
+                kv.k[li].extend_from_slice(&k[t * kvd..(t + 1) * kvd]);
+                kv.v[li].extend_from_slice(&v[t * kvd..(t + 1) * kvd]);
+            }
+            self.attention(&q, &rows, li, &mut att);
+            self.linear(&l.wo, &att, m, &mut proj);
+            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+
+            rms_norm(&x, &l.ffn_norm, cfg.rms_eps, &mut xn);
+            self.linear(&l.gate, &xn, m, &mut g);
+            self.linear(&l.up, &xn, m, &mut u);
+            for (a, &b) in g.iter_mut().zip(&u) {
+                *a = (*a as f64 / (1.0 + (-*a as f64).exp()) * b as f64) as f32;
+            }
+            self.linear(&l.down, &g, m, &mut proj);
+            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+        }
+
+        let mut want = Vec::new();
+        let mut t0 = 0;
+        for c in &batch.chunks {
+            let n = c.tokens.len();
+            match c.logits {
+                LogitsWanted::None => {}
+                LogitsWanted::Last => want.extend((n > 0).then(|| t0 + n - 1)),
+                LogitsWanted::All => want.extend(t0..t0 + n),
+            }
+            t0 += n;
+        }
+        let mut xr = vec![0f32; want.len() * h];
+        for (i, &t) in want.iter().enumerate() {
+            rms_norm(&x[t * h..(t + 1) * h], &self.output_norm, cfg.rms_eps, &mut xr[i * h..(i + 1) * h]);
+        }
+        let mut logits = std::mem::take(&mut self.logits);
+        logits.clear();
+        logits.resize(want.len() * cfg.vocab_size, 0.0);
+        if !want.is_empty() {
+            self.linear(&self.output, &xr, want.len(), &mut logits);
+        }
+        self.logits = logits;
+        Ok(())
+    }
+}
+
+/// Rows of weights dequantized at a time per thread.
+const PANEL: usize = 16;
+/// Rows of weights and of activations per register tile.
+const TILE: usize = 4;
+/// Partial sums per dot product.
+const LANES: usize = 8;
+
+/// `dst[r, t] = panel[r] · x[t]` for `n` panel rows (padded with zero rows to a multiple of [`TILE`] inside
+/// `panel`) and `m4` activation rows (a multiple of [`TILE`]).
+fn products(panel: &[f32], x: &[f32], cols: usize, m4: usize, n: usize, dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { products_avx2(panel, x, cols, m4, n, dst) };
+    }
+    products_plain(panel, x, cols, m4, n, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn products_avx2(panel: &[f32], x: &[f32], cols: usize, m4: usize, n: usize, dst: &mut [f32]) {
+    products_plain(panel, x, cols, m4, n, dst)
+}
+
+/// The same arithmetic, in the same order, whatever the instruction set it is compiled for.
+#[inline(always)]
+fn products_plain(panel: &[f32], x: &[f32], cols: usize, m4: usize, n: usize, dst: &mut [f32]) {
+    let body = cols / LANES * LANES;
+    for r0 in (0..n).step_by(TILE) {
+        let w: [&[f32]; TILE] = std::array::from_fn(|i| &panel[(r0 + i) * cols..][..cols]);
+        for t0 in (0..m4).step_by(TILE) {
+            let xs: [&[f32]; TILE] = std::array::from_fn(|i| &x[(t0 + i) * cols..][..cols]);
+            let mut acc = [[[0f32; LANES]; TILE]; TILE];
+            for c in (0..body).step_by(LANES) {
+                for (i, wi) in w.iter().enumerate() {
+                    let wv = &wi[c..c + LANES];
+                    for (j, xj) in xs.iter().enumerate() {
+                        let xv = &xj[c..c + LANES];
+                        for l in 0..LANES {
+                            acc[i][j][l] += wv[l] * xv[l];
+                        }
+                    }
+                }
+            }
+            for (i, wi) in w.iter().enumerate() {
+                if r0 + i >= n {
+                    break;
+                }
+                for (j, xj) in xs.iter().enumerate() {
+                    let mut s = reduce(&acc[i][j]);
+                    for c in body..cols {
+                        s += wi[c] * xj[c];
+                    }
+                    dst[(r0 + i) * m4 + t0 + j] = s;
+                }
+            }
+        }
+    }
+}
+
+fn reduce(a: &[f32; LANES]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let body = a.len() / LANES * LANES;
+    for c in (0..body).step_by(LANES) {
+        for l in 0..LANES {
+            acc[l] += a[c + l] * b[c + l];
+        }
+    }
+    let mut s = reduce(&acc);
+    for c in body..a.len() {
+        s += a[c] * b[c];
+    }
+    s
+}
+
+/// RMSNorm of each `w.len()`-wide row of `x` into `out`, the mean of squares in f64.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    for (xr, or) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
+        let ms = xr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / w.len() as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = (v as f64 * inv * g as f64) as f32;
+        }
+    }
+}
+
+impl Runner for Reference {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn forward(&mut self, batch: &Batch<'_>) -> Result<&[f32]> {
+        self.run(batch)?;
+        Ok(&self.logits)
+    }
+
+    fn seq_len(&self, seq: SeqId) -> usize {
+        self.seqs.get(&seq).map_or(0, |s| s.len)
+    }
+
+    fn truncate(&mut self, seq: SeqId, len: usize) {
+        let kvd = self.cfg.kv_dim();
+        if let Some(s) = self.seqs.get_mut(&seq) {
+            s.len = s.len.min(len);
+            for buf in s.k.iter_mut().chain(s.v.iter_mut()) {
+                buf.truncate(s.len * kvd);
+            }
+        }
+    }
+
+    fn release(&mut self, seq: SeqId) {
+        self.seqs.remove(&seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tiled products equal plain f64 dot products (to f32 rounding), for shapes with ragged rows and columns.
+    #[test]
+    fn products_are_dot_products() {
+        let mut s = 7u64;
+        let mut next = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for (n, m, cols) in [(16, 4, 64), (13, 8, 37), (3, 4, 5), (1, 4, 8)] {
+            let mut panel: Vec<f32> = (0..PANEL * cols).map(|_| next()).collect();
+            panel[n * cols..].fill(0.0);
+            let x: Vec<f32> = (0..m * cols).map(|_| next()).collect();
+            let mut dst = vec![f32::NAN; n * m];
+            products(&panel, &x, cols, m, n, &mut dst);
+            for r in 0..n {
+                for t in 0..m {
+                    let want: f64 = (0..cols).map(|c| panel[r * cols + c] as f64 * x[t * cols + c] as f64).sum();
+                    let got = dst[r * m + t] as f64;
+                    assert!((got - want).abs() < 1e-5, "n {n} m {m} cols {cols}: [{r},{t}] {got} vs {want}");
+                }
+            }
+        }
+    }
+}
