@@ -287,7 +287,10 @@ fn spec_bench(a: &Args) -> Result<()> {
     let template = loaded.template.ok_or_else(|| anyhow::anyhow!("{} has no chat template", a.model))?;
     let tokenizer = loaded.tokenizer.clone();
     let mut engine = Engine::new(loaded.runner, tokenizer.clone(), EngineConfig::default());
-    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec_args, a.threads, a.device, true)?;
+    let (draft, warning) = crate::spec::setup(&mut engine, &a.model, &a.spec_args, a.threads, a.device, true)?;
+    if let Some(w) = warning {
+        eprintln!("{w}");
+    }
     let costs = engine.pass_costs().clone();
     let mut prompts: Vec<(&str, String)> = Vec::new();
     if a.workload == "code" || a.workload == "all" {

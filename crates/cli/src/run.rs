@@ -68,7 +68,11 @@ pub fn main(a: Args) -> Result<()> {
     };
     sampling.validate().map_err(anyhow::Error::msg)?;
     let mut engine = Engine::new(runner, tokenizer.clone(), EngineConfig::default());
-    crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, a.device, false)?;
+    // With --stats, stderr is one JSON line: the warning goes into it.
+    let (_, costs_warning) = crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, a.device, false)?;
+    if let (Some(w), false) = (&costs_warning, a.stats) {
+        eprintln!("{w}");
+    }
     // A chat prompt (rendered with protected content), or with --raw the prompt as is.
     let encode = |conversation: &chat::Conversation| -> Result<Vec<u32>> {
         let template = template.as_ref().context("this model has no chat template; use --raw")?;
@@ -120,6 +124,7 @@ pub fn main(a: Args) -> Result<()> {
             "tokens_per_pass": engine.spec_stats().tokens_per_pass(),
             "draft_depth": engine.spec_stats().last_depth,
             "pass_costs": api::admin::pass_costs_json(&engine.spec_stats().costs),
+            "pass_costs_warning": costs_warning,
         });
         eprintln!("{stats}");
     }

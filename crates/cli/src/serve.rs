@@ -261,7 +261,10 @@ pub fn main(a: Args) -> Result<()> {
         tokenizer.clone(),
         EngineConfig { max_batch_tokens: plan.max_batch_tokens, ..EngineConfig::default() },
     );
-    let draft = crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, a.device, false)?;
+    let (draft, warning) = crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, a.device, false)?;
+    if let Some(w) = warning {
+        eprintln!("{w}");
+    }
     // Constrained decoding's token trie (~0.2 s for Qwen's vocabulary), built in the background once the engine is set
     // up (not during speculation's cost calibration, which it would skew).
     let warm_tokenizer = tokenizer.clone();

@@ -127,7 +127,8 @@ fn report_pairing(model: &str, args: &SpecArgs) {
 /// Loads the draft (if any) on `device`, sets the speculation config and sets the pass costs for the adaptive
 /// depth: from the cache in $SPLASH_HOME/calibration when this model pair, device, CPU and engine were measured before
 /// (the measurement takes a few seconds of start-up), else measured now and cached. `recalibrate` (or
-/// `--recalibrate`) always measures.
+/// `--recalibrate`) always measures. Returns the draft's name and, when a fresh measurement still fails its sanity
+/// check, why (decoding measures the costs anew; the caller says so where its output allows).
 pub fn setup(
     engine: &mut Engine<AnyRunner>,
     model: &str,
@@ -135,7 +136,7 @@ pub fn setup(
     threads: usize,
     device: crate::load::Device,
     recalibrate: bool,
-) -> Result<Option<String>> {
+) -> Result<(Option<String>, Option<String>)> {
     let recalibrate = recalibrate || args.recalibrate;
     engine.set_spec(args.config(args.mode));
     report_pairing(model, args);
@@ -156,7 +157,7 @@ pub fn setup(
         engine.set_draft(runner).with_context(|| format!("using {name} as draft"))?;
     }
     if args.mode == SpecMode::Off {
-        return Ok(draft_name);
+        return Ok((draft_name, None));
     }
     if let Some(file) = &args.pass_costs {
         let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
@@ -165,23 +166,26 @@ pub fn setup(
             eprintln!("pass costs from {}: {problem} (used as given)", file.display());
         }
         engine.set_pass_costs_measured_at(costs, modified_unix(file));
-        return Ok(draft_name);
+        return Ok((draft_name, None));
     }
     let cache = calibration_path(engine, &crate::load::model_path(model)?, draft_path.as_deref());
     let cached = if recalibrate { None } else { load_costs(&cache) };
+    let mut warning = None;
     match cached {
         Some(costs) => engine.set_pass_costs_measured_at(costs, modified_unix(&cache)),
         None => {
             engine.calibrate().context("measuring pass costs")?;
             if let Err(problem) = engine.pass_costs().check() {
-                eprintln!("pass costs look wrong after measuring again ({problem}); decoding measures them anew");
+                warning = Some(format!(
+                    "pass costs look wrong after measuring again ({problem}); decoding measures them anew"
+                ));
             }
             save_costs(&cache, engine.pass_costs());
         }
     }
     // What decoding learns is where the next start begins.
     engine.set_cost_sink(move |costs| save_costs(&cache, costs));
-    Ok(draft_name)
+    Ok((draft_name, warning))
 }
 
 /// The pass costs cached at `path`, if there are any that pass their sanity check ([`PassCosts::check`]); says why

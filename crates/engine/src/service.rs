@@ -882,7 +882,10 @@ mod tests {
         assert_eq!(collect(&mut waiting), (String::new(), Err(ServiceError::Cancelled)));
         assert!(running.blocking_next().is_none());
         assert_eq!(handle.submit(request("c", 5)).unwrap_err(), ServiceError::Cancelled);
-        wait_until("the sequences freed", || live.lock().unwrap().is_empty() && handle.stats().num_running == 0);
+        // The gauges are published after the sequences are freed: wait for both.
+        wait_until("the sequences freed", || {
+            live.lock().unwrap().is_empty() && handle.stats().num_running == 0 && handle.stats().kv.used_blocks == 0
+        });
         let stats = handle.stats();
         assert_eq!((stats.num_aborted, stats.num_waiting, stats.kv.used_blocks), (2, 0, 0));
     }
