@@ -138,9 +138,15 @@ fn sigterm_drains_then_cancels_and_the_disk_tier_is_warm_after_the_restart() {
     let num_prompt = cold["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(num_prompt > 600, "{cold}");
     // A stream that runs past the deadline, and a client that sends half a header and waits.
+    // A schema that asks for 100,000 numbers keeps the reply going whatever the machine's speed (without it the
+    // small model ends its count after ~120 tokens, in under 2 s on a quiet machine).
     let stream_body = serde_json::json!({
         "messages": [{"role": "user", "content": "Count from 1 to 100000, one number per line."}],
-        "max_tokens": 100000, "stream": true, "temperature": 0
+        "max_tokens": 100000, "stream": true, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "count", "schema": {
+            "type": "object", "required": ["numbers"],
+            "properties": {"numbers": {"type": "array", "items": {"type": "integer"}, "minItems": 100000}}
+        }}}
     });
     let mut stream = post(port, "/v1/chat/completions", &stream_body);
     let mut first = [0u8; 256];
