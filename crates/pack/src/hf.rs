@@ -61,16 +61,7 @@ pub fn download(
         have = 0;
     }
     if have < size_bytes {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(30)))
-            .timeout_recv_response(Some(Duration::from_secs(60)))
-            .build()
-            .into();
-        let mut req = agent.get(url).header("User-Agent", "splash");
-        if let Ok(token) = std::env::var("HF_TOKEN") {
-            req = req.header("Authorization", &format!("Bearer {token}"));
-        }
+        let mut req = hub_get(url);
         if have > 0 {
             req = req.header("Range", &format!("bytes={have}-"));
         }
@@ -149,4 +140,20 @@ pub(crate) fn sha256_file(path: &Path) -> Result<String> {
         h.update(&buf[..n]);
     }
     Ok(hex::encode(h.finalize()))
+}
+
+/// A GET of `url` on the hub: statuses returned rather than raised, bounded connect and response times, and
+/// `$HF_TOKEN` as the bearer token when set.
+pub(crate) fn hub_get(url: &str) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_connect(Some(Duration::from_secs(30)))
+        .timeout_recv_response(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let req = agent.get(url).header("User-Agent", "splash");
+    match std::env::var("HF_TOKEN") {
+        Ok(token) => req.header("Authorization", &format!("Bearer {token}")),
+        Err(_) => req,
+    }
 }

@@ -7,7 +7,6 @@
 //! it again while its size and time stay the same; without the network, such a file is used as it is.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::hf::{self, DownloadProgress};
@@ -59,17 +58,7 @@ impl HubFile {
 
 fn get_json(url: &str) -> Result<serde_json::Value> {
     let http = |m: String| Error::Http { url: url.to_string(), message: m };
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_connect(Some(Duration::from_secs(30)))
-        .timeout_recv_response(Some(Duration::from_secs(60)))
-        .build()
-        .into();
-    let mut req = agent.get(url).header("User-Agent", "splash");
-    if let Ok(token) = std::env::var("HF_TOKEN") {
-        req = req.header("Authorization", &format!("Bearer {token}"));
-    }
-    let resp = req.call().map_err(|e| http(e.to_string()))?;
+    let resp = crate::hf::hub_get(url).call().map_err(|e| http(e.to_string()))?;
     let status = resp.status().as_u16();
     if status != 200 {
         return Err(http(format!("HTTP {status}")));
