@@ -21,6 +21,7 @@ use std::sync::Arc;
 use backend::cpu::ops::RopeStyle;
 use gguf::{GgmlType, GgufFile};
 
+use crate::weights::{tensor, vector};
 use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId};
 
 /// A `[rows, cols]` matrix left in the file in its stored type.
@@ -86,22 +87,6 @@ pub struct Reference {
     threads: usize,
     seqs: HashMap<SeqId, SeqKv>,
     logits: Vec<f32>,
-}
-
-fn tensor<'a>(file: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a gguf::TensorInfo> {
-    let t = file.tensor(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
-    if t.dims != dims {
-        return Err(Error::BadShape { name: name.into(), found: t.dims.clone(), expected: dims.to_vec() });
-    }
-    Ok(t)
-}
-
-fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
-    let t = tensor(file, name, &[n as u64])?;
-    let mut out = vec![0f32; n];
-    gguf::quant::dequantize(t.ty, file.tensor_data(t), &mut out)
-        .map_err(|_| Error::UnsupportedType { name: name.into(), ty: t.ty })?;
-    Ok(out)
 }
 
 impl Reference {

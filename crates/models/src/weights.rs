@@ -89,7 +89,7 @@ impl Weights {
     }
 }
 
-fn tensor<'a>(file: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a gguf::TensorInfo> {
+pub(crate) fn tensor<'a>(file: &'a GgufFile, name: &str, dims: &[u64]) -> Result<&'a gguf::TensorInfo> {
     let t = file.tensor(name).ok_or_else(|| Error::MissingTensor(name.into()))?;
     if t.dims != dims {
         return Err(Error::BadShape { name: name.into(), found: t.dims.clone(), expected: dims.to_vec() });
@@ -111,7 +111,7 @@ fn matrix(file: &Arc<GgufFile>, name: &str, rows: usize, cols: usize) -> Result<
 }
 
 /// A vector of `n` values, converted to f32.
-fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
+pub(crate) fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
     let t = tensor(file, name, &[n as u64])?;
     let mut out = vec![0f32; n];
     gguf::quant::dequantize(t.ty, file.tensor_data(t), &mut out)
