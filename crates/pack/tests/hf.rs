@@ -1,11 +1,13 @@
 //! `hf::download` against a local imitation of the Hugging Face resolve API: a plain download, a redirect to a "CDN",
 //! an interrupted download that resumes with a Range request, and a hash mismatch that is refused and deleted.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
+
+mod common;
 
 const SIZE: usize = 300_000;
 
@@ -37,22 +39,7 @@ fn hub() -> (String, RequestLog) {
         let mut flaky_calls = 0;
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-            let mut first = String::new();
-            if reader.read_line(&mut first).is_err() {
-                continue;
-            }
-            let path = first.split_whitespace().nth(1).unwrap_or("").to_string();
-            let mut range = None;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("range:") {
-                    range = Some(v.trim().to_string());
-                }
-            }
+            let Some((path, range)) = common::read_request(&stream) else { continue };
             log2.lock().expect("log").push((path.clone(), range.clone()));
             let start: usize = range
                 .as_deref()

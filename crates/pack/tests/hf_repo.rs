@@ -3,12 +3,14 @@
 //! verified file is not fetched again, a file whose listed hash is wrong is refused, and without the hub an earlier
 //! verified pull is used.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
 use pack::hf_repo::{self, HubSpec};
 use sha2::{Digest, Sha256};
+
+mod common;
 
 const SIZE: usize = 200_000;
 
@@ -37,22 +39,7 @@ fn hub() -> (String, RequestLog) {
         let mut q4_calls = 0;
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-            let mut first = String::new();
-            if reader.read_line(&mut first).is_err() {
-                continue;
-            }
-            let path = first.split_whitespace().nth(1).unwrap_or("").to_string();
-            let mut range = None;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("range:") {
-                    range = Some(v.trim().to_string());
-                }
-            }
+            let Some((path, range)) = common::read_request(&stream) else { continue };
             log2.lock().expect("log").push((path.clone(), range.clone()));
             let json = |stream: &mut std::net::TcpStream, j: &str| {
                 let _ =
