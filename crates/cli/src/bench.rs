@@ -60,6 +60,10 @@ pub struct Args {
     /// With --kld: positions to score at least (whole windows).
     #[arg(long, default_value_t = 1024)]
     kld_positions: usize,
+    /// With --kld: rows per chunk of the backends' scored half, a report for each (0 = the whole half, a prefill
+    /// chunk; 1 = decode steps; k+1 = speculative verification rows), e.g. `0,1,5`.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    kld_rows: Vec<usize>,
     /// With --kld: the backends to measure, against one reference pass (e.g. `cpu,cuda`); default: --device.
     #[arg(long, value_enum, value_delimiter = ',')]
     kld_devices: Vec<crate::load::Device>,
@@ -71,7 +75,12 @@ pub fn main(a: Args) -> Result<()> {
     }
     if a.kld {
         let devices = if a.kld_devices.is_empty() { vec![a.device] } else { a.kld_devices.clone() };
-        let o = crate::kld::Options { ctx: a.kld_ctx, positions: a.kld_positions, threads: a.threads };
+        let o = crate::kld::Options {
+            ctx: a.kld_ctx,
+            positions: a.kld_positions,
+            threads: a.threads,
+            rows: a.kld_rows.clone(),
+        };
         for s in crate::kld::report(&a.model, &devices, &o)? {
             if a.json {
                 println!("{}", crate::kld::json(&s));

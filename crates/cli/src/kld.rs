@@ -5,7 +5,9 @@
 //! The text (fixtures/kld: prose, then code of this repository; built into the binary) is tokenized with the model's
 //! tokenizer and cut into windows of `ctx` tokens, as llama-perplexity does: the first half of each window is
 //! context only, and the positions `ctx/2 .. ctx-1` are scored (each predicting the next token of the window), so
-//! every scored position sees at least `ctx/2` tokens. Per position: KL(reference ‖ backend) over the whole
+//! every scored position sees at least `ctx/2` tokens. The backends' scored half runs in chunks of `rows` rows
+//! (`--kld-rows`): the whole half (a prefill chunk, the default), or 1 (decode steps) or k+1 (speculative
+//! verification), so each of a backend's paths — a GPU runs other kernels for a few rows than for many — is measured. Per position: KL(reference ‖ backend) over the whole
 //! vocabulary, both distributions' log-probability of the true next token (perplexities), whether the two argmaxes
 //! agree, and Δp (the backend's probability of the true token minus the reference's). Each window runs as two
 //! chunks (context, then the scored half with every row's logits), on the reference and on each backend in turn,
@@ -32,6 +34,8 @@ pub struct Options {
     pub positions: usize,
     /// CPU threads of the reference and a CPU backend (0 = all cores).
     pub threads: usize,
+    /// Rows per chunk of a backend's scored half, one report per entry (0 = the whole half in one chunk).
+    pub rows: Vec<usize>,
 }
 
 /// One backend's numbers against the reference.
@@ -135,12 +139,18 @@ impl Stats {
     }
 }
 
-/// One window's scored logits: the context half without logits, then the scored half with every row's.
-fn window_logits(r: &mut dyn Runner, window: &[u32], first: usize) -> Result<Vec<f32>> {
+/// One window's scored logits: the context half without logits, then the scored half with every row's, in chunks
+/// of `rows` rows (0: one chunk).
+fn window_logits(r: &mut dyn Runner, window: &[u32], first: usize, rows: usize) -> Result<Vec<f32>> {
     let seq = SeqId(1);
     let batch = |tokens, start_pos, logits| Batch { chunks: vec![SeqChunk { seq, tokens, start_pos, logits }] };
     r.forward(&batch(&window[..first], 0, LogitsWanted::None))?;
-    let out = r.forward(&batch(&window[first..], first, LogitsWanted::All))?.to_vec();
+    let scored = &window[first..];
+    let mut out = Vec::new();
+    for (i, chunk) in scored.chunks(if rows == 0 { scored.len() } else { rows }).enumerate() {
+        let start = first + i * rows;
+        out.extend_from_slice(r.forward(&batch(chunk, start, LogitsWanted::All))?);
+    }
     r.release(seq);
     Ok(out)
 }
@@ -168,21 +178,33 @@ pub fn report(model: &str, devices: &[Device], o: &Options) -> Result<Vec<Summar
     ids.truncate(windows * o.ctx);
     let mut reference = Reference::new(file.clone(), o.threads).context("loading the f32 reference")?;
     let vocab = reference.config().vocab_size;
-    let mut backends: Vec<(String, AnyRunner, Stats)> = Vec::new();
+    let rows = if o.rows.is_empty() { vec![0] } else { o.rows.clone() };
+    // Per backend: its runner and, per entry of `rows`, its name and statistics.
+    let mut backends: Vec<(AnyRunner, Vec<(String, Stats)>)> = Vec::new();
     for &d in devices {
         let r = build_runner(file.clone(), o.threads, d)?;
         if r.config().max_context < o.ctx {
             bail!("--kld-ctx {} exceeds the model's context of {}", o.ctx, r.config().max_context);
         }
-        backends.push((r.device_name(), r, Stats::default()));
+        let name = |&n: &usize| match (n, rows.len()) {
+            (_, 1) if n == 0 => r.device_name(),
+            (0, _) => format!("{}, scored rows in one chunk", r.device_name()),
+            _ => format!("{}, scored rows in chunks of {n}", r.device_name()),
+        };
+        let stats = rows.iter().map(|n| (name(n), Stats::default())).collect();
+        backends.push((r, stats));
     }
     eprintln!(
-        "kld: {} ({}), {} windows of {} tokens, {} scored positions, vocabulary {vocab}",
+        "kld: {} ({}), {} windows of {} tokens, {} scored positions, vocabulary {vocab}, backends' scored rows {}",
         path.display(),
         reference.config().arch.name(),
         windows,
         o.ctx,
-        windows * per_window
+        windows * per_window,
+        rows.iter()
+            .map(|&n| if n == 0 { "in one chunk".to_string() } else { format!("in chunks of {n}") })
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     for (w, window) in ids.chunks_exact(o.ctx).enumerate() {
         let mut window = window.to_vec();
@@ -191,19 +213,21 @@ pub fn report(model: &str, devices: &[Device], o: &Options) -> Result<Vec<Summar
             window[0] = bos;
         }
         let t = Instant::now();
-        let want = window_logits(&mut reference, &window, first)?;
+        let want = window_logits(&mut reference, &window, first, 0)?;
         let t_ref = t.elapsed().as_secs_f64();
         let next = &window[first + 1..];
         let mut times = Vec::new();
-        for (_, r, stats) in &mut backends {
-            let t = Instant::now();
-            let got = window_logits(r, &window, first)?;
-            times.push(t.elapsed().as_secs_f64());
-            if got.len() != want.len() {
-                bail!("the backend returned {} logits for {} (a narrowed output head?)", got.len(), want.len());
+        for (r, stats) in &mut backends {
+            for (&n, (_, stats)) in rows.iter().zip(stats) {
+                let t = Instant::now();
+                let got = window_logits(r, &window, first, n)?;
+                times.push(t.elapsed().as_secs_f64());
+                if got.len() != want.len() {
+                    bail!("the backend returned {} logits for {} (a narrowed output head?)", got.len(), want.len());
+                }
+                let values = per_window * vocab;
+                stats.add(&want[..values], &got[..values], vocab, next);
             }
-            let rows = per_window * vocab;
-            stats.add(&want[..rows], &got[..rows], vocab, next);
         }
         eprintln!(
             "kld: window {}/{windows}: reference {t_ref:.1} s, backends {}",
@@ -211,7 +235,7 @@ pub fn report(model: &str, devices: &[Device], o: &Options) -> Result<Vec<Summar
             times.iter().map(|t| format!("{t:.1} s")).collect::<Vec<_>>().join(", ")
         );
     }
-    Ok(backends.into_iter().map(|(name, _, s)| s.summary(name)).collect())
+    Ok(backends.into_iter().flat_map(|(_, stats)| stats).map(|(name, s)| s.summary(name)).collect())
 }
 
 /// Prints a summary in llama-perplexity's layout.
