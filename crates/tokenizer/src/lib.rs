@@ -10,6 +10,7 @@
 mod bytes;
 mod detokenizer;
 mod error;
+mod memo;
 mod pretokenizer;
 mod prompt;
 mod tokenizer;

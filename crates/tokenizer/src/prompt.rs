@@ -27,6 +27,7 @@
 use std::borrow::Cow;
 
 use crate::error::Result;
+use crate::memo;
 use crate::tokenizer::{Fragment, Tokenizer};
 
 /// Marks a place in a prompt that no control-token text may span.
@@ -121,6 +122,8 @@ impl Tokenizer {
 
     /// Token ids of a chat prompt whose content went through [`Tokenizer::protect`]: control tokens where the
     /// template's text has them, everything else plain text (user-defined tokens still match). Without BOS/EOS.
+    /// Long pieces between control tokens (a conversation's messages) are remembered (`memo.rs`), so a turn that
+    /// re-sends a conversation runs BPE over its new messages only.
     pub fn encode_prompt(&self, prompt: &str) -> Result<Vec<u32>> {
         let mut ids = Vec::with_capacity(prompt.len() / 3 + 1);
         let mut piece = String::new();
@@ -130,7 +133,15 @@ impl Tokenizer {
                 Fragment::Text(start, end) => {
                     piece.clear();
                     unmark_into(&prompt[start..end], &mut piece);
-                    self.encode_into(&piece, false, &mut ids)?;
+                    if piece.len() < memo::MIN_BYTES {
+                        self.encode_into(&piece, false, &mut ids)?;
+                    } else if let Some(known) = self.memo.get(&piece) {
+                        ids.extend_from_slice(&known);
+                    } else {
+                        let from = ids.len();
+                        self.encode_into(&piece, false, &mut ids)?;
+                        self.memo.put(&piece, &ids[from..]);
+                    }
                 }
             }
         }

@@ -11,6 +11,7 @@ use tokenizers::models::bpe::BPE;
 
 use crate::bytes;
 use crate::error::{Error, Result};
+use crate::memo::Memo;
 use crate::pretokenizer::PreTokenizer;
 use crate::prompt::{self, Guard};
 use crate::vocab::{SpecialIds, Vocab, attr};
@@ -32,6 +33,8 @@ pub struct Tokenizer {
     add_eos: bool,
     /// The control-token texts content must not spell in a chat prompt.
     guard: Guard,
+    /// Ids of long chat-prompt pieces already tokenized ([`Tokenizer::encode_prompt`]).
+    pub(crate) memo: Memo,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -99,6 +102,7 @@ impl Tokenizer {
             add_bos,
             add_eos,
             guard,
+            memo: Memo::default(),
         })
     }
 
