@@ -298,17 +298,21 @@ impl Runner for CpuRunner {
 
     fn idle_work(&mut self) -> bool {
         let Some(store) = self.store.as_mut() else { return false };
-        let pending: Vec<(kv_cache::BlockHash, u32)> =
-            self.table.registered().filter(|(h, _)| !store.contains(h)).map(|(h, b)| (*h, b)).take(9).collect();
-        for &(h, b) in pending.iter().take(8) {
-            if let Err(e) = store.save(&h, &self.kv.blocks[b as usize]) {
+        let blocks = &self.kv.blocks;
+        let fetch = |b: u32, buf: &mut Vec<u16>| {
+            buf.clear();
+            buf.extend_from_slice(&blocks[b as usize]);
+            Ok(())
+        };
+        match store.save_pending(&self.table, &mut Vec::new(), fetch) {
+            Ok(more) => more,
+            Err(e) => {
                 // A full or read-only disk only costs the warm restart; stop trying.
                 eprintln!("warning: prefix cache on disk disabled: {e}");
                 self.store = None;
-                return false;
+                false
             }
         }
-        pending.len() > 8
     }
 
     fn kv_usage(&self) -> KvUsage {

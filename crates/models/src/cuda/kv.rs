@@ -14,14 +14,12 @@
 use sha2::{Digest, Sha256};
 
 use super::{CudaOptions, CudaRunner, PAGE_SIZE};
-use crate::kv_cache::{BlockHash, chain_hash};
+use crate::kv_cache::chain_hash;
 use crate::prefix_store::{PrefixStore, model_identity};
 use crate::{Result, SeqId};
 
 /// Pages read back from disk together (on several threads) before they are copied to the device.
 const LOAD_BATCH: usize = 32;
-/// Pages written to disk per [`CudaRunner::save_idle_pages`] call (then the engine checks for work again).
-const SAVE_PER_CALL: usize = 8;
 
 /// The disk tier's identity of a model on this backend: the file's identity, the kernel source (every constant and
 /// instantiation) and the switches that change which kernels write the KV.
@@ -130,28 +128,23 @@ impl CudaRunner {
         }
     }
 
-    /// [`crate::Runner::idle_work`]: a few cached pages not yet on disk written there; true if more remain.
+    /// [`crate::Runner::idle_work`]: cached pages not yet on disk written there for a few milliseconds
+    /// ([`PrefixStore::save_pending`]); true if more remain.
     pub(super) fn save_idle_pages(&mut self) -> bool {
-        let Some(store) = self.store.as_ref() else { return false };
-        let pending: Vec<(BlockHash, u32)> = self
-            .table
-            .registered()
-            .filter(|(h, _)| !store.contains(h))
-            .map(|(h, b)| (*h, b))
-            .take(SAVE_PER_CALL + 1)
-            .collect();
+        let Some(mut store) = self.store.take() else { return false };
         let mut buf = vec![0u16; self.page_values()];
-        for &(h, b) in pending.iter().take(SAVE_PER_CALL) {
-            let saved = self.download_page(b, &mut buf).map_err(|e| e.to_string()).and_then(|()| {
-                self.store.as_mut().expect("INVARIANT: checked above").save(&h, &buf).map_err(|e| e.to_string())
-            });
-            if let Err(e) = saved {
+        let saved =
+            store.save_pending(&self.table, &mut buf, |b, buf| self.download_page(b, buf).map_err(|e| e.to_string()));
+        match saved {
+            Ok(more) => {
+                self.store = Some(store);
+                more
+            }
+            Err(e) => {
                 // A full or read-only disk (or a failed copy) only costs the warm restart; stop trying.
                 eprintln!("warning: prefix cache on disk disabled: {e}");
-                self.store = None;
-                return false;
+                false
             }
         }
-        pending.len() > SAVE_PER_CALL
     }
 }
