@@ -125,7 +125,7 @@ impl PrefixStore {
     /// Reads blocks `hs[i]` into `dsts[i]` on several threads (reading and checking a block is independent of the
     /// others); returns how many of the first blocks loaded before the first that failed (missing or failing a
     /// check; those are removed as in [`Self::load`]).
-    pub fn load_many(&mut self, hs: &[BlockHash], dsts: &mut [Vec<u16>]) -> usize {
+    pub fn load_many<D: AsMut<[u16]> + Send>(&mut self, hs: &[BlockHash], dsts: &mut [D]) -> usize {
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(1, 16);
         let per = hs.len().div_ceil(threads).max(1);
         let ok: Vec<bool> = std::thread::scope(|sc| {
@@ -137,7 +137,7 @@ impl PrefixStore {
                     sc.spawn(move || {
                         hs.iter()
                             .zip(ds)
-                            .map(|(h, d)| this.contains(h) && this.read(h, d).unwrap_or(false))
+                            .map(|(h, d)| this.contains(h) && this.read(h, d.as_mut()).unwrap_or(false))
                             .collect::<Vec<bool>>()
                     })
                 })

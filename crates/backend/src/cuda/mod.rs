@@ -447,6 +447,7 @@ unsafe impl Send for Blas {}
 pub trait PinnedValue: Copy {}
 impl PinnedValue for f32 {}
 impl PinnedValue for u32 {}
+impl PinnedValue for u16 {}
 
 /// Page-locked host memory holding `T` values, freed on drop.
 pub struct Pinned<T: PinnedValue> {

@@ -14,12 +14,16 @@
 use sha2::{Digest, Sha256};
 
 use super::{CudaOptions, CudaRunner, PAGE_SIZE};
+use backend::cuda::Pinned;
+
 use crate::kv_cache::chain_hash;
 use crate::prefix_store::{PrefixStore, model_identity};
 use crate::{Result, SeqId};
 
-/// Pages read back from disk together (on several threads) before they are copied to the device.
+/// Pages read back from disk together (on several threads) before they are copied to the device, at most ...
 const LOAD_BATCH: usize = 32;
+/// ... and at most this many bytes of page-locked staging (a 32B model's page is 16 MiB).
+const STAGE_BYTES: usize = 256 << 20;
 
 /// The disk tier's identity of a model on this backend: the file's identity, the kernel source (every constant and
 /// instantiation) and the switches that change which kernels write the KV.
@@ -81,21 +85,32 @@ impl CudaRunner {
     }
 
     /// [`crate::Runner::attach_prefix`]: the longest prefix of `tokens` in cached pages, then from disk while the
-    /// next page is there and intact and a page is free: [`LOAD_BATCH`] pages at a time read and checked on several
-    /// threads, then copied to the device.
+    /// next page is there and intact and a page is free: batches of pages read and checked on several threads into
+    /// page-locked staging (so the copies to the device run at the link's speed, asynchronously), then copied.
     pub(super) fn attach_cached_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
-        let mut n = self.table.attach_prefix(seq, tokens);
+        let n = self.table.attach_prefix(seq, tokens);
         if self.store.is_none() {
             return n;
         }
-        let mut bufs: Vec<Vec<u16>> = Vec::new();
+        let mut stage = self.stage.take();
+        let n = self.attach_from_disk(seq, tokens, n, &mut stage);
+        // The copies read the staging: done before it is written again.
+        if let Err(e) = self.gpu.sync() {
+            eprintln!("warning: reading prefix pages back onto the GPU failed: {e}");
+        }
+        self.stage = stage;
+        n
+    }
+
+    fn attach_from_disk(&mut self, seq: SeqId, tokens: &[u32], mut n: usize, stage: &mut Option<Pinned<u16>>) -> usize {
         let values = self.page_values();
+        let batch = (STAGE_BYTES / (2 * values)).clamp(1, LOAD_BATCH);
         loop {
             // The next pages' hashes, while the disk has them.
             let mut hashes = Vec::new();
             let mut prev = self.table.last_hash(seq);
-            let store = self.store.as_mut().expect("INVARIANT: checked above");
-            while hashes.len() < LOAD_BATCH && n + (hashes.len() + 1) * PAGE_SIZE <= tokens.len() {
+            let store = self.store.as_mut().expect("INVARIANT: checked by the caller");
+            while hashes.len() < batch && n + (hashes.len() + 1) * PAGE_SIZE <= tokens.len() {
                 let at = n + hashes.len() * PAGE_SIZE;
                 let h = chain_hash(&prev, &tokens[at..at + PAGE_SIZE]);
                 if !store.contains(&h) {
@@ -107,8 +122,22 @@ impl CudaRunner {
             if hashes.is_empty() {
                 return n;
             }
-            bufs.resize_with(hashes.len(), || vec![0u16; values]);
-            let loaded = store.load_many(&hashes, &mut bufs[..hashes.len()]);
+            if stage.is_none() {
+                match self.gpu.alloc_pinned::<u16>(batch * values) {
+                    Ok(s) => *stage = Some(s),
+                    Err(e) => {
+                        eprintln!("warning: no page-locked memory for reading prefix pages back: {e}");
+                        return n;
+                    }
+                }
+            }
+            let staging = stage.as_mut().expect("INVARIANT: allocated above").as_mut_slice();
+            let mut bufs: Vec<&mut [u16]> = staging.chunks_mut(values).take(hashes.len()).collect();
+            // The previous batch's copies read the same staging.
+            if self.gpu.sync().is_err() {
+                return n;
+            }
+            let loaded = store.load_many(&hashes, &mut bufs);
             for (h, buf) in hashes.iter().zip(&bufs).take(loaded) {
                 let chunk = &tokens[n..n + PAGE_SIZE];
                 let Some(b) = self.table.attach_loaded(seq, *h, chunk) else { return n };

@@ -229,6 +229,7 @@ impl CudaRunner {
             table: BlockTable::with_block_tokens(num_pages, PAGE_SIZE),
             page_bytes,
             store: None,
+            stage: None,
             identity,
             scratch: None,
             graphs: HashMap::new(),

@@ -126,6 +126,8 @@ pub struct CudaRunner {
     pub(super) page_bytes: usize,
     /// Prefix pages on disk, when enabled (`kv.rs`).
     pub(super) store: Option<PrefixStore>,
+    /// Page-locked staging for pages read back from disk (allocated at the first read: `kv.rs`).
+    pub(super) stage: Option<backend::cuda::Pinned<u16>>,
     /// The model's identity for the disk tier (`prefix_store::model_identity`, with the device's KV layout).
     pub(super) identity: String,
     pub(super) scratch: Option<Scratch>,
