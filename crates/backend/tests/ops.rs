@@ -2,7 +2,8 @@
 //! 32B and an odd small one), against plain f32/f64 references written here (llm.c's `dev/cuda` habit). Outputs are
 //! poisoned (NaN-filled) before each op, so a row the op forgets to write fails the test.
 //!
-//! `cargo test --release -p splash-backend --test ops` (the CUDA half skips without a GPU).
+//! `cargo test --release -p splash-backend --test ops` (the CUDA half skips without a GPU; `SPLASH_CUDA_CACHE=DIR`
+//! keeps its compiled kernels).
 //!
 //! Tolerances, per op (the numbers `Backend` promises):
 //! - embedding, gather_rows, add: exact;
@@ -513,12 +514,12 @@ macro_rules! backend_tests {
             $(
                 #[test]
                 fn $op() {
-                    // The CUDA implementation of `Backend` comes with the core-cuda work: construct it here when
-                    // `backend::cuda::available()` and run `super::$op(&mut it)`.
-                    match backend::cuda::available() {
-                        Ok(()) => eprintln!("skipped: no CUDA implementation of backend::Backend yet"),
-                        Err(e) => eprintln!("skipped: no GPU ({e})"),
+                    if let Err(e) = backend::cuda::available() {
+                        eprintln!("skipped: no GPU ({e})");
+                        return;
                     }
+                    let cache = std::env::var_os("SPLASH_CUDA_CACHE").map(std::path::PathBuf::from);
+                    super::$op(&mut backend::cuda::CudaBackend::new(0, cache).expect("CUDA backend"));
                 }
             )*
         }

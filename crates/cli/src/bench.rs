@@ -147,7 +147,7 @@ pub fn main(a: Args) -> Result<()> {
             last = if a.candidates > 0 {
                 runner.forward_candidates(&batch, a.candidates)?.first().and_then(|c| c.first()).map_or(0, |c| c.0)
             } else if i + 1 < a.gen_tokens {
-                runner.forward_argmax_ahead(&batch)?.first().copied().unwrap_or(0)
+                runner.forward_argmax_then(&batch, models::NextStep::FedPicks)?.first().copied().unwrap_or(0)
             } else {
                 // The last step: nothing follows it (as the engine, which starts no step past the output limit).
                 runner.forward_argmax(&batch)?.first().copied().unwrap_or(0)

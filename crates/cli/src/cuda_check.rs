@@ -362,7 +362,7 @@ pub fn main(a: Args) -> Result<()> {
         if dev_same { "identical" } else { "DIFFER" }
     );
 
-    // Decode ahead (`forward_argmax_ahead`: each step enqueued, fed on the device, before the pick before it comes
+    // Decode ahead (`forward_argmax_then` told `NextStep::FedPicks`: each step enqueued, fed on the device, before the pick before it comes
     // back) against plain steps; halfway the caller feeds a token other than the pick, as a stop or a constraint
     // would, so the step started ahead is dropped and the next one runs afresh; the last step is asked for with
     // `forward_argmax`, which takes the step under way and starts none (as the engine at its output limit).
@@ -371,7 +371,11 @@ pub fn main(a: Args) -> Result<()> {
         let vocab = gpu.config().vocab_size as u32;
         let mut decode = |id: SeqId, ahead: bool| -> Result<Vec<u32>> {
             let pick = |gpu: &mut CudaRunner, b: &Batch<'_>, ahead: bool| -> Result<u32> {
-                let ids = if ahead { gpu.forward_argmax_ahead(b)? } else { gpu.forward_argmax(b)? };
+                let ids = if ahead {
+                    gpu.forward_argmax_then(b, models::NextStep::FedPicks)?
+                } else {
+                    gpu.forward_argmax(b)?
+                };
                 Ok(ids.first().copied().unwrap_or(u32::MAX))
             };
             let mut next = pick(&mut gpu, &one(id, p, 0, LogitsWanted::Last), ahead)?;

@@ -103,10 +103,10 @@ impl Runner for AnyRunner {
             AnyRunner::Cuda(r) => r.forward_argmax(batch),
         }
     }
-    fn forward_argmax_ahead(&mut self, batch: &Batch<'_>) -> models::Result<Vec<u32>> {
+    fn forward_argmax_then(&mut self, batch: &Batch<'_>, next: models::NextStep) -> models::Result<Vec<u32>> {
         match self {
-            AnyRunner::Cpu(r) => r.forward_argmax_ahead(batch),
-            AnyRunner::Cuda(r) => r.forward_argmax_ahead(batch),
+            AnyRunner::Cpu(r) => r.forward_argmax_then(batch, next),
+            AnyRunner::Cuda(r) => r.forward_argmax_then(batch, next),
         }
     }
     fn forward_top(&mut self, batch: &Batch<'_>) -> models::Result<Vec<(u32, f32)>> {

@@ -16,7 +16,7 @@ mod stop;
 use std::sync::Arc;
 use std::time::Instant;
 
-use models::{Batch, LogitsWanted, Runner, SeqChunk, SeqId};
+use models::{Batch, LogitsWanted, NextStep, Runner, SeqChunk, SeqId};
 use tokenizer::{Detokenizer, Tokenizer};
 
 pub use models::KvUsage;
@@ -1182,19 +1182,18 @@ impl<R: Runner> Engine<R> {
         };
         let target_start = (self.clock)();
         // One sequence decoding alone, with no speculation that could turn its next step into more rows and a next
-        // step to come (this pick is not its last by the output limit): the runner may start that step before this
-        // one's pick comes back (decode ahead).
-        let ahead = argmax_only
+        // step to come (this pick is not its last by the output limit): its pick is fed back next, and the runner is
+        // told so (a GPU may then start that step before this one's pick comes back).
+        let feeds_picks = argmax_only
             && prefills.is_empty()
             && batch.num_tokens() == 1
             && scheduled.iter().all(|&(i, _, _)| {
                 let s = &self.seqs[i];
                 !self.may_propose(s) && s.num_output_tokens() + 1 < s.max_tokens
             });
-        let out = if ahead {
-            RowsOut::Picks(self.runner.forward_argmax_ahead(&batch)?)
-        } else if argmax_only {
-            RowsOut::Picks(self.runner.forward_argmax(&batch)?)
+        let out = if argmax_only {
+            let next = if feeds_picks { NextStep::FedPicks } else { NextStep::Unknown };
+            RowsOut::Picks(self.runner.forward_argmax_then(&batch, next)?)
         } else if let Some(n) = candidates.filter(|&n| n > 0) {
             RowsOut::Candidates(self.runner.forward_candidates(&batch, n)?)
         } else {

@@ -100,7 +100,7 @@ struct FakeRunner {
     released: Vec<SeqId>,
     /// Batches run through `forward_argmax` (the others through `forward`).
     argmax_batches: usize,
-    /// Of those, the batches that came through `forward_argmax_ahead`.
+    /// Of those, the batches whose picks the engine said it feeds back (`NextStep::FedPicks`).
     ahead_batches: usize,
     /// Batches run through `forward_candidates`, and the largest count asked for.
     candidate_batches: usize,
@@ -206,8 +206,8 @@ impl Runner for FakeRunner {
         Ok(self.forward(batch)?.chunks_exact(VOCAB).map(models::argmax).collect())
     }
 
-    fn forward_argmax_ahead(&mut self, batch: &Batch<'_>) -> models::Result<Vec<u32>> {
-        self.ahead_batches += 1;
+    fn forward_argmax_then(&mut self, batch: &Batch<'_>, next: models::NextStep) -> models::Result<Vec<u32>> {
+        self.ahead_batches += usize::from(next == models::NextStep::FedPicks);
         self.forward_argmax(batch)
     }
 
@@ -1003,7 +1003,7 @@ fn greedy_steps_let_the_runner_pick_the_argmax() {
 }
 
 /// Decode ahead: a lone greedy sequence whose next steps speculation cannot reshape lets the runner start each step
-/// before the last pick comes back (`forward_argmax_ahead`), from its first decode step to its last; with n-gram
+/// before the last pick comes back (`NextStep::FedPicks`), from its first decode step to its last; with n-gram
 /// speculation on, or while another sequence shares the steps, it does not.
 #[test]
 fn a_lone_greedy_sequence_without_speculation_decodes_ahead() {

@@ -21,5 +21,5 @@ mod weights;
 pub use config::{Arch, ModelConfig, ModelShapes};
 pub use error::{Error, Result};
 pub use kv_cache::KvUsage;
-pub use runner::{Batch, LogitsWanted, Runner, SeqChunk, SeqId, argmax, top_candidates, top_prob};
+pub use runner::{Batch, LogitsWanted, NextStep, Runner, SeqChunk, SeqId, argmax, top_candidates, top_prob};
 pub use weights::{LayerWeights, Weights};

@@ -132,6 +132,16 @@ pub fn top_candidates(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     buf
 }
 
+/// What a caller knows of the step after a greedy one ([`Runner::forward_argmax_then`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextStep {
+    /// Nothing known, or nothing follows (the output limit).
+    Unknown,
+    /// Each sequence of the batch comes back with this step's pick as its one token, at the next position (greedy
+    /// decoding that goes on, with no draft tokens that could lengthen the step).
+    FedPicks,
+}
+
 pub trait Runner: Send {
     fn config(&self) -> &ModelConfig;
 
@@ -147,13 +157,13 @@ pub trait Runner: Send {
         Ok(self.forward(batch)?.chunks_exact(width).map(argmax).collect())
     }
 
-    /// Runs the batch like [`Runner::forward_argmax`]. When the batch is one sequence's next token, the runner may
-    /// also start the step after it, fed with this pick where the pick is made, so that a GPU does not wait for the
-    /// host between steps. A next call of either method whose batch is exactly that step (the same sequence, this
-    /// pick as its token, the next position) finds it under way; any other call drops it, and nothing of it is kept
-    /// (the sequence's length counts only the steps asked for). For greedy decoding of a single sequence that will
-    /// likely go on; its last step goes through [`Runner::forward_argmax`], which starts nothing more.
-    fn forward_argmax_ahead(&mut self, batch: &Batch<'_>) -> Result<Vec<u32>> {
+    /// Runs the batch like [`Runner::forward_argmax`], told what the caller will ask for next ([`NextStep`]). How to
+    /// use that is the runner's: the CUDA one, when the batch is one sequence's next token and its pick is fed back,
+    /// starts that step before this pick comes back, fed with it on the device, so that the GPU does not wait for
+    /// the host between steps (decode ahead). A next call whose batch is exactly that step finds it under way; any
+    /// other call drops it, and nothing of it is kept (the sequence's length counts only the steps asked for).
+    fn forward_argmax_then(&mut self, batch: &Batch<'_>, next: NextStep) -> Result<Vec<u32>> {
+        let _ = next;
         self.forward_argmax(batch)
     }
 

@@ -2,23 +2,8 @@
 // and appends the explicit instantiations this model needs, so every loop bound below is a compile-time constant.
 // No headers: NVRTC compiles this as is; f16 conversions use PTX.
 
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef signed char i8;
-
 #define WARP 32
 
-__device__ __forceinline__ float h2f(u16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-__device__ __forceinline__ u16 f2h(float f) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
 __device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -72,15 +57,6 @@ __device__ __forceinline__ int xpos(int a, int K) {
     return a;
 #endif
 }
-// The Q6_K consumers' layout (X6: the down projection's input where the down matrix is Q6_K). A Q6_K pair p
-// multiplies chunks cb, cb + 1, cb + 4, cb + 5 (cb = 4p - 2 (p & 1)), which xpos puts at two positions in each of
-// two regions, 16 bytes apart: a load instruction of a warp (consecutive pairs) then touches 8 lines for 512 bytes.
-// Here the k-th chunk of pair p sits at k * (K / 64) + p, so each of the four loads reads 512 contiguous bytes.
-__device__ __forceinline__ int xpos6(int a, int K) {
-    const int c = a >> 4, o = c & 7;
-    const int k = (o & 1) | ((o >> 2) << 1), p = 2 * (c >> 3) + ((o >> 1) & 1);
-    return (k * (K >> 6) + p) * 16 + (a & 15);
-}
 // 16-byte chunk c (values 16c .. 16c + 15) of an activation row of K values.
 template <int K> __device__ __forceinline__ int4 xchunk(const i8* xr, int c) {
 #if XPERM
@@ -92,7 +68,7 @@ template <int K> __device__ __forceinline__ int4 xchunk(const i8* xr, int c) {
 
 // Quantizes v (element `lane` of the 32-block starting at value a0 of the activation row qrow of K values) into
 // that row (layout: xpos) and ds.
-__device__ __forceinline__ void q8_block(float v, i8* qrow, int a0, int K, float2* ds, int l6 = 0) {
+__device__ __forceinline__ void q8_block(float v, i8* qrow, int a0, int K, float2* ds) {
     const int lane = threadIdx.x & 31;
     const float amax = warp_max(fabsf(v));
     const float id = amax > 0.f ? 127.f / amax : 0.f;
@@ -100,7 +76,7 @@ __device__ __forceinline__ void q8_block(float v, i8* qrow, int a0, int K, float
     int s = qi;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    qrow[l6 ? xpos6(a0 + lane, K) : xpos(a0 + lane, K)] = (i8)qi;
+    qrow[xpos(a0 + lane, K)] = (i8)qi;
     if (lane == 0) {
         const float d = amax / 127.f;
         *ds = make_float2(d, d * (float)s);
@@ -377,10 +353,10 @@ __device__ __forceinline__ void mmv_body(const u8* __restrict__ W, const float* 
     }
 }
 
-// One weight row against up to MR activation rows, optionally RMS-normalising each activation row on the fly
-// (NORM: x -> x * g * rsqrt(mean(x^2) + eps); every element of x passes through the warp exactly once, so the sum of
+// One weight row against up to MR activation rows, RMS-normalising each activation row on the fly
+// (x -> x * g * rsqrt(mean(x^2) + eps); every element of x passes through the warp exactly once, so the sum of
 // squares comes free with the dot product). Returns the full sums in every lane.
-template <int T, int K, int MR, bool NORM>
+template <int T, int K, int MR>
 __device__ __forceinline__ void row_dot(const u8* __restrict__ row, const float* __restrict__ X,
                                         const float* __restrict__ g, int m, float* out) {
     const int lane = threadIdx.x & 31;
@@ -392,15 +368,14 @@ __device__ __forceinline__ void row_dot(const u8* __restrict__ row, const float*
     for (int u = lane; u < NU; u += 32) {
         float w[32];
         int off = unit<T>(row, u, w, K / 256);
-        if (NORM) {
-            const float4* g0 = (const float4*)(g + off);
-            const float4* g1 = (const float4*)(g + off + Fmt<T>::DOFF);
+        // Weights times the norm weights of their columns.
+        const float4* g0 = (const float4*)(g + off);
+        const float4* g1 = (const float4*)(g + off + Fmt<T>::DOFF);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float4 a = g0[i], c = g1[i];
-                w[4 * i] *= a.x; w[4 * i + 1] *= a.y; w[4 * i + 2] *= a.z; w[4 * i + 3] *= a.w;
-                w[16 + 4 * i] *= c.x; w[16 + 4 * i + 1] *= c.y; w[16 + 4 * i + 2] *= c.z; w[16 + 4 * i + 3] *= c.w;
-            }
+        for (int i = 0; i < 4; i++) {
+            float4 a = g0[i], c = g1[i];
+            w[4 * i] *= a.x; w[4 * i + 1] *= a.y; w[4 * i + 2] *= a.z; w[4 * i + 3] *= a.w;
+            w[16 + 4 * i] *= c.x; w[16 + 4 * i + 1] *= c.y; w[16 + 4 * i + 2] *= c.z; w[16 + 4 * i + 3] *= c.w;
         }
 #pragma unroll
         for (int r = 0; r < MR; r++) {
@@ -414,7 +389,7 @@ __device__ __forceinline__ void row_dot(const u8* __restrict__ row, const float*
                     s += w[4 * i] * a.x + w[4 * i + 1] * a.y + w[4 * i + 2] * a.z + w[4 * i + 3] * a.w;
                     s += w[16 + 4 * i] * c.x + w[16 + 4 * i + 1] * c.y + w[16 + 4 * i + 2] * c.z +
                          w[16 + 4 * i + 3] * c.w;
-                    if (NORM) q += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + c.x * c.x + c.y * c.y + c.z * c.z + c.w * c.w;
+                    q += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + c.x * c.x + c.y * c.y + c.z * c.z + c.w * c.w;
                 }
                 acc[r] += s;
                 ss[r] += q;
@@ -424,7 +399,7 @@ __device__ __forceinline__ void row_dot(const u8* __restrict__ row, const float*
 #pragma unroll
     for (int r = 0; r < MR; r++) {
         float v = warp_sum(acc[r]);
-        if (NORM) v *= rsqrtf(warp_sum(ss[r]) / (float)K + RMS_EPS);
+        v *= rsqrtf(warp_sum(ss[r]) / (float)K + RMS_EPS);
         out[r] = v;
     }
 }
@@ -445,15 +420,15 @@ __device__ __forceinline__ void qkv_body(const u8* Wq, const u8* Wk, const u8* W
     int N;
     const float* b;
     if (n < Q_DIM) {
-        row_dot<TQ, HIDDEN, MR, true>(Wq + (size_t)n * (HIDDEN / Fmt<TQ>::BLOCK) * Fmt<TQ>::BYTES, X, g, m, out);
+        row_dot<TQ, HIDDEN, MR>(Wq + (size_t)n * (HIDDEN / Fmt<TQ>::BLOCK) * Fmt<TQ>::BYTES, X, g, m, out);
         Y = q; N = Q_DIM; b = bq;
     } else if (n < Q_DIM + KV_DIM) {
         n -= Q_DIM;
-        row_dot<TK, HIDDEN, MR, true>(Wk + (size_t)n * (HIDDEN / Fmt<TK>::BLOCK) * Fmt<TK>::BYTES, X, g, m, out);
+        row_dot<TK, HIDDEN, MR>(Wk + (size_t)n * (HIDDEN / Fmt<TK>::BLOCK) * Fmt<TK>::BYTES, X, g, m, out);
         Y = k; N = KV_DIM; b = bk;
     } else if (n < Q_DIM + 2 * KV_DIM) {
         n -= Q_DIM + KV_DIM;
-        row_dot<TV, HIDDEN, MR, true>(Wv + (size_t)n * (HIDDEN / Fmt<TV>::BLOCK) * Fmt<TV>::BYTES, X, g, m, out);
+        row_dot<TV, HIDDEN, MR>(Wv + (size_t)n * (HIDDEN / Fmt<TV>::BLOCK) * Fmt<TV>::BYTES, X, g, m, out);
         Y = v; N = KV_DIM; b = bv;
     } else {
         return;
@@ -466,111 +441,10 @@ __device__ __forceinline__ void qkv_body(const u8* Wq, const u8* Wk, const u8* W
     }
 }
 
-// Q, K and V projections in one launch with the attention RMSNorm, biases, RoPE and the KV-cache write fused
-// (rope_dim == head_dim). Each warp computes a pair of rows that RoPE rotates together (q and k), or two adjacent
-// rows of v; rotated q goes to `q`, k and v (f16) straight into the paged cache.
-template <int TQ, int TK, int TV, int MR>
-__device__ __forceinline__ void qkv_rope_body(const u8* Wq, const u8* Wk, const u8* Wv, const float* X,
-                                              const float* g, const float* bq, const float* bk, const float* bv,
-                                              float* q, const float* inv_freq, const u32* pos, const u32* slot,
-                                              const u32* table, u16* kc, u16* vc, int m) {
-    const int lane = threadIdx.x & 31;
-    int w = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-    X += (size_t)blockIdx.y * MR * HIDDEN;
-    const size_t r0 = (size_t)blockIdx.y * MR;
-    m = min(m - (int)blockIdx.y * MR, MR);
-    const int HP = HEAD_DIM / 2;
-    float a[MR], b[MR];
-    int kind, n1, n2, fi = 0;
-    const float* bias;
-    if (w < Q_DIM / 2) {
-        const int h = w / HP, i = w % HP;
-        n1 = h * HEAD_DIM + (ROPE_NEOX ? i : 2 * i);
-        n2 = n1 + (ROPE_NEOX ? HP : 1);
-        fi = i;
-        kind = 0;
-        bias = bq;
-        const size_t rb = (size_t)(HIDDEN / Fmt<TQ>::BLOCK) * Fmt<TQ>::BYTES;
-        row_dot<TQ, HIDDEN, MR, true>(Wq + n1 * rb, X, g, m, a);
-        row_dot<TQ, HIDDEN, MR, true>(Wq + n2 * rb, X, g, m, b);
-    } else if (w < Q_DIM / 2 + KV_DIM / 2) {
-        w -= Q_DIM / 2;
-        const int h = w / HP, i = w % HP;
-        n1 = h * HEAD_DIM + (ROPE_NEOX ? i : 2 * i);
-        n2 = n1 + (ROPE_NEOX ? HP : 1);
-        fi = i;
-        kind = 1;
-        bias = bk;
-        const size_t rb = (size_t)(HIDDEN / Fmt<TK>::BLOCK) * Fmt<TK>::BYTES;
-        row_dot<TK, HIDDEN, MR, true>(Wk + n1 * rb, X, g, m, a);
-        row_dot<TK, HIDDEN, MR, true>(Wk + n2 * rb, X, g, m, b);
-    } else if (w < Q_DIM / 2 + KV_DIM) {
-        w -= Q_DIM / 2 + KV_DIM / 2;
-        n1 = 2 * w;
-        n2 = n1 + 1;
-        kind = 2;
-        bias = bv;
-        const size_t rb = (size_t)(HIDDEN / Fmt<TV>::BLOCK) * Fmt<TV>::BYTES;
-        row_dot<TV, HIDDEN, MR, true>(Wv + n1 * rb, X, g, m, a);
-        row_dot<TV, HIDDEN, MR, true>(Wv + n2 * rb, X, g, m, b);
-    } else {
-        return;
-    }
-    if (lane != 0) return;
-    const float b1 = bias ? bias[n1] : 0.f, b2 = bias ? bias[n2] : 0.f;
-#pragma unroll
-    for (int r = 0; r < MR; r++) {
-        if (r >= m) continue;
-        const size_t t = r0 + r;
-        const u32 p = pos[t];
-        float va = a[r] + b1, vb = b[r] + b2;
-        if (kind < 2) {
-            float sn, cs;
-            sincosf((float)p * inv_freq[fi], &sn, &cs);
-            const float ra = va * cs - vb * sn, rb = va * sn + vb * cs;
-            va = ra;
-            vb = rb;
-        }
-        if (kind == 0) {
-            q[t * Q_DIM + n1] = va;
-            q[t * Q_DIM + n2] = vb;
-        } else {
-            const size_t row = (size_t)table[(size_t)slot[t] * MAX_PAGES + p / PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE;
-            u16* dst = (kind == 1 ? kc : vc) + row * KV_DIM;
-            dst[n1] = f2h(va);
-            dst[n2] = f2h(vb);
-        }
-    }
-}
-
-// Gate and up projections together with the FFN RMSNorm fused, writing silu(gate) * up.
-template <int T, int MR>
-__device__ __forceinline__ void gu_norm_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
-                                             const float* __restrict__ X, const float* __restrict__ g,
-                                             float* __restrict__ Y, int m) {
-    const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-    if (n >= FFN) return;
-    X += (size_t)blockIdx.y * MR * HIDDEN;
-    Y += (size_t)blockIdx.y * MR * FFN;
-    m = min(m - (int)blockIdx.y * MR, MR);
-    const size_t rb = (size_t)(HIDDEN / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
-    float a[MR], c[MR];
-    row_dot<T, HIDDEN, MR, true>(Wg + n * rb, X, g, m, a);
-    row_dot<T, HIDDEN, MR, true>(Wu + n * rb, X, g, m, c);
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < MR; r++)
-            if (r < m) Y[(size_t)r * FFN + n] = a[r] / (1.f + __expf(-a[r])) * c[r];
-    }
-}
-
 // Gate and up projections together, writing silu(gate) * up.
-// NORM: X is the raw residual stream, RMS-normalised on the fly with weights gn (as row_dot does).
-template <int T, int K, int MR, bool NORM>
+template <int T, int K, int MR>
 __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
-                                            const float* __restrict__ X, float* __restrict__ Y, int m, int N,
-                                            const float* __restrict__ gn) {
+                                            const float* __restrict__ X, float* __restrict__ Y, int m, int N) {
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (n >= N) return;
@@ -586,25 +460,13 @@ __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8*
         prefetch_l2(ru + l * 128);
     }
     pdl_wait();
-    float ag[MR], au[MR], ss[MR];
+    float ag[MR], au[MR];
 #pragma unroll
-    for (int r = 0; r < MR; r++) ag[r] = au[r] = ss[r] = 0.f;
+    for (int r = 0; r < MR; r++) ag[r] = au[r] = 0.f;
     for (int u = lane; u < NU; u += 32) {
         float wg[32], wu[32];
         int off = unit<T>(rg, u, wg, K / 256);
         unit<T>(ru, u, wu, K / 256);
-        if (NORM) {
-            const float4* g0 = (const float4*)(gn + off);
-            const float4* g1 = (const float4*)(gn + off + Fmt<T>::DOFF);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float4 a = g0[i], c = g1[i];
-                wg[4 * i] *= a.x; wg[4 * i + 1] *= a.y; wg[4 * i + 2] *= a.z; wg[4 * i + 3] *= a.w;
-                wg[16 + 4 * i] *= c.x; wg[16 + 4 * i + 1] *= c.y; wg[16 + 4 * i + 2] *= c.z; wg[16 + 4 * i + 3] *= c.w;
-                wu[4 * i] *= a.x; wu[4 * i + 1] *= a.y; wu[4 * i + 2] *= a.z; wu[4 * i + 3] *= a.w;
-                wu[16 + 4 * i] *= c.x; wu[16 + 4 * i + 1] *= c.y; wu[16 + 4 * i + 2] *= c.z; wu[16 + 4 * i + 3] *= c.w;
-            }
-        }
 #pragma unroll
         for (int r = 0; r < MR; r++) {
             if (r < m) {
@@ -614,7 +476,6 @@ __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8*
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     float4 a = x0[i], c = x1[i];
-                    if (NORM) ss[r] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + c.x * c.x + c.y * c.y + c.z * c.z + c.w * c.w;
                     sg += wg[4 * i] * a.x + wg[4 * i + 1] * a.y + wg[4 * i + 2] * a.z + wg[4 * i + 3] * a.w;
                     sg += wg[16 + 4 * i] * c.x + wg[16 + 4 * i + 1] * c.y + wg[16 + 4 * i + 2] * c.z +
                           wg[16 + 4 * i + 3] * c.w;
@@ -630,12 +491,7 @@ __device__ __forceinline__ void mmv_gu_body(const u8* __restrict__ Wg, const u8*
 #pragma unroll
     for (int r = 0; r < MR; r++) {
         if (r < m) {
-            float g = warp_sum(ag[r]), up = warp_sum(au[r]);
-            if (NORM) {
-                const float sc = rsqrtf(warp_sum(ss[r]) / (float)K + RMS_EPS);
-                g *= sc;
-                up *= sc;
-            }
+            const float g = warp_sum(ag[r]), up = warp_sum(au[r]);
             if (lane == 0) Y[(size_t)r * N + n] = g / (1.f + __expf(-g)) * up;
         }
     }
@@ -1144,7 +1000,7 @@ extern "C" __global__ void softmax_causal(const float* __restrict__ S, u16* __re
 // arithmetic as rms_norm; every block sums the squares of the whole row), quantized to q[i * K ..],
 // ds[i * K / 32 ..]. Grid (rows, ceil(K / 256)), 256 threads: one 32-block per warp.
 extern "C" __global__ void quant_q8(const float* __restrict__ x, const float* __restrict__ g, const u32* __restrict__ rows,
-                                    i8* __restrict__ q, float2* __restrict__ ds, int K, int l6) { PDL_ENTER
+                                    i8* __restrict__ q, float2* __restrict__ ds, int K) { PDL_ENTER
     __shared__ float sh[32];
     const int i = blockIdx.x;
     const float* xr = x + (size_t)(rows ? rows[i] : i) * K;
@@ -1170,7 +1026,7 @@ extern "C" __global__ void quant_q8(const float* __restrict__ x, const float* __
     const int k = blockIdx.y * 256 + threadIdx.x;
     if (k - (threadIdx.x & 31) < K) {
         const float v = g ? xr[k] * scale * g[k] : xr[k];
-        q8_block(v, q + (size_t)i * K, k & ~31, K, ds + ((size_t)i * K + k) / 32, l6);
+        q8_block(v, q + (size_t)i * K, k & ~31, K, ds + ((size_t)i * K + k) / 32);
     }
 }
 
@@ -1306,33 +1162,6 @@ __device__ __forceinline__ void pload(const u8* row, int p, PQ4K& w, int nsb) {
 #endif
 }
 
-// 16 bytes from global memory into shared memory without passing through registers (sm_80+; cp.async.wait_all
-// before the issuing thread reads them).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-// pload into shared memory (w is there): asynchronous for Q4_K, a plain load and store for the other types.
-__device__ __forceinline__ void pload_async(const u8* row, int p, PQ4K& w, int nsb) {
-#if REPACK
-    cp_async16(&w.h, row + nsb * 128 + 16 * (p >> 2));
-    cp_async16(&w.a, row + 16 * p);
-    cp_async16(&w.b, row + nsb * 64 + 16 * p);
-#else
-    const u8* b = row + (p >> 2) * 144;
-    const int j = p & 3;
-    cp_async16(&w.h, b);
-    cp_async16(&w.a, b + 16 + 32 * j);
-    cp_async16(&w.b, b + 32 + 32 * j);
-#endif
-}
-template <class W> __device__ __forceinline__ void pload_async(const u8* row, int p, W& w, int nsb) {
-    W t;
-    pload(row, p, t, nsb);
-    w = t;
-}
 // Pair p of a (repacked) Q6_K row: superblock p / 4, half hf = (p / 2) % 2, quarter pp = p % 2: positions
 // 128 hf + 32 pp + [0, 32) (low nibbles) and + 64 (high nibbles).
 __device__ __forceinline__ void pload(const u8* row, int p, PQ6K& w, int nsb) {
@@ -1439,7 +1268,7 @@ __device__ __forceinline__ void pdot2(const W& wg, const W& wu, int p, const i8*
     pdot<K, MR>(wg, p, xq, xd, m, a);
     pdot<K, MR>(wu, p, xq, xd, m, c);
 }
-template <int K, int MR, bool L6 = false>
+template <int K, int MR>
 __device__ __forceinline__ void pdot(const PQ6K& w, int p, const i8* __restrict__ xq, const float2* __restrict__ xd,
                                      int m, float* acc) {
     const int sb = p >> 2, hf = (p >> 1) & 1, pp = p & 1;
@@ -1462,19 +1291,8 @@ __device__ __forceinline__ void pdot(const PQ6K& w, int p, const i8* __restrict_
         if (r < m) {
             const i8* xr = xq + (size_t)r * K;
             const int cb = base >> 4;
-            int4 a0, a1, c0, c1;
-            if constexpr (L6) {
-                const int4* xp = (const int4*)xr + p;
-                a0 = xp[0];
-                a1 = xp[K / 64];
-                c0 = xp[2 * (K / 64)];
-                c1 = xp[3 * (K / 64)];
-            } else {
-                a0 = xchunk<K>(xr, cb);
-                a1 = xchunk<K>(xr, cb + 1);
-                c0 = xchunk<K>(xr, cb + 4);
-                c1 = xchunk<K>(xr, cb + 5);
-            }
+            const int4 a0 = xchunk<K>(xr, cb), a1 = xchunk<K>(xr, cb + 1), c0 = xchunk<K>(xr, cb + 4),
+                       c1 = xchunk<K>(xr, cb + 5);
             const float2* dr = xd + (size_t)r * (K / 32) + sb * 8 + 4 * hf + pp;
             const float dl = dr[0].x, dh = dr[2].x;
             int il0 = 0, il1 = 0, ih0 = 0, ih1 = 0;
@@ -1552,18 +1370,13 @@ template <int T, int K, int P> struct RowQ {
             if (part + P * i < NP) pload(row, part + P * i, w[i], K / 256);
     }
     // acc[r] = this thread's share of row r, reduced over the min(P, 32) lanes of its group.
-    // L6: the activations are in the xpos6 layout (Q6_K only).
-    template <int MR, bool L6 = false>
+    template <int MR>
     __device__ __forceinline__ void dot(int part, const i8* xq, const float2* xd, int m, float* acc) const {
-        static_assert(!L6 || T == T_Q6_K, "the xpos6 layout is the Q6_K kernels'");
 #pragma unroll
         for (int r = 0; r < MR; r++) acc[r] = 0.f;
 #pragma unroll
         for (int i = 0; i < IT; i++)
-            if (part + P * i < NP) {
-                if constexpr (L6) pdot<K, MR, true>(w[i], part + P * i, xq, xd, m, acc);
-                else pdot<K, MR>(w[i], part + P * i, xq, xd, m, acc);
-            }
+            if (part + P * i < NP) pdot<K, MR>(w[i], part + P * i, xq, xd, m, acc);
         reduce<MR>(acc);
     }
     // Gate (this) and up (u) together: pair i of both in turn, so that the activations they share are loaded once
@@ -1587,28 +1400,10 @@ template <int T, int K, int P> struct RowQ {
             for (int o = (P < 32 ? P : 32) / 2; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
         }
     }
-    // The same pairs held in shared memory instead (sw[i * stride]: this thread's pair i, loaded with cp.async by
-    // load_smem), the same sums in the same order.
-    __device__ __forceinline__ static void load_smem(const u8* row, int part, typename Pair<T>::W* sw, int stride) {
-#pragma unroll
-        for (int i = 0; i < IT; i++)
-            if (part + P * i < NP) pload_async(row, part + P * i, sw[i * stride], K / 256);
-    }
-    template <int MR>
-    __device__ __forceinline__ static void dot_smem(int part, const typename Pair<T>::W* sw, int stride, const i8* xq,
-                                                    const float2* xd, int m, float* acc) {
-        cp_async_wait_all();
-#pragma unroll
-        for (int r = 0; r < MR; r++) acc[r] = 0.f;
-#pragma unroll
-        for (int i = 0; i < IT; i++)
-            if (part + P * i < NP) pdot<K, MR>(sw[i * stride], part + P * i, xq, xd, m, acc);
-        reduce<MR>(acc);
-    }
 };
 
 // Y[r, n] (+)= W[n, :] . X[r, :] (+ bias[n]) on 8-bit activations. 128 threads, 128 / P rows per block.
-template <int T, int K, int MR, int MODE, int P, bool L6 = false>
+template <int T, int K, int MR, int MODE, int P>
 __device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __restrict__ Xq,
                                           const float2* __restrict__ Xd, float* __restrict__ Y,
                                           const float* __restrict__ bias, int m, int N) {
@@ -1622,7 +1417,7 @@ __device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __
     rq.load(W + (size_t)min(n, N - 1) * (K / Fmt<T>::BLOCK) * Fmt<T>::BYTES, part);
     pdl_wait();
     float acc[MR];
-    rq.template dot<MR, L6>(part, Xq, Xd, m, acc);
+    rq.template dot<MR>(part, Xq, Xd, m, acc);
     if (P > 32) {
         __shared__ float red[4][MR];
         const int wid = tid >> 5;
@@ -1657,15 +1452,12 @@ __device__ __forceinline__ void mmvq_body(const u8* __restrict__ W, const i8* __
 // threads.
 // NORM (K == HIDDEN): the input is X (f32 rows) RMS-normalised with weights gn and quantized in the prologue
 // (norm_q8_smem) into shared memory, instead of Xq / Xd written by quant_q8 in a launch of its own.
-// US: the up rows' weights wait in shared memory (cp.async) instead of registers, so that more blocks fit on a
-// multiprocessor (the 1.5B's 280 gate/up blocks in one wave instead of 264 + 16).
-// l6: the 8-bit output in the xpos6 layout (the down matrix is Q6_K).
-template <int T, int K, int MR, int P, bool QOUT, bool NORM = false, bool US = false>
+template <int T, int K, int MR, int P, bool QOUT, bool NORM = false>
 __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
                                          const i8* __restrict__ Xq, const float2* __restrict__ Xd,
                                          float* __restrict__ Y, int m, int N, i8* __restrict__ Qo,
                                          float2* __restrict__ Do, const float* __restrict__ X = nullptr,
-                                         const float* __restrict__ gn = nullptr, int l6 = 0) {
+                                         const float* __restrict__ gn = nullptr) {
     const int tid = threadIdx.x;
     const int RPB = QOUT ? 32 : 128 / P;
     const int n = blockIdx.x * RPB + tid / P, part = tid % P;
@@ -1675,12 +1467,8 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
     m = min(m - (int)blockIdx.y * MR, MR);
     const size_t rb = (size_t)(K / Fmt<T>::BLOCK) * Fmt<T>::BYTES;
     RowQ<T, K, P> g, u;
-    typedef typename Pair<T>::W PW;
-    constexpr int NT = QOUT ? 32 * P : 128;
-    __shared__ __align__(16) PW usm[US ? RowQ<T, K, P>::IT * NT : 1];
     g.load(Wg + (size_t)min(n, N - 1) * rb, part);
-    if constexpr (US) RowQ<T, K, P>::load_smem(Wu + (size_t)min(n, N - 1) * rb, part, usm + tid, NT);
-    else u.load(Wu + (size_t)min(n, N - 1) * rb, part);
+    u.load(Wu + (size_t)min(n, N - 1) * rb, part);
     pdl_wait();
     if constexpr (NORM) {
         static_assert(K == HIDDEN, "the fused norm is the FFN's");
@@ -1691,10 +1479,7 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
         Xd = sxd;
     }
     float a[MR], c[MR];
-    if constexpr (US) {
-        g.template dot<MR>(part, Xq, Xd, m, a);
-        RowQ<T, K, P>::template dot_smem<MR>(part, usm + tid, NT, Xq, Xd, m, c);
-    } else if (GU_DOT2) {
+    if (GU_DOT2) {
         g.template dot2<MR>(u, part, Xq, Xd, m, a, c);
     } else {
         g.template dot<MR>(part, Xq, Xd, m, a);
@@ -1719,7 +1504,7 @@ __device__ __forceinline__ void guq_body(const u8* __restrict__ Wg, const u8* __
         Qo += (size_t)blockIdx.y * MR * N;
         Do += (size_t)blockIdx.y * MR * (N / 32);
         for (int r = tid >> 5; r < m; r += P)
-            if (n0 < N) q8_block(ys[r][tid & 31], Qo + (size_t)r * N, n0, N, Do + ((size_t)r * N + n0) / 32, l6);
+            if (n0 < N) q8_block(ys[r][tid & 31], Qo + (size_t)r * N, n0, N, Do + ((size_t)r * N + n0) / 32);
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! Everything goes through cudarc with dynamic loading: the binary links no CUDA library, and [`available`] checks
 //! for the driver and NVRTC before anything else touches them, so a machine without CUDA never reaches a call that
-//! would panic. The kernels themselves live in `kernels.cu`; `crates/models/src/cuda/` drives them.
+//! would panic. The runner's kernels live in `kernels.cu` (`crates/models/src/cuda/` drives them); [`CudaBackend`]
+//! implements [`crate::Backend`] on `ops.cu`'s.
 
 use std::ffi::{CString, c_void};
 use std::path::PathBuf;
@@ -14,8 +15,12 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result a
 use cudarc::nvrtc::{Ptx, sys as nsys};
 use sha2::{Digest, Sha256};
 
+mod backend;
+
+pub use backend::{CudaBackend, CudaKvPages, CudaMatrix, CudaTensor, CudaVector};
+
 /// The kernel library; the host prepends the model's constants and appends instantiations.
-pub const KERNELS: &str = include_str!("kernels.cu");
+pub const KERNELS: &str = concat!(include_str!("prelude.cu"), include_str!("kernels.cu"));
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
@@ -127,6 +132,11 @@ impl Gpu {
     /// Stream-ordered copy of `bytes` bytes from device address `src` to `dst`.
     pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         unsafe { dres::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }.map_err(drv("device copy"))
+    }
+
+    /// Stream-ordered zeroing of `bytes` bytes at device address `dst`.
+    pub fn memset_zero(&self, dst: u64, bytes: usize) -> Result<()> {
+        unsafe { dres::memset_d8_async(dst, 0, bytes, self.stream.cu_stream()) }.map_err(drv("zeroing device memory"))
     }
 
     /// Stream-ordered copy out of `src`; waits for the stream.

@@ -11,41 +11,21 @@ use backend::cpu::ops::RopeStyle;
 use cudarc::driver::{CudaFunction, CudaModule};
 use gguf::GgmlType;
 
-use super::{ATT_WARPS, PAGE_SIZE};
+use super::{CudaOptions, PAGE_SIZE};
 use crate::{Error, ModelConfig, Result};
 
 /// Activation rows per pass of the matrix-vector kernels that have an instantiation.
 pub(super) const MRS: [usize; 4] = [1, 2, 4, 8];
 
 /// The 8-bit-activation kernels a model needs: (type, row length, threads per row) for plain and gate/up products,
-/// (q, k, v types, threads per row) for the fused QKV.
+/// (q, k, v types, threads per row) for the fused QKV; and the switches the source is written with (`opts`, as the
+/// loader settled them for the model: `fuse_norm` and `qkv_rope` only where the shapes allow).
 #[derive(Debug, Clone, Default)]
 pub struct Q8Kernels {
     pub mats: Vec<(GgmlType, usize, usize)>,
     pub gu: Vec<(GgmlType, usize, usize)>,
     pub qkv: Vec<(GgmlType, GgmlType, GgmlType, usize)>,
-    /// Gate/up kernels with p <= 8 also write the down projection's 8-bit input.
-    pub gu_fuse: bool,
-    /// Q4_K / Q6_K matrices in the repacked device layout (see `layout::device_layout`).
-    pub repack: bool,
-    /// The attention kernel uses only as many of its splits as the context needs.
-    pub att_dyn: bool,
-    /// 8-bit activation rows in the permuted layout (`xpos` in kernels.cu): coalesced loads in the kernels above.
-    pub xperm: bool,
-    /// QKV and gate/up normalise and quantize their input in the prologue (`CudaOptions::fuse_norm`).
-    pub fuse_norm: bool,
-    /// QKV applies RoPE and writes the KV cache in the epilogue (`CudaOptions::qkv_rope`).
-    pub qkv_rope: bool,
-    /// Warps of an attention block (`CudaOptions::att_warps`; 0 reads as the default).
-    pub att_warps: usize,
-    /// `CudaOptions::gu_dot2`.
-    pub gu_dot2: bool,
-    /// `CudaOptions::att_cl` (0: no cluster kernel).
-    pub att_cl: usize,
-    /// Decode attention splits a row takes at most while its context is short (`CudaOptions::att_splits`) ...
-    pub att_splits: usize,
-    /// ... and positions per split past that (`CudaOptions::att_long`; 0: no more splits).
-    pub att_long: usize,
+    pub opts: CudaOptions,
 }
 
 /// One kernel of the library. The fixed ones are written out in kernels.cu; the others are instantiations of its
@@ -197,8 +177,8 @@ impl Kernel {
             ),
             Gu { ty, k, mr } => format!(
                 "extern \"C\" __global__ void __launch_bounds__(128) {name}(const u8* Wg, const u8* Wu, const float* X, \
-                 float* Y, int m, int N) {{ pdl_trigger(); mmv_gu_body<{}, {k}, {mr}, false>(Wg, Wu, X, Y, m, N, \
-                 nullptr); }}\n",
+                 float* Y, int m, int N) {{ pdl_trigger(); mmv_gu_body<{}, {k}, {mr}>(Wg, Wu, X, Y, m, N); \
+                 }}\n",
                 type_id(ty)
             ),
             Qkv { t, mr } => {
@@ -224,13 +204,13 @@ impl Kernel {
                 )
             }
             Guq { ty, k, p, mr } => {
-                let (threads, fused) = if guq_fused(p) && q8.gu_fuse { (32 * p, "true") } else { (128, "false") };
-                let norm = q8.fuse_norm && k == hidden;
+                let (threads, fused) = if guq_fused(p) && q8.opts.gu_fuse { (32 * p, "true") } else { (128, "false") };
+                let norm = q8.opts.fuse_norm && k == hidden;
                 format!(
                     "extern \"C\" __global__ void __launch_bounds__({threads}) {name}(const u8* Wg, const u8* Wu, const i8* Xq, \
-                     const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn, int l6) \
+                     const float2* Xd, float* Y, int m, int N, i8* Qo, float2* Do, const float* X, const float* gn) \
                      {{ pdl_trigger(); guq_body<{}, {k}, {mr}, {p}, {fused}, {norm}>(Wg, Wu, Xq, Xd, Y, m, N, Qo, Do, \
-                     X, gn, l6); }}\n",
+                     X, gn); }}\n",
                     type_id(ty)
                 )
             }
@@ -267,7 +247,7 @@ impl KernelSet {
         use Kernel::*;
         let mut v = vec![RmsNorm, SiluMul, QkNorm, RopeKv, Attention, AttnCombine, ActQ8_0, ActQ8K];
         v.extend([ToF16, AddBias, KvGather, SoftmaxCausal, ArgmaxRows, TopkRows, QuantQ8]);
-        if self.q8.att_cl > 1 {
+        if self.q8.opts.att_cl > 1 {
             v.push(AttentionCl);
         }
         v.extend(self.instances());
@@ -314,7 +294,7 @@ impl KernelSet {
     pub fn source(&self, cfg: &ModelConfig) -> String {
         let q8 = &self.q8;
         let max_pages = cfg.max_context.div_ceil(PAGE_SIZE);
-        let att_warps = if q8.att_warps == 0 { ATT_WARPS } else { q8.att_warps };
+        let o = &q8.opts;
         let mut s = String::new();
         let defs = [
             ("HIDDEN", cfg.hidden_size),
@@ -328,22 +308,22 @@ impl KernelSet {
             ("ROPE_NEOX", usize::from(cfg.rope_style == RopeStyle::Neox)),
             ("PAGE_SIZE", PAGE_SIZE),
             ("MAX_PAGES", max_pages),
-            ("ATT_WARPS", att_warps),
+            ("ATT_WARPS", o.att_warps),
         ];
         for (k, v) in defs {
             s.push_str(&format!("#define {k} {v}\n"));
         }
         s.push_str(&format!("#define RMS_EPS {:e}f\n", cfg.rms_eps));
-        s.push_str(&format!("#define REPACK {}\n#define ATT_DYN {}\n", u8::from(q8.repack), u8::from(q8.att_dyn)));
-        s.push_str(&format!("#define XPERM {}\n", u8::from(q8.xperm)));
+        s.push_str(&format!("#define REPACK {}\n#define ATT_DYN {}\n", u8::from(o.repack), u8::from(o.att_dyn)));
+        s.push_str(&format!("#define XPERM {}\n", u8::from(o.xperm)));
         s.push_str(&format!(
             "#define FUSE_NORM {}\n#define QKV_ROPE {}\n",
-            u8::from(q8.fuse_norm),
-            u8::from(q8.qkv_rope)
+            u8::from(o.fuse_norm),
+            u8::from(o.qkv_rope)
         ));
-        s.push_str(&format!("#define ATT_MIN_SPLIT {}\n#define ATT_CL {}\n", 32 * att_warps, q8.att_cl));
-        s.push_str(&format!("#define ATT_SPLITS {}\n#define ATT_LONG {}\n", q8.att_splits.max(1), q8.att_long));
-        s.push_str(&format!("#define GU_DOT2 {}\n", u8::from(q8.gu_dot2)));
+        s.push_str(&format!("#define ATT_MIN_SPLIT {}\n#define ATT_CL {}\n", 32 * o.att_warps, o.att_cl));
+        s.push_str(&format!("#define ATT_SPLITS {}\n#define ATT_LONG {}\n", o.att_splits.max(1), o.att_long));
+        s.push_str(&format!("#define GU_DOT2 {}\n", u8::from(o.gu_dot2)));
         s.push_str(backend::cuda::KERNELS);
         s.push('\n');
         for k in self.instances() {
@@ -378,10 +358,10 @@ impl KernelTable {
         for k in set.kernels() {
             let n = k.name();
             let f = module.load_function(&n).map_err(|e| Error::Backend(format!("kernel {n}: {e:?}")))?;
-            if k == Kernel::AttentionCl && set.q8.att_cl > 8 {
+            if k == Kernel::AttentionCl && set.q8.opts.att_cl > 8 {
                 use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
                 f.set_attribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-                    .map_err(|e| Error::Backend(format!("kernel {n}: cluster size {}: {e:?}", set.q8.att_cl)))?;
+                    .map_err(|e| Error::Backend(format!("kernel {n}: cluster size {}: {e:?}", set.q8.opts.att_cl)))?;
             }
             funcs.insert(k, f);
         }
@@ -440,17 +420,7 @@ mod tests {
             ],
             gu: vec![(Q4_K, 1536, 8), (Q6_K, 5120, 32), (Q5_0, 1536, 8)],
             qkv: vec![(Q4_K, Q4_K, Q6_K, 16), (Q5_0, Q5_0, Q8_0, 32)],
-            gu_fuse: true,
-            repack: true,
-            att_dyn: true,
-            xperm: true,
-            fuse_norm: true,
-            qkv_rope: true,
-            att_warps: 16,
-            gu_dot2: true,
-            att_cl: 16,
-            att_splits: 16,
-            att_long: 512,
+            opts: CudaOptions { att_warps: 16, att_cl: 16, ..CudaOptions::default() },
         };
         let src = kernel_source(&cfg, &mats, &[(Q4_K, 1536), (Q5_0, 1536)], &[(Q4_K, Q4_K, Q6_K)], (Q6_K, 1536), &q8);
         if let Ok(p) = std::env::var("SPLASH_DUMP_KERNEL_SOURCE") {

@@ -103,8 +103,7 @@ impl CudaRunner {
     /// that table names) quantized to 8 bits into `xq` (int8) and `xd` (a float2 per 32 values).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn quant(&self, x: u64, norm: u64, rows: u64, xq: u64, xd: u64, m: usize, k: usize) -> Result<()> {
-        // The last argument (0) is the kernel's unused xpos6 layout flag.
-        let args = Args(vec![x, norm, rows, xq, xd, i(k), 0]);
+        let args = Args(vec![x, norm, rows, xq, xd, i(k)]);
         self.launch(K::QuantQ8, (m as u32, k.div_ceil(256) as u32, 1), 256, args)
     }
 
@@ -352,20 +351,8 @@ impl CudaRunner {
                     let mr = pick_mr(m);
                     down_in_q8 = guq_fused(pt) && self.opts.gu_fuse;
                     let (ty, kc, n) = (l.gate.ty, l.gate.cols, l.gate.rows);
-                    let args = Args(vec![
-                        l.gate.buf.ptr,
-                        l.up.buf.ptr,
-                        fq,
-                        fd,
-                        gate,
-                        i(m),
-                        i(n),
-                        dq,
-                        dd,
-                        x,
-                        l.ffn_norm.ptr,
-                        0,
-                    ]);
+                    let args =
+                        Args(vec![l.gate.buf.ptr, l.up.buf.ptr, fq, fd, gate, i(m), i(n), dq, dd, x, l.ffn_norm.ptr]);
                     let (rows_per_block, threads) = if down_in_q8 { (32, 32 * pt) } else { (128 / pt, 128) };
                     self.launch(
                         K::Guq { ty, k: kc, p: pt, mr },

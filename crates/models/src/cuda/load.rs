@@ -70,20 +70,7 @@ impl CudaRunner {
             && cfg.kv_dim().is_multiple_of(32)
             && cfg.head_dim.is_multiple_of(2)
             && cfg.rope_dim <= cfg.head_dim;
-        let mut q8k = Q8Kernels {
-            gu_fuse: opts.gu_fuse,
-            repack: opts.repack,
-            att_dyn: opts.att_dyn,
-            xperm: opts.xperm,
-            fuse_norm: opts.fuse_norm,
-            qkv_rope: opts.qkv_rope,
-            att_warps: opts.att_warps,
-            gu_dot2: opts.gu_dot2,
-            att_cl: opts.att_cl,
-            att_splits: opts.att_splits,
-            att_long: opts.att_long,
-            ..Q8Kernels::default()
-        };
+        let mut q8k = Q8Kernels { opts: opts.clone(), ..Q8Kernels::default() };
         let mut q8_layers = Vec::with_capacity(weights.layers.len());
         let add3 = |v: &mut Vec<(GgmlType, usize, usize)>, e: (GgmlType, usize, usize)| {
             if !v.contains(&e) {

@@ -16,7 +16,7 @@
 //! threads load neighbouring 16 bytes), Q8_0 and Q5_0 blocks padded (aligned fields), see `device_layout`. Other types
 //! keep the f32-activation kernels. Greedy callers ([`Runner::forward_argmax`]) get each row's argmax picked on the
 //! device at the end of the graph and copy back one id per row instead of the logits; a lone greedy sequence
-//! ([`Runner::forward_argmax_ahead`]) has its next step enqueued before that id comes back, fed with it on the device.
+//! ([`Runner::forward_argmax_then`] with `NextStep::FedPicks`) has its next step enqueued before that id comes back, fed with it on the device.
 //!
 //! The files: [`options`] (the switches, one field and one default each), `kernels` (the kernel list: the generated
 //! source and the table of loaded functions, both from one list), `load` (compiling, uploading), `runner` (the

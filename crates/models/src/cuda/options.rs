@@ -90,7 +90,7 @@ pub struct CudaOptions {
     /// Measured on the H200 (1.5B, benchmarks/log, stretch 12): at 16K positions 32 splits of 512 decode 5% faster than 16 of 1,024;
     /// at 4K, 16 of 256 are 6% faster than 32 of 128.
     pub att_long: usize,
-    /// Decode ahead ([`Runner::forward_argmax_ahead`]): the next step of a single greedy sequence is enqueued before
+    /// Decode ahead ([`Runner::forward_argmax_then`] with `NextStep::FedPicks`): the next step of a single greedy sequence is enqueued before
     /// the caller asks for it, its token written by the pick of the pass before, so the GPU does not wait for the
     /// host between steps (`SPLASH_CUDA_AHEAD=0` turns it off).
     pub ahead: bool,

@@ -15,7 +15,7 @@ use super::tactics::{att_splits, decode_splits, on_tensor_cores};
 use super::{ARGMAX_BLOCKS, CudaOptions, DEVICE_CANDIDATES, GEMM_MIN_ROWS, MAX_GRAPH_ROWS, PAGE_SIZE, TOPK_BLOCKS};
 use crate::kv_cache::{BlockTable, KvUsage};
 use crate::prefix_store::PrefixStore;
-use crate::{Batch, Error, ModelConfig, Result, Runner, SeqId};
+use crate::{Batch, Error, ModelConfig, NextStep, Result, Runner, SeqId};
 
 /// What loading cost: NVRTC compile seconds (0 on a cache hit), upload seconds.
 #[derive(Debug, Clone, Default)]
@@ -164,7 +164,7 @@ pub struct CudaRunner {
     /// `SPLASH_CUDA_TIME_STEPS=1`: the device's time per pass, split into the copies of the pass's metadata and the
     /// pass itself (CUDA events; each pass then waits for its end, so for measuring only).
     pub(super) step_timer: Option<StepTimer>,
-    /// The pass started ahead by [`Runner::forward_argmax_ahead`], not yet asked for.
+    /// The pass started ahead by [`Runner::forward_argmax_then`] with `NextStep::FedPicks`, not yet asked for.
     pub(super) ahead: Option<Ahead>,
     /// Where one-row passes leave their pick for the host (`argmax_rows`' ring: page-locked, two u64 slots keyed by
     /// the pass's position), and an event per slot marking the pass's end.
@@ -457,9 +457,12 @@ impl Runner for CudaRunner {
         self.picks_argmax(batch)
     }
 
-    /// Picked on the device (`pick.rs`): with decode ahead.
-    fn forward_argmax_ahead(&mut self, batch: &Batch<'_>) -> Result<Vec<u32>> {
-        self.picks_argmax_ahead(batch)
+    /// Picked on the device (`pick.rs`): with decode ahead when the picks are fed back.
+    fn forward_argmax_then(&mut self, batch: &Batch<'_>, next: NextStep) -> Result<Vec<u32>> {
+        match next {
+            NextStep::FedPicks => self.picks_argmax_ahead(batch),
+            NextStep::Unknown => self.picks_argmax(batch),
+        }
     }
 
     /// Picked on the device (`pick.rs`): argmax and probability.
