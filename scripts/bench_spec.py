@@ -13,13 +13,18 @@ same number of tokens one llama_decode at a time (greedy argmax; each call timed
 token like splash. Ratios are splash mode / llama.cpp per workload (code-writing, file editing), over total tokens /
 total decode time.
 
-Cost-model comparison (no llama.cpp; run on a quiet machine):
+Cost-model comparison (no llama.cpp; run on a quiet machine), issue 25's acceptance in one command:
 
     scripts/bench_spec.py --compare /work/main/.dev/base/splash [--splash target/release/splash] [--gen-tokens 512]
+        [--rounds 2] [--inflate-calibration 4] [--json-out F]
 
-runs `bench --spec` with the other binary (main before the cost model), with this one, and with this one started
-from an inflated calibration (its own, just measured, with every multi-row target cost and the draft cost times
---inflate, default 4, given with --pass-costs), and prints tok/s and the ratio to `off` of every mode side by side.
+runs `bench --spec` (every mode, code and edit workloads) with the other binary (main before the cost model), with
+this one, and with this one started from an inflated calibration: the calibration this one's run just measured and
+cached, with every multi-row target cost and the draft cost times --inflate-calibration (default 4), written to a
+file and given with --pass-costs. The three alternate for --rounds rounds (tokens and time summed over rounds). It
+prints tok/s, the ratio to `off` of the same run and tokens per pass of every mode side by side, then the issue's
+gates: auto from the inflated calibration >= 1.4x off on the code workload, and no loss of this binary against the
+other on code and edit (each mode within --tolerance, default 3%, of the other's tok/s); exit status 1 when one fails.
 """
 
 import argparse
@@ -86,12 +91,14 @@ def speed_of(items):
     return tokens / max(sum(r["decode_ms"] for r in items) / 1000, 1e-9)
 
 
-def inflated_calibration(home, factor):
-    """The newest file in $SPLASH_HOME/calibration (the run that just ended wrote it) with multi-row target costs and
-    the draft cost times `factor`, written to a temporary file."""
+def inflated_calibration(home, factor, since):
+    """The calibration file in $SPLASH_HOME/calibration that a run started at `since` wrote (the newest of those, an
+    error if none), with multi-row target costs and the draft cost times `factor`, written to a temporary file."""
     import glob
     import tempfile
-    files = [f for f in glob.glob(os.path.join(home, "calibration", "*.txt"))]
+    files = [f for f in glob.glob(os.path.join(home, "calibration", "*.txt")) if os.path.getmtime(f) >= since]
+    if not files:
+        sys.exit(f"no calibration file in {home}/calibration was written by the run started at {time.ctime(since)}")
     newest = max(files, key=os.path.getmtime)
     lines = []
     for line in open(newest).read().splitlines():
@@ -101,20 +108,28 @@ def inflated_calibration(home, factor):
         elif f[0] == "draft":
             f[1] = repr(float(f[1]) * factor)
         lines.append(" ".join(f))
-    tmp = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False)
+    tmp = tempfile.NamedTemporaryFile("w", prefix="splash-inflated-", suffix=".txt", delete=False)
     tmp.write("\n".join(lines) + "\n")
     tmp.close()
-    print(f"inflated calibration (x{factor} from {newest}): {tmp.name}", file=sys.stderr, flush=True)
+    print(f"inflated calibration (x{factor:g} from {newest}): {tmp.name}", file=sys.stderr, flush=True)
     return tmp.name
 
 
 def compare(args):
     home = os.environ.get("SPLASH_HOME", os.path.expanduser("~/.cache/splash"))
-    runs = {"main before": bench_rows(args.compare, args), "this branch": bench_rows(args.splash, args)}
-    runs[f"branch, calibration x{args.inflate:g}"] = bench_rows(
-        args.splash, args, ["--pass-costs", inflated_calibration(home, args.inflate)])
+    base, branch, inflated = "main before", "this branch", f"branch, calibration x{args.inflate:g}"
+    runs = {base: [], branch: [], inflated: []}
+    costs_file = None
+    for _ in range(args.rounds):
+        runs[base] += bench_rows(args.compare, args)
+        started = time.time() - 1  # file times may be rounded down to the second
+        runs[branch] += bench_rows(args.splash, args)
+        # Inflated from the first round's fresh measurement (`bench --spec` always measures, then caches).
+        costs_file = costs_file or inflated_calibration(home, args.inflate, started)
+        runs[inflated] += bench_rows(args.splash, args, ["--pass-costs", costs_file])
     names = list(runs)
-    print(f"\n{args.model}, {args.gen_tokens} tokens, greedy, {args.threads} threads: tok/s (x vs off of the same run)")
+    print(f"\n{args.model}, {args.gen_tokens} tokens, greedy, {args.threads} threads, {args.rounds} round(s): tok/s "
+          "(x vs off of the same run)")
     print(f"{'workload':<8} {'mode':<6} " + " ".join(f"{n:>26}" for n in names))
     summary = {}
     for wl in ("code", "edit"):
@@ -135,9 +150,37 @@ def compare(args):
                 cells.append(f"{sp:7.1f} (x{ratio:4.2f}, {tpp:4.2f}/pass){'' if same else ' DIFF'}".rjust(26))
             if any(c.strip() != "-" for c in cells):
                 print(f"{wl:<8} {mode:<6} " + " ".join(cells))
+    failures = gates(summary, base, branch, inflated, args.tolerance)
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"summary": summary, "runs": runs}, f, indent=1)
+            json.dump({"summary": summary, "runs": runs, "failures": failures}, f, indent=1)
+    return 1 if failures else 0
+
+
+def gates(summary, base, branch, inflated, tolerance):
+    """Issue 25's acceptance over a --compare summary; prints each gate and returns the failed ones."""
+    failures = []
+
+    def gate(ok, text):
+        print(f"  {'PASS' if ok else 'FAIL'}  {text}")
+        if not ok:
+            failures.append(text)
+
+    print("\ngates:")
+    code = summary.get(inflated, {}).get("code", {}).get("auto")
+    gate(code is not None and code["x_off"] >= 1.4,
+         f"code, auto from the inflated calibration >= 1.4x off: x{code['x_off'] if code else '-'}")
+    for wl in ("code", "edit"):
+        for mode in ("ngram", "draft", "auto"):
+            old, new = (summary.get(n, {}).get(wl, {}).get(mode) for n in (base, branch))
+            if old and new:
+                r = new["tok_s"] / max(old["tok_s"], 1e-9)
+                gate(r >= 1 - tolerance, f"{wl} {mode}: this branch / main before = x{r:.3f} (>= x{1 - tolerance:.2f})")
+    diffs = [f"{n} {wl} {mode}" for n, wls in summary.items() for wl, modes in wls.items()
+             for mode, v in modes.items() if not v["identical_to_off"]]
+    gate(not diffs, "greedy output identical to off in every run and mode" + (f" (not: {', '.join(diffs)})" if diffs
+                                                                             else ""))
+    return failures
 
 
 def main():
@@ -149,7 +192,10 @@ def main():
     ap.add_argument("--ref-python", default=DEFAULT_REF_PYTHON)
     ap.add_argument("--json-out")
     ap.add_argument("--compare", metavar="BASE_SPLASH", help="compare the cost model against this binary (see above)")
-    ap.add_argument("--inflate", type=float, default=4.0)
+    ap.add_argument("--inflate-calibration", "--inflate", dest="inflate", type=float, default=4.0, metavar="F",
+                    help="with --compare: start the third run from the fresh calibration times F (see above)")
+    ap.add_argument("--rounds", type=int, default=1, help="with --compare: alternated rounds")
+    ap.add_argument("--tolerance", type=float, default=0.03, help="with --compare: the no-loss gate's margin")
     ap.add_argument("--workload", default="all")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-file", help=argparse.SUPPRESS)
@@ -157,7 +203,7 @@ def main():
     if args.worker:
         return llamacpp_worker(args)
     if args.compare:
-        return compare(args)
+        sys.exit(compare(args))
 
     home = os.environ.get("SPLASH_HOME", os.path.expanduser("~/.cache/splash"))
     files = {"qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",

@@ -82,8 +82,7 @@ pub async fn status(State(state): State<Arc<AppState>>) -> Json<Value> {
             "acceptance_rate": s.spec.acceptance_rate(),
             "tokens_per_target_pass": s.spec.tokens_per_pass(),
             "depth": s.spec.last_depth,
-            "ngram": {"proposed": s.spec.ngram_proposed, "accepted": s.spec.ngram_accepted},
-            "draft": {"proposed": s.spec.draft_proposed, "accepted": s.spec.draft_accepted},
+            "proposers": proposers_json(&s.spec),
             "pass_costs": pass_costs_json(&s.spec.costs),
         },
         "kv_cache": {
@@ -130,16 +129,20 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     metric("generated_tokens_total", "counter", "Tokens sampled.", &[("", s.num_generated_tokens.to_string())]);
     metric("engine_steps_total", "counter", "Engine steps (batches run).", &[("", s.num_steps.to_string())]);
     metric("engine_busy_seconds_total", "counter", "Time spent stepping.", &[("", format!("{:.6}", s.busy_s))]);
+    let by_proposer: Vec<(String, String)> = s
+        .spec
+        .proposers()
+        .iter()
+        .flat_map(|p| {
+            [("proposed", p.proposed), ("accepted", p.accepted)]
+                .map(|(outcome, n)| (format!("{{proposer=\"{}\",outcome=\"{outcome}\"}}", p.name), n.to_string()))
+        })
+        .collect();
     metric(
         "spec_draft_tokens_total",
         "counter",
         "Draft tokens proposed and accepted, by proposer.",
-        &[
-            ("{proposer=\"ngram\",outcome=\"proposed\"}", s.spec.ngram_proposed.to_string()),
-            ("{proposer=\"ngram\",outcome=\"accepted\"}", s.spec.ngram_accepted.to_string()),
-            ("{proposer=\"draft\",outcome=\"proposed\"}", s.spec.draft_proposed.to_string()),
-            ("{proposer=\"draft\",outcome=\"accepted\"}", s.spec.draft_accepted.to_string()),
-        ],
+        &by_proposer.iter().map(|(l, v)| (l.as_str(), v.clone())).collect::<Vec<_>>(),
     );
     metric(
         "spec_tokens_per_target_pass",
@@ -153,7 +156,7 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .target_points()
         .iter()
         .map(|p| (format!("{{pass=\"target\",rows=\"{}\"}}", p.rows), p))
-        .chain(costs.draft.as_ref().map(|p| ("{pass=\"draft\",rows=\"1\"}".to_string(), p)))
+        .chain(costs.pass_points().iter().map(|(name, p)| (format!("{{pass=\"{name}\",rows=\"1\"}}"), p)))
         .collect();
     let samples = |f: &dyn Fn(&engine::spec::CostPoint) -> String| -> Vec<(&str, String)> {
         points.iter().map(|(l, p)| (l.as_str(), f(p))).collect()
@@ -288,6 +291,19 @@ pub async fn apply_template(
 /// draft pass, the estimate and the calibration's value in milliseconds, how many passes were timed since the start
 /// and when the estimate was last measured (Unix seconds, and seconds ago; the calibration's time until a pass is
 /// timed).
+/// Per proposer (prompt lookup "ngram", the draft model "draft", any added): its draft tokens proposed and
+/// accepted, for /status and `run --stats`.
+pub fn proposers_json(spec: &engine::SpecStats) -> serde_json::Value {
+    let entry = |p: &engine::ProposerStats| {
+        let rate = p.accepted as f64 / p.proposed.max(1) as f64;
+        (
+            p.name.to_string(),
+            serde_json::json!({"proposed": p.proposed, "accepted": p.accepted, "acceptance_rate": rate}),
+        )
+    };
+    serde_json::Value::Object(spec.proposers().iter().map(entry).collect())
+}
+
 pub fn pass_costs_json(costs: &engine::spec::CostsView) -> serde_json::Value {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     let point = |p: &engine::spec::CostPoint| {
@@ -302,7 +318,8 @@ pub fn pass_costs_json(costs: &engine::spec::CostsView) -> serde_json::Value {
     };
     serde_json::json!({
         "target": costs.target_points().iter().map(point).collect::<Vec<_>>(),
-        "draft": costs.draft.as_ref().map(point),
+        // Each proposer's draft pass (the draft model's is "draft").
+        "proposers": costs.pass_points().iter().map(|(name, p)| (name.to_string(), point(p))).collect::<serde_json::Map<_, _>>(),
         "explored_passes": costs.explored_passes,
     })
 }

@@ -117,7 +117,7 @@ async fn n_choices() {
     let (_, one) = h.post_json(CHAT, &json!({"messages": user("x")})).await;
     assert_eq!(r["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"]);
     assert_eq!(r["usage"]["completion_tokens"].as_u64(), one["usage"]["completion_tokens"].as_u64().map(|n| 3 * n));
-    let prompts = h.script.lock().unwrap().prompts.len();
+    let prompts = h.seen().prompts.len();
     assert_eq!(prompts, 4, "n = 3 ran three sequences, then one more");
 
     // Streaming: every choice gets its role chunk, its text and its finish reason; one usage chunk; one [DONE].

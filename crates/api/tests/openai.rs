@@ -449,7 +449,7 @@ async fn a_client_that_hangs_up_frees_its_sequence() {
     assert_eq!(h.state.engine.stats().num_running, 1);
     let t0 = Instant::now();
     drop(body);
-    while h.state.engine.stats().num_running > 0 || !h.script.lock().unwrap().live.is_empty() {
+    while h.state.engine.stats().num_running > 0 || !h.seen().live.is_empty() {
         assert!(t0.elapsed() < Duration::from_millis(200), "the sequence was not freed within 200 ms");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }

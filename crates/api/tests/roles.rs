@@ -85,10 +85,10 @@ async fn prompt_of(h: &Harness, path: &str, body: &Value) -> Vec<u32> {
         let v: Value = serde_json::from_str(&text).unwrap();
         let usage = &v["usage"];
         let prompt_tokens = usage.get("prompt_tokens").or(usage.get("input_tokens")).unwrap();
-        let last = h.script.lock().unwrap().prompts.last().unwrap().len();
+        let last = h.seen().prompts.last().unwrap().len();
         assert_eq!(prompt_tokens, last, "usage counts the prompt the engine got");
     }
-    h.script.lock().unwrap().prompts.last().expect("a prompt reached the engine").clone()
+    h.seen().prompts.last().expect("a prompt reached the engine").clone()
 }
 
 fn num_control(ids: &[u32]) -> usize {
@@ -213,7 +213,7 @@ async fn tool_names_cannot_forge_turns() {
             continue;
         }
         assert_eq!(status, StatusCode::OK, "{text}");
-        let ids = h.script.lock().unwrap().prompts.last().unwrap().clone();
+        let ids = h.seen().prompts.last().unwrap().clone();
         let prompt = assets().tokenizer.decode(&ids);
         assert!(prompt.contains(ATTACK), "{prompt}");
         let mut defanged = body.clone();

@@ -330,8 +330,8 @@ fn spec_bench(a: &Args) -> Result<()> {
             let (out, _, usage) = engine.generate(req, |_| {})?;
             let after = engine.spec_stats();
             let passes = after.decode_passes - before.decode_passes;
-            let proposed = after.ngram_proposed + after.draft_proposed - before.ngram_proposed - before.draft_proposed;
-            let accepted = after.ngram_accepted + after.draft_accepted - before.ngram_accepted - before.draft_accepted;
+            let proposed = after.proposed() - before.proposed();
+            let accepted = after.accepted() - before.accepted();
             if mode == SpecMode::Off {
                 reference.push(out.clone());
             }
@@ -375,7 +375,8 @@ fn spec_bench(a: &Args) -> Result<()> {
         println!("pass cost (rows: × one row): {}; draft pass {:.2} ×", curve.join(" "), costs.draft_s / t1);
         let buckets: Vec<String> = engine
             .confidence()
-            .buckets()
+            .into_iter()
+            .flat_map(|c| c.buckets())
             .filter(|b| b.2 > 0.0)
             .map(|(lo, hi, n, a)| format!("[{lo}, {hi}): {n:.0} at {:.1}%", 100.0 * a / n))
             .collect();

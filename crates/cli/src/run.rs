@@ -113,6 +113,7 @@ pub fn main(a: Args) -> Result<()> {
     })?;
     writeln!(stdout)?;
     if a.stats {
+        let spec = engine.spec_stats();
         let stats = serde_json::json!({
             "load_s": load_s,
             "prompt_tokens": usage.prompt_tokens,
@@ -120,10 +121,11 @@ pub fn main(a: Args) -> Result<()> {
             "prefill_tok_s": usage.prefill_tok_s(),
             "decode_tok_s": usage.decode_tok_s(),
             "spec_mode": format!("{:?}", a.spec.mode).to_lowercase(),
-            "acceptance": engine.spec_stats().acceptance_rate(),
-            "tokens_per_pass": engine.spec_stats().tokens_per_pass(),
-            "draft_depth": engine.spec_stats().last_depth,
-            "pass_costs": api::admin::pass_costs_json(&engine.spec_stats().costs),
+            "acceptance": spec.acceptance_rate(),
+            "tokens_per_pass": spec.tokens_per_pass(),
+            "draft_depth": spec.last_depth,
+            "proposers": api::admin::proposers_json(&spec),
+            "pass_costs": api::admin::pass_costs_json(&spec.costs),
             "pass_costs_warning": costs_warning,
         });
         eprintln!("{stats}");

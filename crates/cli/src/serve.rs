@@ -176,20 +176,39 @@ fn plan_input(model: &str, path: &std::path::Path) -> Result<plan::ModelInput> {
     }
 }
 
-/// The pack `model` names: a built-in pack name, or a path to a file that is some built-in pack's target.
-fn pack_of(model: &str) -> Option<&'static pack::Manifest> {
-    pack::pack(model).or_else(|| {
-        let file = std::path::Path::new(model).file_name()?.to_str()?;
-        pack::builtin_packs().iter().find(|m| m.target.file == file)
-    })
+/// The pack `model` is: a built-in pack's name, or a file (a path or a catalog name in the cache) whose content is
+/// a built-in pack's target ([`pack::pack_for_target`]: tokenizer fingerprint, shapes and size), whatever the file is
+/// called, so a renamed copy gets the pack's chat template and sampling as its draft. `None` for other files.
+pub(crate) fn pack_of(model: &str) -> Result<Option<&'static pack::Manifest>> {
+    if let Some(m) = pack::pack(model) {
+        return Ok(Some(m));
+    }
+    let path = match pack::catalog().get(model) {
+        Some(_) => match pack::resolve(model) {
+            Ok(p) => p,
+            Err(_) => return Ok(None),
+        },
+        None => std::path::PathBuf::from(model),
+    };
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let file = gguf::GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))?;
+    let Ok(fingerprint) = pack::tokenizer_fingerprint(&file) else { return Ok(None) };
+    let config =
+        models::arch::config_from_gguf(&file).with_context(|| format!("reading the shapes of {}", path.display()))?;
+    let shapes = pack::Shapes { model: config.shapes, weight_bytes: file.tensors.iter().map(|t| t.size_bytes).sum() };
+    let size = std::fs::metadata(&path).with_context(|| format!("reading {}", path.display()))?.len();
+    Ok(pack::pack_for_target(pack::builtin_packs(), &fingerprint, &shapes, size))
 }
 
-/// The model file's chat template, replaced by the pack's corrected one where the pack has one (same BOS/EOS).
+/// The model file's chat template, replaced by the pack's corrected one where the model is a pack with one (same
+/// BOS/EOS).
 pub(crate) fn apply_pack_template(
-    model: &str,
+    pack: Option<&pack::Manifest>,
     template: Option<chat::ChatTemplate>,
 ) -> Result<Option<chat::ChatTemplate>> {
-    let Some(source) = pack_of(model).and_then(pack::Manifest::chat_template) else { return Ok(template) };
+    let Some(source) = pack.and_then(pack::Manifest::chat_template) else { return Ok(template) };
     match template {
         Some(t) => {
             eprintln!("chat template: the pack's corrected template replaces the file's");
@@ -249,7 +268,11 @@ pub fn main(a: Args) -> Result<()> {
             plan.max_context, plan.max_sequences, plan.num_kv_pages
         );
     }
-    let template = apply_pack_template(&a.model, template)?;
+    let model_pack = pack_of(&a.model)?;
+    if let Some(m) = model_pack.filter(|m| m.name != a.model) {
+        eprintln!("{} is the {} pack's model (same tokenizer, shapes and size)", a.model, m.name);
+    }
+    let template = apply_pack_template(model_pack, template)?;
     runner.limit_context(plan.max_context);
     runner.set_kv_blocks(plan.num_kv_pages);
     runner.set_prefix_cache_blocks(plan.max_cached_pages);
@@ -317,7 +340,7 @@ pub fn main(a: Args) -> Result<()> {
         },
         ..Default::default()
     };
-    if let Some(m) = pack_of(&a.model) {
+    if let Some(m) = model_pack {
         apply_pack_sampling(&mut config.default_sampling, &m.sampling);
     }
     let max_context = handle.limits().max_context;
@@ -502,18 +525,71 @@ mod tests {
     }
 
     #[test]
-    fn pack_templates_replace_the_files_for_names_and_paths() {
+    fn pack_templates_replace_the_files_for_packs() {
         let file_template = || Some(chat::ChatTemplate::new("{{ messages }}", "<s>", "<|im_end|>").expect("compiles"));
         let corrected = pack::builtin_template("qwen2.5-coder.jinja").expect("built in");
-        for model in ["qwen2.5-coder-1.5b", "/x/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b"] {
-            let t = apply_pack_template(model, file_template()).expect("applies").expect("a template");
+        for model in ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"] {
+            let t = apply_pack_template(pack::pack(model), file_template()).expect("applies").expect("a template");
             assert_eq!((t.source(), t.eos_token()), (corrected, "<|im_end|>"), "{model}");
         }
-        for model in ["smollm2-135m", "/x/other.gguf"] {
-            let t = apply_pack_template(model, file_template()).expect("applies").expect("a template");
-            assert_eq!(t.source(), "{{ messages }}", "{model}");
+        for pack in [pack::pack("smollm2-135m"), None] {
+            let t = apply_pack_template(pack, file_template()).expect("applies").expect("a template");
+            assert_eq!(t.source(), "{{ messages }}", "{pack:?}");
         }
-        assert!(apply_pack_template("qwen2.5-coder-1.5b", None).expect("no template stays none").is_none());
+        assert!(apply_pack_template(pack::pack("qwen2.5-coder-1.5b"), None).expect("none stays none").is_none());
+    }
+
+    /// A copy of a pack's file under another name is that pack (its template, sampling and draft); another file is
+    /// none, and a path that is no file is none. Uses the real files when they are in the cache.
+    #[test]
+    fn a_renamed_copy_of_a_packs_file_is_the_pack() {
+        assert_eq!(pack_of("qwen2.5-coder-1.5b").expect("a name").map(|m| m.name.as_str()), Some("qwen2.5-coder-1.5b"));
+        assert!(pack_of("/nonexistent/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf").expect("no file").is_none());
+        let dir = tempfile::tempdir().expect("temp dir");
+        let models = pack::home().join("models");
+        let file_template = || Some(chat::ChatTemplate::new("{{ messages }}", "<s>", "<|im_end|>").expect("compiles"));
+        let spec = crate::spec::SpecArgs {
+            mode: crate::spec::SpecMode::Auto,
+            draft: None,
+            spec_depth: 8,
+            spec_fixed_depth: false,
+            no_draft_confidence: false,
+            draft_vocab: engine::SpecConfig::default().draft_vocab,
+            recalibrate: false,
+            pass_costs: None,
+        };
+        for (i, (file, want)) in [
+            ("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", Some("qwen2.5-coder-1.5b")),
+            ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", Some("qwen2.5-coder-0.5b")),
+            ("SmolLM2-135M-Instruct.Q4_1.gguf", Some("smollm2-135m")),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let original = models.join(file);
+            if !original.is_file() {
+                eprintln!("{file} is not in the cache; its renamed copy is not checked");
+                continue;
+            }
+            let copy = dir.path().join(format!("renamed-{i}.gguf"));
+            std::fs::hard_link(&original, &copy)
+                .or_else(|_| std::fs::copy(&original, &copy).map(|_| ()))
+                .expect("copy");
+            let model = copy.to_str().expect("utf-8 path");
+            let found = pack_of(model).expect("reads the copy").expect("a pack's file");
+            assert_eq!(Some(found.name.as_str()), want, "{file}");
+            let t = apply_pack_template(Some(found), file_template()).expect("applies").expect("a template");
+            assert_eq!(t.source(), found.chat_template().unwrap_or("{{ messages }}"), "{file}");
+            // And the pack's draft, by catalog name.
+            let draft = found.draft.as_ref().and_then(|d| pack::catalog().entries.iter().find(|e| e.file == d.file));
+            assert_eq!(spec.draft_model(model), draft.map(|e| e.name.clone()), "{file}");
+        }
+        // A file that is a GGUF but no pack's target: none.
+        let other = dir.path().join("other.gguf");
+        let mut w = gguf::GgufWriter::new();
+        w.add("general.architecture", gguf::Value::String("llama".into()));
+        std::fs::write(&other, w.to_bytes()).expect("write");
+        assert!(pack_of(other.to_str().expect("utf-8 path")).expect("reads it").is_none());
     }
 
     #[test]

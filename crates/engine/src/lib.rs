@@ -12,6 +12,8 @@ pub mod sampler;
 pub mod service;
 pub mod spec;
 mod stop;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,7 +28,8 @@ pub use sampler::{Sampler, SamplingParams};
 pub use spec::SpecConfig;
 pub use stop::StopStrings;
 
-use spec::{Acceptance, CostModel, Method, NgramAcceptance, PassCosts};
+use spec::proposer::Proposers;
+use spec::{CostModel, Draft, DraftModel, Hidden, PassCosts, Proposer, SeqView, StepPlan, Verified};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -44,7 +47,7 @@ pub struct EngineConfig {
     pub max_batch_tokens: usize,
     /// Most prompt tokens in a step that also decodes: bounds the time between two tokens of a running stream.
     pub max_prefill_tokens_while_decoding: usize,
-    /// Speculative decoding (n-gram and draft model).
+    /// Speculative decoding (its proposers: n-gram, the draft model, and any added).
     pub spec: SpecConfig,
     /// Sample from each row's largest logits when that decides the pick exactly (top-k sampling without
     /// log-probabilities or an awake constraint): a GPU runner then selects them on the device and copies back a few
@@ -70,11 +73,9 @@ pub struct SpecStats {
     /// Target passes of decoding sequences (one per sequence per step), and the tokens they produced.
     pub decode_passes: u64,
     pub decode_tokens: u64,
-    /// Draft tokens proposed and accepted, by proposer.
-    pub ngram_proposed: u64,
-    pub ngram_accepted: u64,
-    pub draft_proposed: u64,
-    pub draft_accepted: u64,
+    /// Draft tokens proposed and accepted, by proposer (see [`SpecStats::proposers`]).
+    pub by_proposer: [ProposerStats; spec::CostsView::MAX_PROPOSERS],
+    pub num_proposers: usize,
     /// Depth chosen in the last step, averaged over its decoding sequences.
     pub last_depth: f64,
     /// Wall time of steps, split into draft-model passes (drafting and prompt catch-up), target passes, and the
@@ -86,10 +87,37 @@ pub struct SpecStats {
     pub costs: spec::CostsView,
 }
 
+/// One proposer's counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ProposerStats {
+    pub name: &'static str,
+    /// Draft tokens proposed (padding that times a pass excluded) and accepted.
+    pub proposed: u64,
+    pub accepted: u64,
+}
+
 impl SpecStats {
+    /// Each proposer the engine has (prompt lookup, the draft model when there is one, any added), in order.
+    pub fn proposers(&self) -> &[ProposerStats] {
+        &self.by_proposer[..self.num_proposers]
+    }
+
+    /// The counts of the proposer called `name` (zeros when there is none).
+    pub fn of(&self, name: &str) -> ProposerStats {
+        self.proposers().iter().copied().find(|p| p.name == name).unwrap_or_default()
+    }
+
+    /// Draft tokens proposed and accepted, all proposers together.
+    pub fn proposed(&self) -> u64 {
+        self.proposers().iter().map(|p| p.proposed).sum()
+    }
+
+    pub fn accepted(&self) -> u64 {
+        self.proposers().iter().map(|p| p.accepted).sum()
+    }
+
     pub fn acceptance_rate(&self) -> f64 {
-        let proposed = self.ngram_proposed + self.draft_proposed;
-        (self.ngram_accepted + self.draft_accepted) as f64 / (proposed.max(1)) as f64
+        self.accepted() as f64 / self.proposed().max(1) as f64
     }
 
     pub fn tokens_per_pass(&self) -> f64 {
@@ -106,12 +134,6 @@ struct Sequence {
     num_computed_tokens: usize,
     /// Prompt tokens whose KV came from the prefix cache.
     num_cached_tokens: usize,
-    /// Tokens whose KV the draft runner holds (when this sequence uses the draft model).
-    num_draft_tokens: usize,
-    /// The draft sees the sequence from this token on (its position 0): only the end of a long prompt, so drafting
-    /// adds little to prefill.
-    draft_offset: usize,
-    uses_draft: bool,
     max_tokens: usize,
     sampler: Sampler,
     constraint: Option<Box<dyn TokenConstraint>>,
@@ -121,14 +143,10 @@ struct Sequence {
     ignore_eos: bool,
     /// Text released so far.
     text: String,
-    ngram: NgramAcceptance,
-    draft: Acceptance,
-    /// What this sequence's guided drafts yielded per verification.
-    guided: spec::GuidedYield,
-    /// Target passes since the draft model last proposed for this sequence, and how many to wait before probing it
-    /// again (see [`DRAFT_PROBE_GAP_MIN`]).
-    draft_idle: usize,
-    draft_probe_gap: usize,
+    /// The target's hidden rows of this sequence's tokens that its last pass computed and kept, for the layers the
+    /// proposers read (`[layers][rows][hidden]`), and the position of the first.
+    hidden: Vec<f32>,
+    hidden_pos: usize,
     t_admitted: Instant,
     t_first_token: Option<Instant>,
 }
@@ -140,6 +158,11 @@ impl Sequence {
 
     fn is_prefill(&self) -> bool {
         self.num_computed_tokens < self.num_prompt_tokens
+    }
+
+    /// [`Self::hidden`] as proposers see it, `width` floats per row.
+    fn hidden_rows<'a>(&'a self, layers: &'a [usize], width: usize) -> Hidden<'a> {
+        hidden_view(&self.hidden, self.hidden_pos, layers, width)
     }
 
     fn usage(&self) -> Usage {
@@ -237,6 +260,22 @@ impl Sequence {
     }
 }
 
+/// A proposer's cost per draft pass as a sequence's depth is chosen (see `Engine::costs_for`): calibrated for
+/// seeded sampling, live otherwise; 0 for one that runs no passes.
+fn pass_cost(cost_model: &CostModel, p: &dyn Proposer, seeded: bool) -> f64 {
+    match (p.runs_passes(), seeded) {
+        (false, _) => 0.0,
+        (true, true) => cost_model.prior_pass_s(p.name()),
+        (true, false) => cost_model.pass_s(p.name()),
+    }
+}
+
+/// Hidden rows of `layers` (`[layers][rows][width]`, the first at position `first_pos`) as proposers see them.
+fn hidden_view<'a>(rows: &'a [f32], first_pos: usize, layers: &'a [usize], width: usize) -> Hidden<'a> {
+    let num_rows = if layers.is_empty() || width == 0 { 0 } else { rows.len() / (layers.len() * width) };
+    Hidden { layers, rows, num_rows, width, first_pos }
+}
+
 /// Log-probability of `token` and the `n` most likely tokens under the raw logits.
 fn token_logprobs(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -253,33 +292,26 @@ fn token_logprobs(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
     TokenLogprobs { logprob: lp(token), top: top.into_iter().map(|t| (t, lp(t))).collect() }
 }
 
-/// What a decoding sequence sends to the target this step: the method and its draft tokens (with the draft's
-/// sampling weights per token when they were sampled).
+/// What a decoding sequence sends to the target this step: the proposer (its slot in [`Proposers`]) and its draft
+/// tokens (placeholders until it drafts them), with the draft's sampling weights per token when they were sampled.
 #[derive(Default)]
 struct Proposal {
-    method: Option<Method>,
+    proposer: Option<usize>,
     tokens: Vec<u32>,
     weights: Vec<Option<Vec<(u32, f64)>>>,
     /// The proposer's measured acceptance for this sequence.
     rate: f64,
-    /// The n-gram proposal when the draft model was chosen instead: checked against the tokens that come out, so the
-    /// n-gram acceptance keeps being measured (it costs nothing) and the choice can switch back.
-    shadow: Vec<u32>,
-    /// Length of the suffix match behind the n-gram proposal (or the shadow).
-    ngram_match: usize,
     /// The depth is this sequence's own and the step may not trim it (seeded sampling, see [`Engine::costs_for`],
     /// and probes).
     fixed: bool,
     /// Tokens at the end of `tokens` that pad the pass to a row count the cost model wants timed
     /// ([`Engine::explore`]): verified like any draft, counted for no proposer.
     pad: usize,
-    /// A probe of the draft model that its measured acceptance alone would not have chosen.
+    /// A probe of a proposer that its measured acceptance alone would not have chosen ([`spec::Offer::probe`]).
     probe: bool,
-    /// A greedy draft whose depth follows the draft's confidence: `tokens` is the most it may draft, and it stops
+    /// A draft whose depth follows the proposer's confidence: `tokens` is the most it may draft, and it stops
     /// earlier when one more token would not pay ([`spec::draft_more`]).
     guided: bool,
-    /// The draft model's probability for each token it proposed (guided drafts).
-    conf: Vec<f32>,
 }
 
 /// What a target pass returned for its logit rows.
@@ -318,15 +350,10 @@ fn token_prob(logits: &[f32], t: u32) -> f32 {
     }
 }
 
-/// Probing the draft model. Acceptance is only measured while a proposer proposes, so one early rejection (or a
-/// stretch of prose in a code reply) could push the draft's estimate below the point where drafting pays and keep
-/// it there for the rest of the request. A sequence that has not used the draft for `draft_probe_gap` target
-/// passes, and would propose nothing this step, proposes `DRAFT_PROBE_DEPTH` draft tokens anyway (a step with an
-/// n-gram proposal keeps it); a fully accepted probe resets the gap to the minimum, any other doubles it (up to the
-/// maximum), so a draft that really does not fit costs at most one probe in `DRAFT_PROBE_GAP_MAX` passes.
-const DRAFT_PROBE_DEPTH: usize = 2;
-const DRAFT_PROBE_GAP_MIN: usize = 8;
-const DRAFT_PROBE_GAP_MAX: usize = 256;
+/// Draft tokens of a probe ([`spec::Offer::probe`]): a proposer that has not proposed for a sequence for a while,
+/// where nothing else proposes, proposes this many anyway (a step with a proposal from one that runs no passes
+/// keeps it, unless the prober's own cost is still unconfirmed).
+const PROBE_DEPTH: usize = 2;
 
 /// Live cost estimates go to the cost sink ([`Engine::set_cost_sink`]) after this many observed passes (and when
 /// the engine is dropped).
@@ -344,7 +371,9 @@ fn unix_now() -> f64 {
 
 pub struct Engine<R: Runner> {
     runner: R,
-    draft: Option<R>,
+    proposers: Proposers<R>,
+    /// The target layers whose hidden rows the proposers read, together.
+    hidden_layers: Vec<usize>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
     seqs: Vec<Sequence>,
@@ -357,8 +386,6 @@ pub struct Engine<R: Runner> {
     cost_sink: Option<CostSink>,
     /// Observations since the cost sink last got the estimates.
     unsaved_observations: u64,
-    /// Acceptance of greedy draft tokens by the draft's confidence in them.
-    confidence: spec::Confidence,
     stats: SpecStats,
 }
 
@@ -367,7 +394,8 @@ impl<R: Runner> Engine<R> {
         config.max_batch_tokens = config.max_batch_tokens.max(1);
         Engine {
             runner,
-            draft: None,
+            proposers: Proposers::new(),
+            hidden_layers: Vec::new(),
             tokenizer,
             config,
             seqs: Vec::new(),
@@ -380,7 +408,6 @@ impl<R: Runner> Engine<R> {
             },
             cost_sink: None,
             unsaved_observations: 0,
-            confidence: spec::Confidence::default(),
             stats: SpecStats::default(),
         }
     }
@@ -396,26 +423,43 @@ impl<R: Runner> Engine<R> {
                 self.tokenizer.vocab_size()
             )));
         }
-        self.draft = Some(draft);
+        let c = &self.config;
+        self.proposers.draft = Some(DraftModel::new(draft, t, c.max_batch_tokens, c.sample_on_candidates));
         self.apply_draft_vocab();
+        Ok(())
+    }
+
+    /// Adds a proposer (an MTP head, a block drafter, ...) after prompt lookup and the draft model: the step asks it
+    /// for offers like the others, and the target keeps the hidden rows it reads. An error when the target runner
+    /// cannot keep them, or when `max` proposers are already there.
+    pub fn add_proposer(&mut self, p: Box<dyn Proposer>) -> Result<()> {
+        if self.proposers.len() >= spec::CostsView::MAX_PROPOSERS {
+            return Err(Error::InvalidRequest(format!("at most {} proposers", spec::CostsView::MAX_PROPOSERS)));
+        }
+        let mut layers = self.hidden_layers.clone();
+        layers.extend_from_slice(p.hidden_layers());
+        layers.sort_unstable();
+        layers.dedup();
+        self.runner.set_hidden_layers(&layers)?;
+        self.hidden_layers = layers;
+        self.cost_model.add_proposer(p.name(), 0.0);
+        self.proposers.extra.push(p);
         Ok(())
     }
 
     /// Narrows the draft's output head to `spec.draft_vocab` ids (at most as many as the target can emit).
     fn apply_draft_vocab(&mut self) {
-        let target = self.runner.config().vocab_size;
-        if let Some(d) = self.draft.as_mut() {
-            let n = self.config.spec.draft_vocab;
-            d.limit_logits(if n == 0 { target } else { n.min(target) });
+        if let Some(d) = self.proposers.draft.as_mut() {
+            d.limit_vocab(self.config.spec.draft_vocab);
         }
     }
 
     pub fn draft(&self) -> Option<&R> {
-        self.draft.as_ref()
+        self.proposers.draft.as_ref().map(DraftModel::runner)
     }
 
     pub fn draft_mut(&mut self) -> Option<&mut R> {
-        self.draft.as_mut()
+        self.proposers.draft.as_mut().map(DraftModel::runner_mut)
     }
 
     pub fn runner(&self) -> &R {
@@ -441,7 +485,14 @@ impl<R: Runner> Engine<R> {
     }
 
     pub fn spec_stats(&self) -> SpecStats {
-        SpecStats { costs: self.cost_model.view(self.draft.is_some()), ..self.stats }
+        let mut stats = SpecStats { costs: self.cost_model.view(self.proposers.draft.is_some()), ..self.stats };
+        let present = (0..self.proposers.len()).filter_map(|slot| Some((slot, self.proposers.get(slot)?.name())));
+        stats.num_proposers = 0;
+        for (slot, name) in present {
+            stats.by_proposer[stats.num_proposers] = ProposerStats { name, ..self.stats.by_proposer[slot] };
+            stats.num_proposers += 1;
+        }
+        stats
     }
 
     /// Times passes with `clock` (seconds, monotonic) instead of the system's: tests run on a simulated clock that
@@ -479,9 +530,9 @@ impl<R: Runner> Engine<R> {
         &self.costs
     }
 
-    /// Acceptance of greedy draft tokens by the draft's confidence, as learned so far.
-    pub fn confidence(&self) -> &spec::Confidence {
-        &self.confidence
+    /// Acceptance of greedy draft tokens by the draft model's confidence, as learned so far (None without one).
+    pub fn confidence(&self) -> Option<&spec::Confidence> {
+        self.proposers.draft.as_ref().map(DraftModel::confidence)
     }
 
     /// The pass costs as the passes run since calibration measured them ([`CostModel`]): what the chooser uses.
@@ -506,6 +557,9 @@ impl<R: Runner> Engine<R> {
     /// again).
     pub fn set_pass_costs_measured_at(&mut self, costs: PassCosts, measured_unix: f64) {
         self.cost_model = CostModel::new(&costs, measured_unix);
+        for p in &self.proposers.extra {
+            self.cost_model.add_proposer(p.name(), 0.0);
+        }
         self.costs = costs;
     }
 
@@ -550,8 +604,8 @@ impl<R: Runner> Engine<R> {
                     times.push(t);
                 }
             }
-            if let Some(d) = self.draft.as_mut() {
-                let t = time(d, 1)?;
+            if let Some(d) = self.proposers.draft.as_mut() {
+                let t = time(d.runner_mut(), 1)?;
                 if round > 0 {
                     draft.push(t);
                 }
@@ -588,23 +642,18 @@ impl<R: Runner> Engine<R> {
         // At least the last prompt token is computed: its logits give the first output token.
         let reusable = &req.prompt[..req.prompt.len() - 1];
         let num_cached = self.runner.attach_prefix(seq, reusable);
-        let spec = &self.config.spec;
-        let uses_draft =
-            spec.max_draft_tokens > 0 && spec.draft_model && req.constraint.as_ref().is_none_or(|c| c.is_dormant());
-        let draft_offset = if spec.draft_window == 0 { 0 } else { reusable.len().saturating_sub(spec.draft_window) };
-        let num_draft = match self.draft.as_mut() {
-            Some(d) if uses_draft => draft_offset + d.attach_prefix(seq, &reusable[draft_offset..]),
-            _ => 0,
-        };
+        let constrained = req.constraint.as_ref().is_some_and(|c| !c.is_dormant());
+        for slot in 0..self.proposers.len() {
+            if let Some(p) = self.proposers.get_mut(slot) {
+                p.admit(seq, &req.prompt, num_cached, &self.config.spec, constrained);
+            }
+        }
         self.seqs.push(Sequence {
             id,
             num_prompt_tokens: req.prompt.len(),
             tokens: req.prompt,
             num_computed_tokens: num_cached,
             num_cached_tokens: num_cached,
-            num_draft_tokens: num_draft,
-            draft_offset,
-            uses_draft: uses_draft && self.draft.is_some(),
             max_tokens: req.max_tokens,
             sampler: Sampler::new(req.sampling),
             constraint: req.constraint,
@@ -616,11 +665,8 @@ impl<R: Runner> Engine<R> {
             stop_tokens: req.stop_tokens,
             ignore_eos: req.ignore_eos,
             text: String::new(),
-            ngram: NgramAcceptance::new(),
-            draft: Acceptance::new(0.6),
-            guided: spec::GuidedYield::default(),
-            draft_idle: 0,
-            draft_probe_gap: DRAFT_PROBE_GAP_MIN,
+            hidden: Vec::new(),
+            hidden_pos: 0,
             t_admitted: Instant::now(),
             t_first_token: None,
         });
@@ -629,8 +675,10 @@ impl<R: Runner> Engine<R> {
 
     fn release(&mut self, s: &Sequence) {
         self.runner.release(SeqId(s.id.0));
-        if let Some(d) = self.draft.as_mut() {
-            d.release(SeqId(s.id.0));
+        for slot in 0..self.proposers.len() {
+            if let Some(p) = self.proposers.get_mut(slot) {
+                p.release(SeqId(s.id.0));
+            }
         }
     }
 
@@ -651,9 +699,11 @@ impl<R: Runner> Engine<R> {
 
     /// Background work of the runners while no request runs (see `Runner::idle_work`); true if more remains.
     pub fn idle_work(&mut self) -> bool {
-        let target = self.runner.idle_work();
-        let draft = self.draft.as_mut().is_some_and(|d| d.idle_work());
-        target || draft
+        let mut more = self.runner.idle_work();
+        for slot in 0..self.proposers.len() {
+            more |= self.proposers.get_mut(slot).is_some_and(|p| p.idle_work());
+        }
+        more
     }
 
     pub fn has_work(&self) -> bool {
@@ -667,7 +717,9 @@ impl<R: Runner> Engine<R> {
     /// Whether speculation may ever propose drafts for `s` (it then may change the shape of its next step).
     fn may_propose(&self, s: &Sequence) -> bool {
         let spec = &self.config.spec;
-        spec.max_draft_tokens > 0 && (spec.ngram || s.uses_draft)
+        spec.max_draft_tokens > 0
+            && (0..self.proposers.len())
+                .any(|slot| self.proposers.get(slot).is_some_and(|p| p.proposes_for(SeqId(s.id.0), spec)))
     }
 
     /// The most drafts `s` may have verified in one step: they must fit the context (the target holds them until
@@ -681,103 +733,81 @@ impl<R: Runner> Engine<R> {
             .min(s.max_tokens.saturating_sub(s.num_output_tokens() + 1))
     }
 
-    /// Chooses the proposer for a decoding sequence (the one faster for it alone) and proposes as many tokens as it
-    /// may; [`Self::choose_depths`] then trims them for the whole step.
-    fn propose(&self, s: &Sequence, max_rows: usize) -> Proposal {
+    /// Asks every proposer what it offers the decoding sequence `i`, takes the one faster for it alone and proposes
+    /// as many tokens as it may (placeholders: the proposer drafts them once [`Self::choose_depths`] has trimmed
+    /// them for the whole step).
+    fn propose(&mut self, i: usize, max_rows: usize) -> Proposal {
+        let s = &self.seqs[i];
         let spec = &self.config.spec;
         let max_k = self.max_drafts(s).min(max_rows.saturating_sub(1));
         if max_k == 0 || s.constraint.as_ref().is_some_and(|c| !c.is_dormant()) {
             return Proposal::default();
         }
-        let costs = self.costs_for(s);
+        let costs = self.costs_for(s).clone();
         let fixed = s.sampler.params.is_seeded_sampling();
-        let pick = |method: Method, acc: f64, max: usize| {
-            if spec.adaptive { costs.best_depth(method, acc, max) } else { max }
+        let width = self.runner.config().hidden_size;
+        let view = SeqView {
+            seq: SeqId(s.id.0),
+            tokens: &s.tokens,
+            num_prompt_tokens: s.num_prompt_tokens,
+            sampler: &s.sampler,
+            adjustable: !fixed,
+            hidden: s.hidden_rows(&self.hidden_layers, width),
         };
-        let mut best: Option<(f64, Method, usize)> = None;
-        let mut consider_speed = |method: Method, speed: f64, k: usize| {
-            if k > 0 && best.is_none_or(|b| speed > b.0) {
-                best = Some((speed, method, k));
+        // (speed, slot, depth, offer) of the fastest, and the first due for a probe.
+        let mut best: Option<(f64, usize, usize, spec::Offer)> = None;
+        let mut probe: Option<(usize, spec::Offer)> = None;
+        for slot in 0..self.proposers.len() {
+            let Some(p) = self.proposers.get_mut(slot) else { continue };
+            let Some(offer) = p.offer(&view, max_k, spec) else { continue };
+            let Some(p) = self.proposers.get(slot) else { continue };
+            let pass_s = pass_cost(&self.cost_model, p, fixed);
+            if offer.probe && probe.is_none() {
+                probe = Some((slot, offer.clone()));
             }
-        };
-        let mut consider = |method: Method, acc: f64, k: usize| consider_speed(method, costs.speed(method, acc, k), k);
-        let (ngram, ngram_match) = if spec.ngram {
-            spec::ngram_match(&s.tokens, spec.ngram_min_match, spec.ngram_max_match, max_k)
-        } else {
-            (Vec::new(), 0)
-        };
-        let ngram_rate = s.ngram.rate(ngram_match);
-        if !ngram.is_empty() {
-            consider(Method::Ngram, ngram_rate, pick(Method::Ngram, ngram_rate, ngram.len()));
-        }
-        // The draft first catches up on the tokens it has not seen; a long gap is closed without proposing.
-        let lag = s.tokens.len() - s.num_draft_tokens;
-        let guided = spec.adaptive
-            && spec.draft_confidence
-            && !fixed
-            && s.sampler.params.is_greedy()
-            && self.draft.as_ref().is_some_and(|d| d.top_prob_is_cheap());
-        if s.uses_draft && lag <= self.config.max_batch_tokens {
-            // A guided draft's depth follows its confidence, so its average acceptance understates it: what its
-            // verifications really yielded is the better estimate, once there are some.
-            match s.guided.speed(costs).filter(|_| guided) {
-                // Only where it beats plain decoding; otherwise the probes below keep measuring it.
-                Some(speed) if speed > 1.0 / costs.target(1) => consider_speed(Method::Draft, speed, max_k),
-                Some(_) => {}
-                None => consider(Method::Draft, s.draft.rate, pick(Method::Draft, s.draft.rate, max_k)),
+            let (speed, k) = match offer.yields {
+                // A guided draft's depth follows its confidence, so its rate understates it: what its verifications
+                // really yielded is the better estimate, once there are some. Only where it beats plain decoding;
+                // otherwise probes keep measuring it.
+                Some((tokens, drafts)) => match costs.yield_speed(pass_s, tokens, drafts) {
+                    speed if speed > 1.0 / costs.target(1) => (speed, offer.max_k),
+                    _ => continue,
+                },
+                None => {
+                    let k = if spec.adaptive { costs.best_depth(pass_s, offer.rate, offer.max_k) } else { offer.max_k };
+                    (costs.speed(pass_s, offer.rate, k), k)
+                }
+            };
+            if k > 0 && best.as_ref().is_none_or(|b| speed > b.0) {
+                best = Some((speed, slot, k, offer));
             }
         }
+        // A probe also replaces a proposal that costs no passes while the prober's cost rests on too few timings: a
+        // draft that a bad calibration made look dear would otherwise never run where n-gram proposals are frequent.
+        let probe = probe.filter(|(slot, _)| {
+            let name = self.proposers.get(*slot).map_or("", |p| p.name());
+            let unconfirmed = !fixed && spec.measure_costs && self.cost_model.unconfirmed(name);
+            best.as_ref().is_none_or(|b| {
+                let free = self.proposers.get(b.1).is_some_and(|p| !p.runs_passes());
+                free && unconfirmed
+            })
+        });
         // Adaptive: the depth is settled for the whole step later; propose all that is allowed.
         let cap = |k: usize, max: usize| if spec.adaptive && !fixed { max } else { k };
-        // A probe also replaces an n-gram proposal while the draft pass's cost rests on too few timings: a draft
-        // that a bad calibration made look dear would otherwise never run where n-gram proposals are frequent.
-        let unconfirmed = !fixed && spec.measure_costs && self.cost_model.draft_unconfirmed();
-        let probe = spec.adaptive
-            && s.uses_draft
-            && lag <= self.config.max_batch_tokens
-            && s.draft_idle >= s.draft_probe_gap
-            && best.is_none_or(|b| b.1 == Method::Ngram && unconfirmed);
-        if probe {
-            best = Some((0.0, Method::Draft, DRAFT_PROBE_DEPTH.min(max_k)));
-        }
-        match best {
-            Some((_, Method::Ngram, k)) => {
-                let k = cap(k, ngram.len());
-                let tokens = ngram[..k].to_vec();
-                let weights = vec![None; k];
-                Proposal {
-                    method: Some(Method::Ngram),
-                    tokens,
-                    weights,
-                    rate: ngram_rate,
-                    shadow: Vec::new(),
-                    ngram_match,
-                    fixed,
-                    pad: 0,
-                    probe: false,
-                    guided: false,
-                    conf: Vec::new(),
-                }
-            }
-            Some((_, Method::Draft, k)) => {
-                let k = if probe { k } else { cap(k, max_k) };
-                let rate = s.draft.rate;
-                let tokens = vec![0; k];
-                Proposal {
-                    method: Some(Method::Draft),
-                    tokens,
-                    weights: Vec::new(),
-                    rate,
-                    shadow: ngram,
-                    ngram_match,
-                    fixed: fixed || probe,
-                    pad: 0,
-                    probe,
-                    guided: guided && !probe,
-                    conf: Vec::new(),
-                }
-            }
-            None => Proposal::default(),
+        let (slot, k, offer, probing) = match (probe, best) {
+            (Some((slot, offer)), _) => (slot, PROBE_DEPTH.min(max_k), offer, true),
+            (None, Some((_, slot, k, offer))) => (slot, cap(k, offer.max_k), offer, false),
+            (None, None) => return Proposal::default(),
+        };
+        Proposal {
+            proposer: Some(slot),
+            tokens: vec![0; k],
+            weights: Vec::new(),
+            rate: offer.rate,
+            fixed: fixed || probing,
+            pad: 0,
+            probe: probing,
+            guided: offer.guided && !probing,
         }
     }
 
@@ -794,36 +824,45 @@ impl<R: Runner> Engine<R> {
         let mut depth: Vec<usize> = props.iter().map(|(_, p)| if p.fixed { p.tokens.len() } else { 0 }).collect();
         let mut expected = num_decoding.max(1) as f64;
         let mut rows = base_rows;
-        let mut draft_depth = 0;
+        // Per proposer: its cost per draft pass, and the passes the step runs (its deepest draft).
+        let pass_s: Vec<f64> = (0..self.proposers.len())
+            .map(|slot| match self.proposers.get(slot) {
+                Some(p) if p.runs_passes() => self.cost_model.pass_s(p.name()),
+                _ => 0.0,
+            })
+            .collect();
+        let mut passes = vec![0usize; pass_s.len()];
         for (_, p) in props.iter().filter(|(_, p)| p.fixed) {
             expected += spec::expected_tokens(p.rate, p.tokens.len()) - 1.0;
             rows += p.tokens.len();
-            if p.method == Some(Method::Draft) {
-                draft_depth = draft_depth.max(p.tokens.len());
+            if let Some(slot) = p.proposer {
+                passes[slot] = passes[slot].max(p.tokens.len());
             }
         }
         let costs = self.cost_model.costs();
-        let time = |rows: usize, draft_depth: usize| costs.target(rows) + draft_depth as f64 * costs.draft_s;
-        let mut speed = expected / time(rows, draft_depth);
+        let mut draft_time: f64 = passes.iter().zip(&pass_s).map(|(&n, &s)| n as f64 * s).sum();
+        let mut speed = expected / (costs.target(rows) + draft_time);
         loop {
-            let mut best: Option<(f64, usize, usize)> = None; // (speed, proposal, draft depth)
+            let mut best: Option<(f64, usize, f64)> = None; // (speed, proposal, draft time)
             for (j, (_, p)) in props.iter().enumerate() {
-                if depth[j] >= p.tokens.len() {
-                    continue;
-                }
-                let dd = if p.method == Some(Method::Draft) { draft_depth.max(depth[j] + 1) } else { draft_depth };
+                let Some(slot) = p.proposer.filter(|_| depth[j] < p.tokens.len()) else { continue };
+                let dt = draft_time + passes[slot].max(depth[j] + 1).saturating_sub(passes[slot]) as f64 * pass_s[slot];
                 let gain = p.rate.clamp(0.0, 0.999).powi(depth[j] as i32 + 1);
-                let v = (expected + gain) / time(rows + 1, dd);
+                let v = (expected + gain) / (costs.target(rows + 1) + dt);
                 if best.is_none_or(|b| v > b.0) {
-                    best = Some((v, j, dd));
+                    best = Some((v, j, dt));
                 }
             }
             match best {
-                Some((v, j, dd)) if v > speed * 1.0001 => {
-                    expected += props[j].1.rate.clamp(0.0, 0.999).powi(depth[j] as i32 + 1);
+                Some((v, j, dt)) if v > speed * 1.0001 => {
+                    let p = &props[j].1;
+                    expected += p.rate.clamp(0.0, 0.999).powi(depth[j] as i32 + 1);
                     depth[j] += 1;
+                    if let Some(slot) = p.proposer {
+                        passes[slot] = passes[slot].max(depth[j]);
+                    }
                     rows += 1;
-                    draft_depth = dd;
+                    draft_time = dt;
                     speed = v;
                 }
                 _ => break,
@@ -835,7 +874,7 @@ impl<R: Runner> Engine<R> {
             p.tokens.truncate(d);
             p.weights.truncate(d);
             if d == 0 {
-                p.method = None;
+                p.proposer = None;
             }
         }
     }
@@ -880,195 +919,104 @@ impl<R: Runner> Engine<R> {
         self.cost_model.explored();
     }
 
-    /// Runs the draft model for the sequences whose proposal uses it: one pass over each one's unseen tokens, then
-    /// one pass per further draft token. Fills in the proposals' tokens (and sampling weights); guided proposals stop
-    /// early where one more token would not pay for the step (`base_rows` target rows without drafts, for
-    /// `num_decoding` decoding sequences).
-    fn run_draft(&mut self, props: &mut [(usize, Proposal)], base_rows: usize, num_decoding: usize) -> Result<()> {
-        let Some(vocab) = self.draft.as_ref().map(|d| d.logits_width()) else { return Ok(()) };
-        let want: Vec<usize> = (0..props.len()).filter(|&j| props[j].1.method == Some(Method::Draft)).collect();
-        if want.is_empty() {
-            return Ok(());
-        }
-        let max_k = want.iter().map(|&j| props[j].1.tokens.len()).max().unwrap_or(0);
-        // Per sequence: the history the draft's sampler sees (tokens plus drafts so far).
-        let mut hist: Vec<Vec<u32>> = want.iter().map(|&j| self.seqs[props[j].0].tokens.clone()).collect();
-        for step in 0..max_k {
-            let live: Vec<usize> = (0..want.len()).filter(|&w| props[want[w]].1.tokens.len() > step).collect();
-            if live.is_empty() {
-                break;
+    /// Has each chosen proposer draft its proposals, all its sequences in one call: fills in the proposals' tokens
+    /// (and sampling weights) and times its passes into its cost track. A guided proposal may come back shorter
+    /// than asked, judged against the rest of the step (`base_rows` target rows without drafts, for `num_decoding`
+    /// decoding sequences).
+    fn run_proposers(&mut self, props: &mut [(usize, Proposal)], base_rows: usize, num_decoding: usize) -> Result<()> {
+        let width = self.runner.config().hidden_size;
+        for slot in 0..self.proposers.len() {
+            let mine: Vec<usize> = (0..props.len())
+                .filter(|&j| props[j].1.proposer == Some(slot) && !props[j].1.tokens.is_empty())
+                .collect();
+            let Some(p) = self.proposers.get_mut(slot).filter(|_| !mine.is_empty()) else { continue };
+            // What the rest of the step expects and holds, for guided drafts.
+            let mut expected = num_decoding.max(1) as f64;
+            let mut rows = base_rows;
+            for (_, q) in props.iter().filter(|(_, q)| q.proposer.is_some_and(|o| o != slot)) {
+                expected += spec::expected_tokens(q.rate, q.tokens.len()) - 1.0;
+                rows += q.tokens.len();
             }
-            let feeds: Vec<(SeqId, usize, Vec<u32>)> = live
+            let mut costs = self.cost_model.costs().clone();
+            costs.draft_s = if p.runs_passes() { self.cost_model.pass_s(p.name()) } else { 0.0 };
+            let plan = StepPlan { costs: &costs, expected, rows, clock: &*self.clock };
+            let mut by_index: Vec<Option<&mut Sequence>> = self.seqs.iter_mut().map(Some).collect();
+            let mut drafts: Vec<Draft<'_>> = mine
                 .iter()
-                .map(|&w| {
-                    let s = &self.seqs[props[want[w]].0];
-                    let start = if step == 0 { s.num_draft_tokens } else { hist[w].len() - 1 };
-                    (SeqId(s.id.0), start - s.draft_offset, hist[w][start..].to_vec())
+                .map(|&j| {
+                    let s = by_index[props[j].0].take().expect("INVARIANT: one proposal per sequence");
+                    let Sequence { id, tokens, sampler, hidden, hidden_pos, .. } = s;
+                    let (prop, hidden) = (&props[j].1, hidden_view(hidden, *hidden_pos, &self.hidden_layers, width));
+                    Draft {
+                        seq: SeqId(id.0),
+                        tokens,
+                        sampler,
+                        hidden,
+                        k: prop.tokens.len(),
+                        rate: prop.rate,
+                        guided: prop.guided,
+                        out: Vec::new(),
+                        weights: Vec::new(),
+                    }
                 })
                 .collect();
-            let batch = Batch {
-                chunks: feeds
-                    .iter()
-                    .map(|(seq, start, toks)| SeqChunk {
-                        seq: *seq,
-                        tokens: toks,
-                        start_pos: *start,
-                        logits: LogitsWanted::Last,
-                    })
-                    .collect(),
-            };
-            // Plain greedy drafting (and a draft head no wider than the target's vocabulary): the runner picks, with
-            // its confidence when a guided draft needs it.
-            let argmax_only = runner_argmax()
-                && vocab <= self.runner.config().vocab_size
-                && live.iter().all(|&w| self.seqs[props[want[w]].0].sampler.params.is_plain_greedy());
-            let guided = live.iter().any(|&w| props[want[w]].1.guided);
-            // Sampled drafting from each row's largest logits, as the target's rows are sampled.
-            let candidates =
-                if argmax_only || !self.config.sample_on_candidates || vocab > self.runner.config().vocab_size {
-                    None
-                } else {
-                    live.iter().try_fold(0, |n, &w| {
-                        let sampler = &self.seqs[props[want[w]].0].sampler;
-                        let c =
-                            if sampler.params.is_greedy() { None } else { sampler.candidates_wanted(&hist[w], &[]) };
-                        c.map(|c| n.max(c))
-                    })
-                };
-            let clock = self.clock.clone();
-            let draft = self.draft.as_mut().expect("INVARIANT: checked above");
-            let pass_start = clock();
-            let (logits, picks, cands) = match (argmax_only, guided, candidates) {
-                (true, true, _) => (Vec::new(), Some(draft.forward_top(&batch)?), None),
-                (true, false, _) => {
-                    (Vec::new(), Some(draft.forward_argmax(&batch)?.into_iter().map(|t| (t, 0.0)).collect()), None)
-                }
-                (false, _, Some(n)) => (Vec::new(), None, Some(draft.forward_candidates(&batch, n)?)),
-                (false, _, None) => (draft.forward(&batch)?.to_vec(), None, None),
-            };
-            // Only one-row passes measure the draft's price per token: a catch-up pass over many unseen tokens
-            // costs more, and counting it as one draft token would make drafting look dearer each time it resumes.
-            if batch.num_tokens() == 1 && self.config.spec.measure_costs {
-                self.cost_model.observe_draft(clock() - pass_start, unix_now());
+            let timings = p.propose(&mut drafts, &plan)?;
+            for (&j, d) in mine.iter().zip(drafts) {
+                let prop = &mut props[j].1;
+                prop.tokens = d.out;
+                prop.weights = d.weights;
             }
-            for (r, &w) in live.iter().enumerate() {
-                let (i, prop) = &mut props[want[w]];
-                let s = &mut self.seqs[*i];
-                let (token, conf, weights) = if let Some(picks) = &picks {
-                    (picks[r].0, picks[r].1, None)
-                } else if let Some(cands) = &cands {
-                    let q = s.sampler.weights_from_candidates(&cands[r], &hist[w]);
-                    (s.sampler.draw(&q), 0.0, Some(q))
-                } else {
-                    // Only tokens the target can emit.
-                    let raw = &logits[r * vocab..r * vocab + self.runner.config().vocab_size.min(vocab)];
-                    let mut row = raw.to_vec();
-                    if s.sampler.params.is_greedy() {
-                        let t = s.sampler.sample(&mut row, &hist[w]);
-                        let conf = if prop.guided { token_prob(raw, t) } else { 0.0 };
-                        (t, conf, None)
-                    } else {
-                        let q = s.sampler.weights(&mut row, &hist[w]);
-                        (s.sampler.draw(&q), 0.0, Some(q))
-                    }
-                };
-                prop.tokens[step] = token;
-                prop.weights.push(weights);
-                if prop.guided {
-                    prop.conf.push(conf);
+            if self.config.spec.measure_costs {
+                let name = p.name();
+                for t in timings {
+                    self.cost_model.observe_pass(name, t, unix_now());
                 }
-                hist[w].push(token);
             }
-            self.stop_guided_drafts(props, step + 1, base_rows, num_decoding);
-        }
-        for (w, &j) in want.iter().enumerate() {
-            let s = &mut self.seqs[props[j].0];
-            // The draft holds everything it was fed: the tokens and all drafts but the last.
-            s.num_draft_tokens = hist[w].len() - 1;
         }
         Ok(())
     }
 
-    /// After `drafted` draft passes: ends each guided draft (trims its proposal to what it has) for which one more
-    /// token would not raise the step's expected tokens per second ([`spec::draft_more`]). The step's expectation
-    /// counts guided drafts by their tokens' learned acceptance ([`spec::Confidence`]) and the others by their
-    /// sequence's rate, as [`Self::choose_depths`] did.
-    fn stop_guided_drafts(
-        &self,
-        props: &mut [(usize, Proposal)],
-        drafted: usize,
-        base_rows: usize,
-        num_decoding: usize,
-    ) {
-        // Per proposal: (chance that all its drafts so far are accepted, acceptance of its last one, expected
-        // accepted drafts: the sum of the chances of each prefix).
-        let chains: Vec<(f64, f64, f64)> = props
+    /// Tells the proposers which prompt chunks the target computes this step (`(sequence, tokens)`), so a draft
+    /// model is ready when decoding starts.
+    fn prefill_proposers(&mut self, chunks: &[(usize, usize)]) -> Result<()> {
+        let chunks: Vec<(SeqId, &[u32], usize)> = chunks
             .iter()
-            .map(|(_, p)| {
-                p.conf.iter().fold((1.0, 1.0, 0.0), |(chain, _, sum), &c| {
-                    let a = self.confidence.acceptance(c);
-                    (chain * a, a, sum + chain * a)
-                })
-            })
-            .collect();
-        let mut expected = num_decoding.max(1) as f64;
-        let mut rows = base_rows;
-        let mut draft_depth = drafted;
-        for ((_, p), &(_, _, gain)) in props.iter().zip(&chains) {
-            if p.guided {
-                expected += gain;
-                rows += p.conf.len();
-            } else if p.method.is_some() {
-                expected += spec::expected_tokens(p.rate, p.tokens.len()) - 1.0;
-                rows += p.tokens.len();
-                if p.method == Some(Method::Draft) {
-                    draft_depth = draft_depth.max(p.tokens.len());
-                }
-            }
-        }
-        for ((_, p), &(chain, last, _)) in props.iter_mut().zip(&chains) {
-            if !p.guided || p.tokens.len() <= drafted || p.conf.len() != drafted {
-                continue;
-            }
-            let max_more = p.tokens.len() - drafted;
-            if !spec::draft_more(self.cost_model.costs(), expected, rows, draft_depth, drafted, chain, last, max_more) {
-                p.tokens.truncate(drafted);
-                p.weights.truncate(drafted);
-            }
-        }
-    }
-
-    /// Feeds the draft model the prompt chunks the target computes this step, so it is ready when decoding starts.
-    fn draft_prefill(&mut self, chunks: &[(usize, usize)]) -> Result<()> {
-        let Some(draft) = self.draft.as_mut() else { return Ok(()) };
-        let max = self.config.max_batch_tokens;
-        let feeds: Vec<(usize, usize, usize)> = chunks
-            .iter()
-            .filter_map(|&(i, n)| {
+            .map(|&(i, n)| {
                 let s = &self.seqs[i];
-                let end = s.num_computed_tokens + n;
-                (s.uses_draft && s.num_draft_tokens < end)
-                    .then(|| (i, s.num_draft_tokens, end.min(s.num_draft_tokens + max)))
+                (SeqId(s.id.0), &s.tokens[..], s.num_computed_tokens + n)
             })
             .collect();
-        if feeds.is_empty() {
+        if chunks.is_empty() {
             return Ok(());
         }
-        let batch = Batch {
-            chunks: feeds
-                .iter()
-                .map(|&(i, a, b)| {
-                    let s = &self.seqs[i];
-                    let start_pos = a - s.draft_offset;
-                    SeqChunk { seq: SeqId(s.id.0), tokens: &s.tokens[a..b], start_pos, logits: LogitsWanted::None }
-                })
-                .collect(),
-        };
-        draft.forward(&batch)?;
-        for &(i, _, b) in &feeds {
-            self.seqs[i].num_draft_tokens = b;
+        for slot in 0..self.proposers.len() {
+            if let Some(p) = self.proposers.get_mut(slot) {
+                p.prefill(&chunks)?;
+            }
         }
         Ok(())
+    }
+
+    /// Keeps each scheduled sequence's hidden rows of the pass that just ran, for the tokens it still holds (the
+    /// pending token and the accepted drafts, or the prompt chunk), from the rows the target kept for the proposers'
+    /// layers. `starts`: each chunk's first row in the batch and first position; `num_tokens`: the batch's.
+    fn keep_hidden(&mut self, scheduled: &[(usize, usize, Proposal)], starts: &[(usize, usize)], num_tokens: usize) {
+        let width = self.runner.config().hidden_size;
+        let rows = self.runner.hidden_rows();
+        let layers = self.hidden_layers.len();
+        if rows.len() != layers * num_tokens * width {
+            return;
+        }
+        for (&(i, _, _), &(row0, pos)) in scheduled.iter().zip(starts) {
+            let s = &mut self.seqs[i];
+            let kept = s.num_computed_tokens.saturating_sub(pos);
+            s.hidden.clear();
+            for l in 0..layers {
+                let at = (l * num_tokens + row0) * width;
+                s.hidden.extend_from_slice(&rows[at..at + kept * width]);
+            }
+            s.hidden_pos = pos;
+        }
     }
 
     /// Runs one batch and returns the events it produced, in order.
@@ -1094,7 +1042,7 @@ impl<R: Runner> Engine<R> {
             let s = &self.seqs[i];
             let remaining = s.tokens.len() - s.num_computed_tokens;
             if !s.is_prefill() {
-                let prop = self.propose(s, draft_rows.min(budget));
+                let prop = self.propose(i, draft_rows.min(budget));
                 let n = remaining.min(budget);
                 if n == 0 {
                     continue;
@@ -1125,10 +1073,10 @@ impl<R: Runner> Engine<R> {
         let num_decoding = scheduled.iter().filter(|(i, _, _)| !self.seqs[*i].is_prefill()).count();
         self.choose_depths(&mut props, base_rows, num_decoding);
         let draft_start = (self.clock)();
-        self.run_draft(&mut props, base_rows, num_decoding)?;
+        self.run_proposers(&mut props, base_rows, num_decoding)?;
         let prefills: Vec<(usize, usize)> =
             scheduled.iter().filter(|(i, _, _)| self.seqs[*i].is_prefill()).map(|&(i, n, _)| (i, n)).collect();
-        self.draft_prefill(&prefills)?;
+        self.prefill_proposers(&prefills)?;
         let draft_s = (self.clock)() - draft_start;
         if prefills.is_empty() {
             self.explore(&mut props, base_rows);
@@ -1142,6 +1090,16 @@ impl<R: Runner> Engine<R> {
                 let mut t = s.tokens[s.num_computed_tokens..s.num_computed_tokens + n].to_vec();
                 t.extend_from_slice(&p.tokens);
                 t
+            })
+            .collect();
+        // Where each chunk starts, in the batch's rows and in its sequence (for the hidden rows proposers read).
+        let starts: Vec<(usize, usize)> = scheduled
+            .iter()
+            .zip(&feeds)
+            .scan(0, |row, (&(i, _, _), t)| {
+                let start = (*row, self.seqs[i].num_computed_tokens);
+                *row += t.len();
+                Some(start)
             })
             .collect();
         let batch = Batch {
@@ -1306,79 +1264,56 @@ impl<R: Runner> Engine<R> {
             let k = k - prop.pad;
             let rejected = rejected && accepted < k;
             let accepted = accepted.min(k);
-            if prop.method == Some(Method::Draft) && (prop.guided || (prop.probe && s.sampler.params.is_greedy())) {
-                s.guided.update(emitted.min(k + 1), k);
-            }
-            if prop.guided {
-                for &c in &prop.conf[..accepted] {
-                    self.confidence.update(c, true);
-                }
-                if let Some(&c) = prop.conf.get(accepted).filter(|_| rejected) {
-                    self.confidence.update(c, false);
-                }
-            }
-            if !prop.shadow.is_empty() {
-                let out = &s.tokens[s.tokens.len() - emitted..];
-                let matched = prop.shadow.iter().zip(out).take_while(|(a, b)| a == b).count();
-                s.ngram.update(prop.ngram_match, prop.shadow.len().min(emitted), matched);
-            }
             if was_decoding {
                 self.stats.decode_passes += 1;
                 self.stats.decode_tokens += emitted as u64;
                 depth_sum += k;
                 num_verified += 1;
-            }
-            if was_decoding {
-                s.draft_idle = if prop.method == Some(Method::Draft) { 0 } else { s.draft_idle + 1 };
-            }
-            if let Some(method) = prop.method {
-                match method {
-                    Method::Ngram => {
-                        s.ngram.update(prop.ngram_match, k, accepted);
-                        self.stats.ngram_proposed += k as u64;
-                        self.stats.ngram_accepted += accepted as u64;
-                    }
-                    Method::Draft => {
-                        s.draft.update(k, accepted);
-                        if prop.probe {
-                            if accepted == k {
-                                // The draft fits again: judge it afresh rather than by the yields that stopped it.
-                                s.guided = spec::GuidedYield::default();
-                            }
-                            // Probe again soon only where drafting could pay at all: a draft whose passes cost so
-                            // much that even a well-fitting one loses is probed ever more rarely.
-                            let costs = if s.sampler.params.is_seeded_sampling() {
-                                &self.costs
-                            } else {
-                                self.cost_model.costs()
-                            };
-                            let pays = costs.best_depth(Method::Draft, 0.9, self.config.spec.max_draft_tokens) > 0;
-                            s.draft_probe_gap = if accepted == k && pays {
-                                DRAFT_PROBE_GAP_MIN
-                            } else {
-                                (2 * s.draft_probe_gap).min(DRAFT_PROBE_GAP_MAX)
-                            };
-                        }
-                        self.stats.draft_proposed += k as u64;
-                        self.stats.draft_accepted += accepted as u64;
-                    }
+                if let Some(slot) = prop.proposer {
+                    let st = &mut self.stats.by_proposer[slot];
+                    st.proposed += k as u64;
+                    st.accepted += accepted as u64;
+                }
+                // Every proposer hears how the step went: the chosen one its proposal's fate, the others what came
+                // out (to measure untaken offers, and how long since they last proposed).
+                let costs = if s.sampler.params.is_seeded_sampling() { &self.costs } else { self.cost_model.costs() };
+                let max_k = self.config.spec.max_draft_tokens;
+                for slot in 0..self.proposers.len() {
+                    let Some(p) = self.proposers.get_mut(slot) else { continue };
+                    let chosen = prop.proposer == Some(slot);
+                    let seeded = s.sampler.params.is_seeded_sampling();
+                    let pays = chosen && costs.best_depth(pass_cost(&self.cost_model, p, seeded), 0.9, max_k) > 0;
+                    let v = Verified {
+                        chosen,
+                        others: prop.proposer.is_some() && !chosen,
+                        probe: prop.probe,
+                        proposed: k,
+                        accepted,
+                        rejected,
+                        output: &s.tokens[s.tokens.len() - emitted..],
+                        greedy: s.sampler.params.is_greedy(),
+                        pays,
+                    };
+                    p.verified(SeqId(s.id.0), &v);
                 }
             }
             if rolled_back {
-                // Roll back the rejected drafts: the runners keep every token but the pending last one.
+                // Roll back the rejected drafts: the runner and the proposers keep every token but the pending last.
                 let keep = s.tokens.len() - 1;
                 s.num_computed_tokens = keep;
                 self.runner.truncate(SeqId(s.id.0), keep);
-                if s.num_draft_tokens > keep {
-                    s.num_draft_tokens = keep;
-                    if let Some(d) = self.draft.as_mut() {
-                        d.truncate(SeqId(s.id.0), keep - s.draft_offset);
+                for slot in 0..self.proposers.len() {
+                    if let Some(p) = self.proposers.get_mut(slot) {
+                        p.truncate(SeqId(s.id.0), keep);
                     }
                 }
             }
         }
         if num_verified > 0 {
             self.stats.last_depth = depth_sum as f64 / num_verified as f64;
+        }
+        if !self.hidden_layers.is_empty() {
+            self.keep_hidden(&scheduled, &starts, feeds.iter().map(Vec::len).sum());
         }
         self.stats.draft_s += draft_s;
         self.stats.target_s += target_s;

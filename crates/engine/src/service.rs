@@ -553,170 +553,28 @@ impl<R: Runner> Worker<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{self, FakeRunner, TokenizerSpec};
     use crate::{EngineConfig, SamplingParams};
-    use gguf::{GgufFile, GgufWriter, Value, ValueType};
-    use models::{Batch, LogitsWanted, ModelConfig, SeqId};
-    use std::sync::Mutex;
     use std::time::{Duration, Instant};
-    use tokenizer::Tokenizer;
 
     const EOS: u32 = 256;
     const VOCAB: usize = 257;
 
     /// A byte-level tokenizer: ids 0..=255 are bytes (GPT-2 alphabet), 256 is `<|im_end|>` (EOS).
-    fn byte_tokenizer() -> Arc<Tokenizer> {
-        let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-        let byte_char = |b: u8| {
-            if printable(b) {
-                return b as char;
-            }
-            let rank = (0..b).filter(|&x| !printable(x)).count() as u32;
-            char::from_u32(256 + rank).expect("INVARIANT: GPT-2 byte alphabet")
-        };
-        let mut tokens: Vec<Value> = (0..=255u8).map(|b| Value::String(byte_char(b).to_string())).collect();
-        tokens.push(Value::String("<|im_end|>".into()));
-        let mut types = vec![Value::I32(1); 256];
-        types.push(Value::I32(3));
-        let mut w = GgufWriter::new();
-        w.add("general.architecture", Value::String("llama".into()));
-        w.add("tokenizer.ggml.model", Value::String("gpt2".into()));
-        w.add("tokenizer.ggml.pre", Value::String("qwen2".into()));
-        w.add("tokenizer.ggml.tokens", Value::Array(ValueType::String, tokens));
-        w.add("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types));
-        w.add("tokenizer.ggml.merges", Value::Array(ValueType::String, Vec::new()));
-        w.add("tokenizer.ggml.eos_token_id", Value::U32(EOS));
-        let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
-        Arc::new(Tokenizer::from_gguf(&file).unwrap())
+    fn byte_tokenizer() -> Arc<tokenizer::Tokenizer> {
+        let mut tokens = testing::byte_tokens();
+        tokens.push(("<|im_end|>".into(), 3));
+        testing::tokenizer(TokenizerSpec { tokens, merges: &[], pre: Some("qwen2"), bos: None, eos: EOS })
     }
-
-    /// Tokens held, and the prompt length (known once logits are first wanted).
-    type SeqState = (usize, Option<usize>);
 
     /// A model that writes the bytes of "abcdefghij" cyclically after any prompt, then EOS after `reply_len`
-    /// tokens; each forward sleeps `delay`. `live` lists the sequences it holds, so tests can see releases.
-    struct FakeRunner {
-        cfg: ModelConfig,
-        reply_len: usize,
-        delay: Duration,
-        live: Arc<Mutex<HashMap<SeqId, SeqState>>>,
-        logits: Vec<f32>,
-        fail_at_step: Option<u64>,
-        panic_at_step: Option<u64>,
-        num_forwards: u64,
-        /// Prompt tokens `attach_prefix` claims to hold already (a prefix cache hit).
-        cached_prefix: usize,
-        /// Units of background work left (`idle_work` does one per call).
-        idle_left: Arc<AtomicUsize>,
-    }
-
-    impl FakeRunner {
-        fn new(reply_len: usize, delay: Duration) -> Self {
-            FakeRunner {
-                cfg: ModelConfig {
-                    arch: models::Arch::Llama,
-                    shapes: models::ModelShapes {
-                        num_layers: 1,
-                        hidden_size: 8,
-                        ffn_size: 8,
-                        num_heads: 1,
-                        num_kv_heads: 1,
-                        head_dim: 8,
-                        vocab_size: VOCAB,
-                        max_context: 64,
-                    },
-                    rms_eps: 1e-5,
-                    rope_theta: 10000.0,
-                    rope_dim: 8,
-                    rope_style: backend::cpu::ops::RopeStyle::Neox,
-                    qkv_bias: false,
-                    qk_norm: false,
-                    tied_embeddings: true,
-                },
-                reply_len,
-                delay,
-                live: Arc::default(),
-                logits: Vec::new(),
-                fail_at_step: None,
-                panic_at_step: None,
-                num_forwards: 0,
-                cached_prefix: 0,
-                idle_left: Arc::default(),
-            }
-        }
-    }
-
-    impl Runner for FakeRunner {
-        fn config(&self) -> &ModelConfig {
-            &self.cfg
-        }
-
-        fn forward(&mut self, batch: &Batch<'_>) -> models::Result<&[f32]> {
-            self.num_forwards += 1;
-            std::thread::sleep(self.delay);
-            if self.fail_at_step == Some(self.num_forwards) {
-                return Err(models::Error::ContextOverflow(0, 0));
-            }
-            if self.panic_at_step == Some(self.num_forwards) {
-                panic!("fake runner panics");
-            }
-            self.logits.clear();
-            let mut live = self.live.lock().unwrap();
-            for chunk in &batch.chunks {
-                let entry = live.entry(chunk.seq).or_insert((0, None));
-                assert_eq!(entry.0, chunk.start_pos);
-                entry.0 += chunk.tokens.len();
-                let n = chunk.tokens.len();
-                let ends: Vec<usize> = match chunk.logits {
-                    LogitsWanted::None => continue,
-                    LogitsWanted::Last => vec![entry.0],
-                    LogitsWanted::All => (entry.0 + 1 - n..=entry.0).collect(),
-                };
-                // The reply is a function of the position after the prompt.
-                let prompt_len = *entry.1.get_or_insert(entry.0);
-                for end in ends {
-                    let i = end - prompt_len;
-                    let next = if i >= self.reply_len { EOS } else { u32::from(b'a') + (i % 10) as u32 };
-                    let mut row = vec![0.0f32; VOCAB];
-                    row[next as usize] = 10.0;
-                    self.logits.extend_from_slice(&row);
-                }
-            }
-            Ok(&self.logits)
-        }
-
-        fn seq_len(&self, seq: SeqId) -> usize {
-            self.live.lock().unwrap().get(&seq).map_or(0, |e| e.0)
-        }
-
-        fn truncate(&mut self, seq: SeqId, len: usize) {
-            if let Some(e) = self.live.lock().unwrap().get_mut(&seq) {
-                e.0 = e.0.min(len);
-            }
-        }
-
-        fn release(&mut self, seq: SeqId) {
-            self.live.lock().unwrap().remove(&seq);
-        }
-
-        fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
-            let n = self.cached_prefix.min(tokens.len().saturating_sub(1));
-            self.live.lock().unwrap().insert(seq, (n, None));
-            n
-        }
-
-        fn idle_work(&mut self) -> bool {
-            std::thread::sleep(Duration::from_millis(1));
-            let left = self.idle_left.load(Ordering::Acquire);
-            if left > 0 {
-                self.idle_left.store(left - 1, Ordering::Release);
-            }
-            left > 1
-        }
-
-        /// One block per sequence held.
-        fn kv_usage(&self) -> models::KvUsage {
-            models::KvUsage { used_blocks: self.live.lock().unwrap().len(), ..Default::default() }
-        }
+    /// tokens; each pass sleeps `delay`.
+    fn fake(reply_len: usize, delay: Duration) -> FakeRunner {
+        let mut r = FakeRunner::replying(testing::tiny_config(VOCAB, 64), move |i| {
+            if i >= reply_len { EOS } else { u32::from(b'a') + (i % 10) as u32 }
+        });
+        r.delay = delay;
+        r
     }
 
     fn spawn(runner: FakeRunner, config: ServiceConfig) -> EngineHandle {
@@ -754,7 +612,7 @@ mod tests {
 
     #[test]
     fn streams_tokens_then_finished() {
-        let handle = spawn(FakeRunner::new(5, Duration::ZERO), ServiceConfig::default());
+        let handle = spawn(fake(5, Duration::ZERO), ServiceConfig::default());
         let mut stream = handle.submit(request("hello", 100)).unwrap();
         assert_eq!(stream.num_prompt_tokens(), 5);
         assert_eq!(collect(&mut stream), ("abcde".to_string(), Ok(FinishReason::Stop)));
@@ -770,7 +628,7 @@ mod tests {
 
     #[test]
     fn cached_prompt_tokens_are_known_from_admission() {
-        let mut runner = FakeRunner::new(4, Duration::from_millis(5));
+        let mut runner = fake(4, Duration::from_millis(5));
         runner.cached_prefix = 3;
         let handle = spawn(runner, ServiceConfig::default());
         let mut stream = handle.submit(request("hello", 100)).unwrap();
@@ -790,7 +648,7 @@ mod tests {
     #[test]
     fn concurrent_requests_each_get_their_own_events() {
         let config = ServiceConfig { max_running: 3, ..Default::default() };
-        let handle = spawn(FakeRunner::new(12, Duration::from_millis(1)), config);
+        let handle = spawn(fake(12, Duration::from_millis(1)), config);
         let threads: Vec<_> = (0..6)
             .map(|i| {
                 let handle = handle.clone();
@@ -810,7 +668,7 @@ mod tests {
     #[test]
     fn max_tokens_is_clamped_to_the_context() {
         let config = ServiceConfig { max_context: Some(20), ..Default::default() };
-        let handle = spawn(FakeRunner::new(1000, Duration::ZERO), config);
+        let handle = spawn(fake(1000, Duration::ZERO), config);
         assert_eq!(handle.limits().max_context, 20);
         let mut stream = handle.submit(request("0123456789", 1000)).unwrap();
         assert_eq!(stream.max_tokens(), 10);
@@ -820,7 +678,7 @@ mod tests {
 
     #[test]
     fn bad_requests_fail_at_submit() {
-        let handle = spawn(FakeRunner::new(5, Duration::ZERO), ServiceConfig::default());
+        let handle = spawn(fake(5, Duration::ZERO), ServiceConfig::default());
         assert!(matches!(handle.submit(request("", 5)), Err(ServiceError::InvalidRequest(_))));
         assert_eq!(
             handle.submit(request(&"x".repeat(64), 5)).unwrap_err(),
@@ -839,14 +697,14 @@ mod tests {
 
     #[test]
     fn dropping_the_stream_aborts_and_frees_the_sequence() {
-        let runner = FakeRunner::new(10_000, Duration::from_millis(2));
-        let live = runner.live.clone();
+        let runner = fake(10_000, Duration::from_millis(2));
+        let live = runner.shared();
         let handle = spawn(runner, ServiceConfig { max_context: None, ..Default::default() });
         let mut stream = handle.submit(request("long", 50)).unwrap();
         // Wait for the first tokens, then hang up.
         assert!(matches!(stream.blocking_next(), Some(Ok(Event::Token { .. }))));
         drop(stream);
-        wait_until("the abort", || handle.stats().num_aborted == 1 && live.lock().unwrap().is_empty());
+        wait_until("the abort", || handle.stats().num_aborted == 1 && live.lock().unwrap().live.is_empty());
         assert_eq!(handle.stats().num_running, 0);
         // The loop goes on serving.
         assert_eq!(collect(&mut handle.submit(request("next", 3)).unwrap()).0, "abc");
@@ -854,7 +712,7 @@ mod tests {
 
     #[test]
     fn the_gauges_show_an_aborted_requests_blocks_freed_while_idle() {
-        let handle = spawn(FakeRunner::new(10_000, Duration::from_millis(2)), ServiceConfig::default());
+        let handle = spawn(fake(10_000, Duration::from_millis(2)), ServiceConfig::default());
         let mut stream = handle.submit(request("long", 500)).unwrap();
         assert!(matches!(stream.blocking_next(), Some(Ok(Event::Token { .. }))));
         wait_until("a used block", || handle.stats().kv.used_blocks == 1);
@@ -871,8 +729,8 @@ mod tests {
     #[test]
     fn cancel_all_ends_running_and_waiting_requests_and_refuses_new_ones() {
         let config = ServiceConfig { max_running: 1, ..Default::default() };
-        let runner = FakeRunner::new(10_000, Duration::from_millis(2));
-        let live = runner.live.clone();
+        let runner = fake(10_000, Duration::from_millis(2));
+        let live = runner.shared();
         let handle = spawn(runner, config);
         let mut running = handle.submit(request("a", 5000)).unwrap();
         assert!(matches!(running.blocking_next(), Some(Ok(Event::Token { .. }))));
@@ -884,7 +742,9 @@ mod tests {
         assert_eq!(handle.submit(request("c", 5)).unwrap_err(), ServiceError::Cancelled);
         // The gauges are published after the sequences are freed: wait for both.
         wait_until("the sequences freed", || {
-            live.lock().unwrap().is_empty() && handle.stats().num_running == 0 && handle.stats().kv.used_blocks == 0
+            live.lock().unwrap().live.is_empty()
+                && handle.stats().num_running == 0
+                && handle.stats().kv.used_blocks == 0
         });
         let stats = handle.stats();
         assert_eq!((stats.num_aborted, stats.num_waiting, stats.kv.used_blocks), (2, 0, 0));
@@ -892,7 +752,7 @@ mod tests {
 
     #[test]
     fn flush_finishes_the_background_work_within_its_deadline() {
-        let runner = FakeRunner::new(3, Duration::ZERO);
+        let runner = fake(3, Duration::ZERO);
         let idle_left = runner.idle_left.clone();
         let handle = spawn(runner, ServiceConfig::default());
         // Busy first, so the idle loop has not done the work yet when the flush is asked for.
@@ -911,7 +771,7 @@ mod tests {
     #[test]
     fn full_queue_is_refused_and_drains() {
         let config = ServiceConfig { max_running: 1, max_waiting: 2, max_context: None };
-        let handle = spawn(FakeRunner::new(1000, Duration::from_millis(5)), config);
+        let handle = spawn(fake(1000, Duration::from_millis(5)), config);
         let mut first = handle.submit(request("a", 40)).unwrap();
         // Once the first runs, two can wait and a third is refused.
         assert!(matches!(first.blocking_next(), Some(Ok(_))));
@@ -932,7 +792,7 @@ mod tests {
     #[test]
     fn a_dropped_waiting_request_never_runs() {
         let config = ServiceConfig { max_running: 1, max_waiting: 4, max_context: None };
-        let handle = spawn(FakeRunner::new(1000, Duration::from_millis(5)), config);
+        let handle = spawn(fake(1000, Duration::from_millis(5)), config);
         let mut first = handle.submit(request("a", 20)).unwrap();
         assert!(matches!(first.blocking_next(), Some(Ok(_))));
         drop(handle.submit(request("b", 20)).unwrap());
@@ -944,7 +804,7 @@ mod tests {
 
     #[test]
     fn idle_loop_sleeps_and_wakes_on_submit() {
-        let handle = spawn(FakeRunner::new(3, Duration::ZERO), ServiceConfig::default());
+        let handle = spawn(fake(3, Duration::ZERO), ServiceConfig::default());
         assert_eq!(collect(&mut handle.submit(request("a", 5)).unwrap()).0, "abc");
         let steps = handle.stats().num_steps;
         std::thread::sleep(Duration::from_millis(50));
@@ -954,20 +814,20 @@ mod tests {
 
     #[test]
     fn a_failed_step_ends_its_requests_with_an_error_and_the_service_goes_on() {
-        let mut runner = FakeRunner::new(100, Duration::ZERO);
-        runner.fail_at_step = Some(3);
-        let live = runner.live.clone();
+        let mut runner = fake(100, Duration::ZERO);
+        runner.fail_at_pass = Some(3);
+        let live = runner.shared();
         let handle = spawn(runner, ServiceConfig::default());
         let (_, end) = collect(&mut handle.submit(request("a", 50)).unwrap());
         assert!(matches!(end, Err(ServiceError::Engine(_))), "{end:?}");
-        assert!(live.lock().unwrap().is_empty());
+        assert!(live.lock().unwrap().live.is_empty());
         assert_eq!(collect(&mut handle.submit(request("b", 2)).unwrap()).0, "ab");
     }
 
     #[test]
     fn a_panicking_model_stops_the_service_cleanly() {
-        let mut runner = FakeRunner::new(100, Duration::ZERO);
-        runner.panic_at_step = Some(2);
+        let mut runner = fake(100, Duration::ZERO);
+        runner.panic_at_pass = Some(2);
         let handle = spawn(runner, ServiceConfig::default());
         let (_, end) = collect(&mut handle.submit(request("a", 50)).unwrap());
         assert!(matches!(end, Err(ServiceError::Engine(m)) if m.contains("fake runner panics")));
@@ -977,7 +837,7 @@ mod tests {
 
     #[test]
     fn stream_works_from_async_code() {
-        let handle = spawn(FakeRunner::new(4, Duration::ZERO), ServiceConfig::default());
+        let handle = spawn(fake(4, Duration::ZERO), ServiceConfig::default());
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let text = runtime.block_on(async {
             let mut stream = handle.submit(request("q", 10)).unwrap();

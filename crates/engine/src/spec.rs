@@ -1,9 +1,10 @@
 //! Speculative decoding: where draft tokens come from, how they are checked against the target, and how deep to
 //! draft.
 //!
-//! Two proposers: prompt lookup (n-gram: the tokens that followed the latest earlier occurrence of the sequence's last
-//! few tokens — free, and strong when a reply copies what it was shown) and a small draft model run on the same
-//! backend. The target scores the pending token and the k drafts in one pass (k+1 rows that read each weight once).
+//! Proposers implement [`Proposer`] ([`proposer`] describes the interface): prompt lookup ([`NgramProposer`]: the
+//! tokens that followed the latest earlier occurrence of the sequence's last few tokens — free, and strong when a
+//! reply copies what it was shown), a small draft model run on the same backend ([`DraftModel`]), and any other
+//! added with `Engine::add_proposer` (an MTP head or a block drafter reading the target's hidden rows). The target scores the pending token and the k drafts in one pass (k+1 rows that read each weight once).
 //! Greedy requests keep the longest prefix of drafts equal to the target's own choices, so the output is token for
 //! token what plain decoding gives. Sampled requests use exact rejection sampling (Leviathan et al. 2023): accept a
 //! draft `d` with probability min(1, p(d)/q(d)), otherwise draw from the normalised residual max(0, p − q); the
@@ -15,7 +16,13 @@
 use crate::sampler::Sampler;
 
 mod costs;
+mod draft;
+mod ngram;
+pub mod proposer;
 pub use costs::{CostModel, CostPoint, CostsView};
+pub use draft::DraftModel;
+pub use ngram::NgramProposer;
+pub use proposer::{Draft, Hidden, Offer, Proposer, SeqView, StepPlan, Verified};
 
 /// Speculation settings.
 #[derive(Debug, Clone)]
@@ -71,13 +78,6 @@ impl SpecConfig {
     pub fn off() -> Self {
         SpecConfig { max_draft_tokens: 0, ngram: false, draft_model: false, ..Default::default() }
     }
-}
-
-/// Where a proposal came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Method {
-    Ngram,
-    Draft,
 }
 
 /// The tokens that followed the most recent earlier occurrence of the longest suffix of `tokens` (between
@@ -253,12 +253,9 @@ impl GuidedYield {
         self.num_seen += 1;
     }
 
-    /// Expected tokens per second of guided drafting for this sequence alone, once a few verifications were seen.
-    pub fn speed(&self, costs: &PassCosts) -> Option<f64> {
-        (self.num_seen >= 3).then(|| {
-            let rows = self.drafts.round() as usize + 1;
-            self.tokens / (costs.target(rows) + self.drafts * costs.draft_s)
-        })
+    /// Mean tokens produced and drafts verified per verification, once a few verifications were seen.
+    pub fn means(&self) -> Option<(f64, f64)> {
+        (self.num_seen >= 3).then_some((self.tokens, self.drafts))
     }
 }
 
@@ -397,17 +394,24 @@ impl PassCosts {
         }
     }
 
-    /// Expected tokens per second of one sequence decoding alone with `k` drafts from `method`.
-    pub fn speed(&self, method: Method, acceptance: f64, k: usize) -> f64 {
-        let draft = if method == Method::Draft { k as f64 * self.draft_s } else { 0.0 };
-        expected_tokens(acceptance, k) / (self.target(k + 1) + draft)
+    /// Expected tokens per second of one sequence decoding alone with `k` drafts from a proposer whose draft passes
+    /// cost `pass_s` each (0 for one that runs none; `draft_s` for the draft model).
+    pub fn speed(&self, pass_s: f64, acceptance: f64, k: usize) -> f64 {
+        expected_tokens(acceptance, k) / (self.target(k + 1) + k as f64 * pass_s)
     }
 
-    /// The depth (0..=max_k) that maximises expected tokens per second for one sequence decoding alone.
-    pub fn best_depth(&self, method: Method, acceptance: f64, max_k: usize) -> usize {
-        let mut best = (self.speed(method, acceptance, 0), 0);
+    /// Tokens per second of verifications that yield `tokens` tokens from `drafts` drafts (means), drafts costing
+    /// `pass_s` each.
+    pub fn yield_speed(&self, pass_s: f64, tokens: f64, drafts: f64) -> f64 {
+        tokens / (self.target(drafts.round() as usize + 1) + drafts * pass_s)
+    }
+
+    /// The depth (0..=max_k) that maximises expected tokens per second for one sequence decoding alone, drafts
+    /// costing `pass_s` each.
+    pub fn best_depth(&self, pass_s: f64, acceptance: f64, max_k: usize) -> usize {
+        let mut best = (self.speed(pass_s, acceptance, 0), 0);
         for k in 1..=max_k {
-            let speed = self.speed(method, acceptance, k);
+            let speed = self.speed(pass_s, acceptance, k);
             if speed > best.0 * 1.0001 {
                 best = (speed, k);
             }
@@ -501,15 +505,16 @@ mod tests {
         let mut y = GuidedYield::default();
         y.update(6, 5);
         y.update(6, 5);
-        assert_eq!(y.speed(&costs), None);
+        let speed = |y: &GuidedYield| y.means().map(|(t, d)| costs.yield_speed(costs.draft_s, t, d));
+        assert_eq!(speed(&y), None);
         y.update(6, 5);
         // 6 tokens from a pass of 6 rows (1.5) and 5 draft passes (1.5).
-        assert!((y.speed(&costs).expect("seen 3") - 2.0).abs() < 1e-9, "{y:?}");
+        assert!((speed(&y).expect("seen 3") - 2.0).abs() < 1e-9, "{y:?}");
         // Recent verifications count most.
         for _ in 0..20 {
             y.update(1, 1);
         }
-        assert!(y.speed(&costs).expect("seen") < 1.0 / 1.1 + 0.05, "{y:?}");
+        assert!(speed(&y).expect("seen") < 1.0 / 1.1 + 0.05, "{y:?}");
     }
 
     #[test]
@@ -558,7 +563,7 @@ mod tests {
         assert_eq!(costs.draft_s, 0.3);
         // Before the fix a draft pass of 0.48 and a 4-row pass of 1.68 (one noisy run) made drafting never pay at
         // the prior acceptance; with the costs cleaned it does.
-        assert!(costs.best_depth(Method::Draft, 0.8, 8) >= 1);
+        assert!(costs.best_depth(costs.draft_s, 0.8, 8) >= 1);
     }
 
     #[test]
@@ -566,11 +571,11 @@ mod tests {
         // Verify of k+1 rows costs 1 + 0.1 k; drafts cost 0.3 each.
         let costs = PassCosts { target: vec![(1, 1.0), (17, 2.6)], draft_s: 0.3 };
         assert!((costs.target(5) - 1.4).abs() < 1e-12);
-        assert_eq!(costs.best_depth(Method::Ngram, 0.0, 8), 0);
-        assert!(costs.best_depth(Method::Ngram, 0.9, 8) >= 6);
+        assert_eq!(costs.best_depth(0.0, 0.0, 8), 0);
+        assert!(costs.best_depth(0.0, 0.9, 8) >= 6);
         // A draft model with low acceptance does not pay.
-        assert_eq!(costs.best_depth(Method::Draft, 0.2, 8), 0);
-        assert!(costs.best_depth(Method::Draft, 0.8, 8) >= 2);
+        assert_eq!(costs.best_depth(costs.draft_s, 0.2, 8), 0);
+        assert!(costs.best_depth(costs.draft_s, 0.8, 8) >= 2);
         assert!((expected_tokens(0.5, 2) - 1.75).abs() < 1e-12);
     }
 

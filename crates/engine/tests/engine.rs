@@ -1,31 +1,21 @@
 //! The engine's scheduling, stopping, validation and bookkeeping, over a scripted fake model.
 //!
-//! The fake [`Runner`] answers every row with logits that are a pure function of the sequence's tokens so far (the
-//! script), checks the batch contract (positions, context, vocabulary), records every batch it receives and which
-//! sequences it still holds. The tokenizer is real: a tiny byte-level BPE vocabulary written into an in-memory GGUF,
-//! so detokenization, end-of-generation tokens and stop strings go through the production code.
+//! The fake runner ([`engine::testing::FakeRunner`]) answers every row with logits that are a pure function of the
+//! sequence's tokens so far (the script), checks the batch contract (positions, context, vocabulary), records every
+//! batch it receives and which sequences it still holds. The tokenizer is real: a tiny byte-level BPE vocabulary
+//! written into an in-memory GGUF, so detokenization, end-of-generation tokens and stop strings go through the
+//! production code.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use backend::cpu::ops::RopeStyle;
+use engine::testing::{self, FakeRunner, RecordedChunk, TokenizerSpec};
 use engine::{Engine, EngineConfig, Error, Event, FinishReason, GenerateRequest, RequestId, SamplingParams, Usage};
-use gguf::{GgufFile, GgufWriter, Value, ValueType};
-use models::{Arch, Batch, LogitsWanted, ModelConfig, Runner, SeqId};
+use models::{LogitsWanted, Runner, SeqId};
 use tokenizer::Tokenizer;
 
 // ---------------------------------------------------------------------------------------------------------------
 // A tiny real tokenizer.
-
-/// GPT-2's byte-to-character table.
-fn byte_char(b: u8) -> char {
-    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    if printable(b) {
-        return b as char;
-    }
-    let rank = (0..b).filter(|&x| !printable(x)).count() as u32;
-    char::from_u32(256 + rank).expect("valid char")
-}
 
 const IM_START: u32 = 256;
 const IM_END: u32 = 257;
@@ -39,35 +29,17 @@ const SP_MORE: u32 = 265;
 const VOCAB: usize = 266;
 
 fn build_tokenizer() -> Arc<Tokenizer> {
-    let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
-    let mut types = vec![1i32; 256];
-    for (text, ty) in [("<|im_start|>", 3), ("<|im_end|>", 3)] {
-        tokens.push(text.to_owned());
-        types.push(ty);
-    }
-    for w in WORDS {
-        tokens.push(w.to_owned());
-        types.push(1);
-    }
+    let mut tokens = testing::byte_tokens();
+    tokens.extend([("<|im_start|>".to_owned(), 3), ("<|im_end|>".to_owned(), 3)]);
+    tokens.extend(WORDS.iter().map(|w| (w.to_string(), 1)));
     assert_eq!(tokens.len(), VOCAB);
     let merges = ["h e", "l l", "he ll", "hell o"];
-    let strings = |v: Vec<String>| Value::Array(ValueType::String, v.into_iter().map(Value::String).collect());
-    let mut w = GgufWriter::new();
-    w.add("general.architecture", Value::String("llama".into()));
-    w.add("tokenizer.ggml.model", Value::String("gpt2".into()));
-    w.add("tokenizer.ggml.pre", Value::String("smollm".into()));
-    w.add("tokenizer.ggml.tokens", strings(tokens));
-    w.add("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()));
-    w.add("tokenizer.ggml.merges", strings(merges.iter().map(|s| s.to_string()).collect()));
-    w.add("tokenizer.ggml.bos_token_id", Value::U32(IM_START));
-    w.add("tokenizer.ggml.eos_token_id", Value::U32(IM_END));
-    w.add("tokenizer.ggml.add_bos_token", Value::Bool(false));
-    let file = GgufFile::from_bytes(w.to_bytes()).expect("tokenizer GGUF parses");
-    let tok = Tokenizer::from_gguf(&file).expect("tokenizer builds");
+    let spec = TokenizerSpec { tokens, merges: &merges, pre: Some("smollm"), bos: Some(IM_START), eos: IM_END };
+    let tok = testing::tokenizer(spec);
     assert_eq!(tok.vocab_size(), VOCAB);
     assert!(tok.is_eog(IM_END));
     assert_eq!(tok.decode(&[HELLO, SP_WORLD, SP_EN, D_SP_AND, SP_MORE]), "hello world END and more");
-    Arc::new(tok)
+    tok
 }
 
 /// The ids of an ASCII string, one byte token per character.
@@ -78,166 +50,14 @@ fn bytes(s: &str) -> Vec<u32> {
 // ---------------------------------------------------------------------------------------------------------------
 // The scripted fake runner.
 
-/// Logits for the next token, given every token of the sequence up to and including the current row.
-type Script = Box<dyn Fn(&[u32]) -> Vec<f32> + Send>;
-
-#[derive(Debug, Clone, PartialEq)]
-struct RecordedChunk {
-    seq: SeqId,
-    tokens: Vec<u32>,
-    start_pos: usize,
-    logits: LogitsWanted,
-}
-
-struct FakeRunner {
-    cfg: ModelConfig,
-    script: Script,
-    /// Tokens held per live sequence (its "KV cache").
-    live: BTreeMap<SeqId, Vec<u32>>,
-    /// Every batch received, in order.
-    batches: Vec<Vec<RecordedChunk>>,
-    /// Every `release` call, in order.
-    released: Vec<SeqId>,
-    /// Batches run through `forward_argmax` (the others through `forward`).
-    argmax_batches: usize,
-    /// Of those, the batches whose picks the engine said it feeds back (`NextStep::FedPicks`).
-    ahead_batches: usize,
-    /// Batches run through `forward_candidates`, and the largest count asked for.
-    candidate_batches: usize,
-    max_candidates: usize,
-    out: Vec<f32>,
-}
-
-fn config(max_context: usize) -> ModelConfig {
-    ModelConfig {
-        arch: Arch::Llama,
-        shapes: models::ModelShapes {
-            num_layers: 1,
-            hidden_size: 8,
-            ffn_size: 16,
-            num_heads: 2,
-            num_kv_heads: 1,
-            head_dim: 4,
-            vocab_size: VOCAB,
-            max_context,
-        },
-        rms_eps: 1e-5,
-        rope_theta: 10_000.0,
-        rope_dim: 4,
-        rope_style: RopeStyle::Interleaved,
-        qkv_bias: false,
-        qk_norm: false,
-        tied_embeddings: true,
-    }
-}
-
-impl FakeRunner {
-    fn new(max_context: usize, script: impl Fn(&[u32]) -> Vec<f32> + Send + 'static) -> Self {
-        FakeRunner {
-            cfg: config(max_context),
-            script: Box::new(script),
-            live: BTreeMap::new(),
-            batches: Vec::new(),
-            released: Vec::new(),
-            argmax_batches: 0,
-            ahead_batches: 0,
-            candidate_batches: 0,
-            max_candidates: 0,
-            out: Vec::new(),
-        }
-    }
-}
-
-impl Runner for FakeRunner {
-    fn config(&self) -> &ModelConfig {
-        &self.cfg
-    }
-
-    fn forward(&mut self, batch: &Batch<'_>) -> models::Result<&[f32]> {
-        self.batches.push(
-            batch
-                .chunks
-                .iter()
-                .map(|c| RecordedChunk {
-                    seq: c.seq,
-                    tokens: c.tokens.to_vec(),
-                    start_pos: c.start_pos,
-                    logits: c.logits,
-                })
-                .collect(),
-        );
-        // The contract a real runner enforces, checked before anything changes.
-        let mut seen = BTreeSet::new();
-        for c in &batch.chunks {
-            assert!(seen.insert(c.seq), "sequence {} appears twice in one batch", c.seq);
-            assert!(!c.tokens.is_empty(), "empty chunk for sequence {}", c.seq);
-            let len = self.seq_len(c.seq);
-            if c.start_pos != len {
-                return Err(models::Error::BadPosition { seq: c.seq.0, start: c.start_pos, len });
-            }
-            if len + c.tokens.len() > self.cfg.max_context {
-                return Err(models::Error::ContextOverflow(c.seq.0, self.cfg.max_context));
-            }
-            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= VOCAB) {
-                return Err(models::Error::BadToken(t));
-            }
-        }
-        self.out.clear();
-        for c in &batch.chunks {
-            let held = self.live.entry(c.seq).or_default();
-            let rows: Vec<usize> = match c.logits {
-                LogitsWanted::None => vec![],
-                LogitsWanted::Last => vec![c.tokens.len() - 1],
-                LogitsWanted::All => (0..c.tokens.len()).collect(),
-            };
-            let base = held.len();
-            held.extend_from_slice(c.tokens);
-            for r in rows {
-                let logits = (self.script)(&held[..base + r + 1]);
-                assert_eq!(logits.len(), VOCAB);
-                self.out.extend_from_slice(&logits);
-            }
-        }
-        Ok(&self.out)
-    }
-
-    fn forward_argmax(&mut self, batch: &Batch<'_>) -> models::Result<Vec<u32>> {
-        self.argmax_batches += 1;
-        Ok(self.forward(batch)?.chunks_exact(VOCAB).map(models::argmax).collect())
-    }
-
-    fn forward_argmax_then(&mut self, batch: &Batch<'_>, next: models::NextStep) -> models::Result<Vec<u32>> {
-        self.ahead_batches += usize::from(next == models::NextStep::FedPicks);
-        self.forward_argmax(batch)
-    }
-
-    fn forward_candidates(&mut self, batch: &Batch<'_>, n: usize) -> models::Result<Vec<Vec<(u32, f32)>>> {
-        self.candidate_batches += 1;
-        self.max_candidates = self.max_candidates.max(n);
-        Ok(self.forward(batch)?.chunks_exact(VOCAB).map(|row| models::top_candidates(row, n)).collect())
-    }
-
-    fn seq_len(&self, seq: SeqId) -> usize {
-        self.live.get(&seq).map_or(0, Vec::len)
-    }
-
-    fn truncate(&mut self, seq: SeqId, len: usize) {
-        if let Some(t) = self.live.get_mut(&seq) {
-            t.truncate(len);
-        }
-    }
-
-    fn release(&mut self, seq: SeqId) {
-        self.live.remove(&seq);
-        self.released.push(seq);
-    }
+/// The scripted fake runner over this file's vocabulary.
+fn fake(max_context: usize, script: impl Fn(&[u32]) -> Vec<f32> + Send + 'static) -> FakeRunner {
+    FakeRunner::new(testing::tiny_config(VOCAB, max_context), script)
 }
 
 /// Logits that make `token` the clear favourite.
 fn one_hot(token: u32) -> Vec<f32> {
-    let mut l = vec![-10.0; VOCAB];
-    l[token as usize] = 10.0;
-    l
+    testing::one_hot(VOCAB, token)
 }
 
 /// The default script: the next token is a lowercase letter determined by the sequence's first token, the position
@@ -336,7 +156,7 @@ fn run_to_end<R: Runner>(engine: &mut Engine<R>) -> BTreeMap<RequestId, Outcome>
 
 /// After every request has finished: the runner holds nothing and each sequence was released exactly once.
 fn assert_all_released(engine: &Engine<FakeRunner>, ids: &[RequestId]) {
-    let r = engine.runner();
+    let r = engine.runner().state();
     assert!(r.live.is_empty(), "sequences still held by the runner: {:?}", r.live.keys().collect::<Vec<_>>());
     let mut released = r.released.clone();
     released.sort();
@@ -352,7 +172,7 @@ fn assert_all_released(engine: &Engine<FakeRunner>, ids: &[RequestId]) {
 #[test]
 fn prefill_is_chunked_under_max_batch_tokens() {
     let prompt = bytes("abcdefghijklmnopqrst"); // 20 tokens
-    let mut e = engine_with(FakeRunner::new(1024, letters_script), 8);
+    let mut e = engine_with(fake(1024, letters_script), 8);
     let id = e.add_request(greedy(prompt.clone(), 3)).expect("valid");
     let out = run_to_end(&mut e);
     let o = &out[&id];
@@ -360,7 +180,7 @@ fn prefill_is_chunked_under_max_batch_tokens() {
     // No token before the whole prompt has been seen.
     assert_eq!(o.token_steps, vec![2, 3, 4]);
 
-    let b = &e.runner().batches;
+    let b = &e.runner().state().batches.clone();
     let chunks: Vec<(usize, usize, LogitsWanted)> =
         b.iter().map(|b| (b[0].start_pos, b[0].tokens.len(), b[0].logits)).collect();
     assert_eq!(
@@ -386,7 +206,7 @@ fn decoding_sequences_go_before_prompt_chunks() {
     let max_batch = 6;
     let prompts = [bytes("xy"), bytes("a long prompt of many tokens"), bytes("zz")];
     let max_tokens = [10, 4, 4];
-    let mut e = engine_with(FakeRunner::new(1024, letters_script), max_batch);
+    let mut e = engine_with(fake(1024, letters_script), max_batch);
     let mut out = BTreeMap::new();
     let a = e.add_request(greedy(prompts[0].clone(), max_tokens[0])).expect("valid");
     // A's prompt fits in one step; A is decoding from then on.
@@ -400,7 +220,7 @@ fn decoding_sequences_go_before_prompt_chunks() {
     }
     let ids = [a, b, c];
 
-    let batches = &e.runner().batches;
+    let batches = &e.runner().state().batches.clone();
     let prompt_len = |seq: SeqId| prompts[ids.iter().position(|id| id.0 == seq.0).expect("known sequence")].len();
     for (i, batch) in batches.iter().enumerate() {
         let n: usize = batch.iter().map(|c| c.tokens.len()).sum();
@@ -434,7 +254,7 @@ fn short_request_streams_during_a_long_prefill() {
     // A 400-token prompt read 16 tokens per step; a short request arrives after the first chunk.
     let long: Vec<u32> = (0..400).map(|i| bytes("abcdefghijklmnopqrstuvwxyz")[i % 26]).collect();
     let mut e = Engine::new(
-        FakeRunner::new(1024, letters_script),
+        fake(1024, letters_script),
         build_tokenizer(),
         EngineConfig { max_batch_tokens: 64, max_prefill_tokens_while_decoding: 16, ..Default::default() },
     );
@@ -450,7 +270,7 @@ fn short_request_streams_during_a_long_prefill() {
     // The short prompt goes first in the next step and then streams one token per step, while the long prompt
     // advances by at most 16 tokens per step alongside it.
     assert_eq!(out[&short_id].token_steps, vec![1, 2, 3, 4, 5]);
-    for batch in &e.runner().batches[2..6] {
+    for batch in &e.runner().state().batches[2..6] {
         let prefill: usize = batch.iter().filter(|c| c.seq == SeqId(long_id.0)).map(|c| c.tokens.len()).sum();
         assert!(prefill <= 16, "{batch:?}");
     }
@@ -463,7 +283,7 @@ fn short_request_streams_during_a_long_prefill() {
 fn concurrent_requests_each_get_their_own_stream() {
     let prompts = [bytes("first prompt"), bytes("B"), bytes("a third, longer prompt than the others"), bytes("qq")];
     let max_tokens = [12, 30, 7, 20];
-    let mut e = engine_with(FakeRunner::new(1024, letters_script), 16);
+    let mut e = engine_with(fake(1024, letters_script), 16);
     let ids: Vec<RequestId> =
         prompts.iter().zip(max_tokens).map(|(p, n)| e.add_request(greedy(p.clone(), n)).expect("valid")).collect();
     let out = run_to_end(&mut e);
@@ -477,11 +297,11 @@ fn concurrent_requests_each_get_their_own_stream() {
         assert_eq!((usage.prompt_tokens, usage.completion_tokens), (p.len(), n));
     }
     // Several sequences really shared batches.
-    assert!(e.runner().batches.iter().any(|b| b.len() >= 3));
+    assert!(e.runner().state().batches.iter().any(|b| b.len() >= 3));
 
     // Each stream equals the one the request gets when alone.
     for (p, n) in prompts.iter().zip(max_tokens) {
-        let mut alone = engine_with(FakeRunner::new(1024, letters_script), 16);
+        let mut alone = engine_with(fake(1024, letters_script), 16);
         let (tokens, reason, _) = alone.generate(greedy(p.clone(), n), |_| {}).expect("generate");
         assert_eq!(tokens, expected_letters(p, n));
         assert_eq!(reason, FinishReason::Length);
@@ -497,7 +317,7 @@ fn stop_string_across_token_boundaries() {
     // "hello world END and more": "END" is split over " EN" and "D and".
     let prompt = bytes("say it");
     let cont = vec![HELLO, SP_WORLD, SP_EN, D_SP_AND, SP_MORE, b'!' as u32];
-    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
+    let mut e = engine_with(fake(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
     let mut req = greedy(prompt, 50);
     req.stop_strings = vec!["END".into()];
     let id = e.add_request(req).expect("valid");
@@ -518,7 +338,7 @@ fn stop_string_held_back_then_released_on_false_start() {
     // " EN" might begin "ENOUGH"; when "D and" follows, the held " EN" must come out, in order, with nothing lost.
     let prompt = bytes("p");
     let cont = vec![HELLO, SP_EN, D_SP_AND, SP_MORE];
-    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
+    let mut e = engine_with(fake(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
     let mut req = greedy(prompt, 4);
     req.stop_strings = vec!["ENOUGH".into(), "zzz".into()];
     let id = e.add_request(req).expect("valid");
@@ -543,7 +363,7 @@ fn stop_string_over_a_multibyte_character_split_across_tokens() {
     // "café!" where é = C3 A9 comes as two byte tokens; the stop string is "é!".
     let prompt = bytes("q");
     let cont = vec![b'c' as u32, b'a' as u32, b'f' as u32, 0xC3, 0xA9, b'!' as u32, b'x' as u32];
-    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
+    let mut e = engine_with(fake(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
     let mut req = greedy(prompt, 50);
     req.stop_strings = vec!["é!".into()];
     let id = e.add_request(req).expect("valid");
@@ -558,7 +378,7 @@ fn stop_string_over_a_multibyte_character_split_across_tokens() {
 fn stop_token_ends_with_stop_and_is_not_rendered() {
     let prompt = bytes("go");
     let cont = vec![HELLO, SP_WORLD, SP_MORE, HELLO];
-    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
+    let mut e = engine_with(fake(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
     let mut req = greedy(prompt, 50);
     req.stop_tokens = vec![SP_MORE];
     let id = e.add_request(req).expect("valid");
@@ -576,7 +396,7 @@ fn stop_token_ends_with_stop_and_is_not_rendered() {
 fn end_of_generation_ends_with_stop() {
     let prompt = bytes("hi");
     let cont = vec![HELLO, IM_END, SP_WORLD];
-    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont.clone(), b'.' as u32)), 64);
+    let mut e = engine_with(fake(1024, continuation_script(prompt.len(), cont.clone(), b'.' as u32)), 64);
     let id = e.add_request(greedy(prompt.clone(), 50)).expect("valid");
     let out = run_to_end(&mut e);
     assert_eq!(out[&id].tokens, vec![HELLO, IM_END]);
@@ -585,7 +405,7 @@ fn end_of_generation_ends_with_stop() {
     assert_all_released(&e, &[id]);
 
     // ignore_eos: generation goes on past it until max_tokens.
-    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
+    let mut e = engine_with(fake(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
     let mut req = greedy(prompt, 4);
     req.ignore_eos = true;
     let id = e.add_request(req).expect("valid");
@@ -600,7 +420,7 @@ fn control_tokens_add_no_text() {
     // A sampled `<|im_start|>` (a control token, not end-of-generation) is generated and counted but not shown.
     let prompt = bytes("hi");
     let cont = vec![HELLO, IM_START, SP_WORLD, IM_END];
-    let mut e = engine_with(FakeRunner::new(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
+    let mut e = engine_with(fake(1024, continuation_script(prompt.len(), cont, b'.' as u32)), 64);
     let id = e.add_request(greedy(prompt, 50)).expect("valid");
     let out = run_to_end(&mut e);
     assert_eq!(out[&id].tokens, vec![HELLO, IM_START, SP_WORLD, IM_END]);
@@ -613,7 +433,7 @@ fn control_tokens_add_no_text() {
 fn max_tokens_ends_with_length() {
     for max_tokens in [1, 2, 17] {
         let prompt = bytes("count");
-        let mut e = engine_with(FakeRunner::new(1024, letters_script), 64);
+        let mut e = engine_with(fake(1024, letters_script), 64);
         let id = e.add_request(greedy(prompt.clone(), max_tokens)).expect("valid");
         let out = run_to_end(&mut e);
         assert_eq!(out[&id].tokens, expected_letters(&prompt, max_tokens));
@@ -621,7 +441,7 @@ fn max_tokens_ends_with_length() {
         assert_eq!(reason, FinishReason::Length);
         assert_eq!(usage.completion_tokens, max_tokens);
         // The last token is never fed back: prompt + max_tokens - 1 positions were computed.
-        let fed: usize = e.runner().batches.iter().flatten().map(|c| c.tokens.len()).sum();
+        let fed: usize = e.runner().state().batches.iter().flatten().map(|c| c.tokens.len()).sum();
         assert_eq!(fed, prompt.len() + max_tokens - 1);
         assert_all_released(&e, &[id]);
     }
@@ -631,7 +451,7 @@ fn max_tokens_ends_with_length() {
 fn full_context_ends_with_length() {
     let max_context = 16;
     let prompt = bytes("ten tokens"); // 10
-    let mut e = engine_with(FakeRunner::new(max_context, letters_script), 4);
+    let mut e = engine_with(fake(max_context, letters_script), 4);
     let id = e.add_request(greedy(prompt.clone(), 1000)).expect("valid");
     let out = run_to_end(&mut e);
     let (reason, usage) = out[&id].finish.expect("finished");
@@ -639,12 +459,13 @@ fn full_context_ends_with_length() {
     // Prompt and output fill the context exactly; the runner never saw a position past it.
     assert_eq!(prompt.len() + out[&id].tokens.len(), max_context);
     assert_eq!(usage.completion_tokens, max_context - prompt.len());
-    let max_pos = e.runner().batches.iter().flatten().map(|c| c.start_pos + c.tokens.len()).max().expect("batches");
+    let max_pos =
+        e.runner().state().batches.iter().flatten().map(|c| c.start_pos + c.tokens.len()).max().expect("batches");
     assert!(max_pos < max_context);
     assert_all_released(&e, &[id]);
 
     // A prompt one short of the context still gets exactly one token.
-    let mut e = engine_with(FakeRunner::new(max_context, letters_script), 64);
+    let mut e = engine_with(fake(max_context, letters_script), 64);
     let id = e.add_request(greedy(bytes("fifteen tokens!"), 1000)).expect("valid");
     let out = run_to_end(&mut e);
     assert_eq!(out[&id].tokens.len(), 1);
@@ -654,13 +475,13 @@ fn full_context_ends_with_length() {
 
 #[test]
 fn abort_frees_the_sequence() {
-    let mut e = engine_with(FakeRunner::new(1024, letters_script), 64);
+    let mut e = engine_with(fake(1024, letters_script), 64);
     let a = e.add_request(greedy(bytes("keep going"), 1000)).expect("valid");
     let b = e.add_request(greedy(bytes("other"), 6)).expect("valid");
     for _ in 0..3 {
         e.step().expect("step");
     }
-    assert!(e.runner().live.contains_key(&SeqId(a.0)));
+    assert!(e.runner().state().live.contains_key(&SeqId(a.0)));
     let ev = e.abort(a).expect("a is running");
     match ev {
         Event::Finished { reason, usage, .. } => {
@@ -670,19 +491,19 @@ fn abort_frees_the_sequence() {
         }
         other => panic!("abort gave {other:?}"),
     }
-    assert_eq!(e.runner().released, vec![SeqId(a.0)], "abort releases the sequence at once");
-    assert!(!e.runner().live.contains_key(&SeqId(a.0)));
+    assert_eq!(e.runner().state().released, vec![SeqId(a.0)], "abort releases the sequence at once");
+    assert!(!e.runner().state().live.contains_key(&SeqId(a.0)));
     assert!(e.abort(a).is_none(), "a second abort finds nothing");
     assert!(e.abort(RequestId(999)).is_none());
-    let n_batches = e.runner().batches.len();
+    let n_batches = e.runner().state().batches.len();
     let out = run_to_end(&mut e);
     assert!(!out.contains_key(&a), "no events for an aborted request");
-    assert!(e.runner().batches[n_batches..].iter().flatten().all(|c| c.seq != SeqId(a.0)));
+    assert!(e.runner().state().batches[n_batches..].iter().flatten().all(|c| c.seq != SeqId(a.0)));
     assert_eq!(out[&b].tokens.len(), 3);
     assert_all_released(&e, &[a, b]);
 
     // Aborting a request that is still reading its prompt.
-    let mut e = engine_with(FakeRunner::new(1024, letters_script), 4);
+    let mut e = engine_with(fake(1024, letters_script), 4);
     let c = e.add_request(greedy(bytes("a prompt longer than one chunk"), 5)).expect("valid");
     e.step().expect("step");
     assert_eq!(e.runner().seq_len(SeqId(c.0)), 4);
@@ -697,7 +518,7 @@ fn abort_frees_the_sequence() {
 
 #[test]
 fn invalid_requests_are_rejected_with_clear_errors() {
-    let mut e = engine_with(FakeRunner::new(32, letters_script), 64);
+    let mut e = engine_with(fake(32, letters_script), 64);
     let bad = |e: &mut Engine<FakeRunner>, req: GenerateRequest, needle: &str| match e.add_request(req) {
         Err(Error::InvalidRequest(msg)) => assert!(msg.contains(needle), "message {msg:?} does not mention {needle:?}"),
         other => panic!("expected an invalid-request error mentioning {needle:?}, got {other:?}"),
@@ -725,7 +546,7 @@ fn invalid_requests_are_rejected_with_clear_errors() {
     // Nothing was admitted and the runner never ran.
     assert_eq!(e.num_requests(), 0);
     assert!(!e.has_work());
-    assert!(e.runner().batches.is_empty());
+    assert!(e.runner().state().batches.is_empty());
 
     // The largest valid prompt is admitted; requests keep getting fresh ids after rejections.
     let id = e.add_request(greedy(vec![b'a' as u32; 31], 5)).expect("31 < 32 tokens");
@@ -742,7 +563,7 @@ fn invalid_requests_are_rejected_with_clear_errors() {
 #[test]
 fn usage_counts_tokens() {
     let prompt = bytes("usage please");
-    let mut e = engine_with(FakeRunner::new(1024, letters_script), 5);
+    let mut e = engine_with(fake(1024, letters_script), 5);
     let id = e.add_request(greedy(prompt.clone(), 9)).expect("valid");
     let out = run_to_end(&mut e);
     let (_, usage) = out[&id].finish.expect("finished");
@@ -753,7 +574,7 @@ fn usage_counts_tokens() {
     assert!(usage.prefill_tok_s().is_finite() && usage.decode_tok_s().is_finite());
 
     // generate() returns the same counts and streams the same text.
-    let mut e = engine_with(FakeRunner::new(1024, letters_script), 5);
+    let mut e = engine_with(fake(1024, letters_script), 5);
     let mut text = String::new();
     let (tokens, reason, usage2) = e.generate(greedy(prompt.clone(), 9), |t| text.push_str(t)).expect("generate");
     assert_eq!(tokens, out[&id].tokens);
@@ -775,7 +596,7 @@ fn same_seed_same_output_under_sampling() {
         ..Default::default()
     };
     let run = |seed: u64, with_neighbours: bool| -> Vec<u32> {
-        let mut e = engine_with(FakeRunner::new(1024, noisy_script), 8);
+        let mut e = engine_with(fake(1024, noisy_script), 8);
         if with_neighbours {
             e.add_request(GenerateRequest::new(bytes("neighbour one"), params(seed), 25)).expect("valid");
         }
@@ -784,7 +605,7 @@ fn same_seed_same_output_under_sampling() {
             e.add_request(GenerateRequest::new(bytes("x"), params(seed + 1), 33)).expect("valid");
         }
         let out = run_to_end(&mut e);
-        assert!(e.runner().live.is_empty());
+        assert!(e.runner().state().live.is_empty());
         out[&id].tokens.clone()
     };
     let a = run(7, false);
@@ -793,7 +614,7 @@ fn same_seed_same_output_under_sampling() {
     assert_eq!(a, run(7, true), "other requests in the batch do not change a seeded stream");
     assert_ne!(a, run(8, false), "another seed gives another stream");
     // The noisy script really has a spread distribution: sampling does not just repeat the argmax.
-    let mut e = engine_with(FakeRunner::new(1024, noisy_script), 8);
+    let mut e = engine_with(fake(1024, noisy_script), 8);
     let (g, _, _) = e.generate(greedy(prompt.clone(), 40), |_| {}).expect("generate");
     assert_ne!(a, g);
 }
@@ -801,10 +622,10 @@ fn same_seed_same_output_under_sampling() {
 #[test]
 fn runner_errors_leave_requests_intact() {
     // Drop a sequence's cache behind the engine's back: the next batch has a bad position and forward fails.
-    let mut e = engine_with(FakeRunner::new(1024, letters_script), 64);
+    let mut e = engine_with(fake(1024, letters_script), 64);
     let id = e.add_request(greedy(bytes("abc"), 5)).expect("valid");
     e.step().expect("step");
-    e.runner_mut().live.remove(&SeqId(id.0));
+    e.runner().state().live.remove(&SeqId(id.0));
     match e.step() {
         Err(Error::Model(models::Error::BadPosition { .. })) => {}
         other => panic!("expected the runner's error, got {other:?}"),
@@ -816,12 +637,12 @@ fn runner_errors_leave_requests_intact() {
 #[test]
 fn a_zero_token_budget_still_makes_progress() {
     // max_batch_tokens 0 would schedule nothing, and generate() would spin forever.
-    let mut e = engine_with(FakeRunner::new(1024, letters_script), 0);
+    let mut e = engine_with(fake(1024, letters_script), 0);
     let prompt = bytes("abc");
     let (tokens, reason, _) = e.generate(greedy(prompt.clone(), 3), |_| {}).expect("generate");
     assert_eq!(tokens, expected_letters(&prompt, 3));
     assert_eq!(reason, FinishReason::Length);
-    assert!(e.runner().batches.iter().all(|b| b.iter().map(|c| c.tokens.len()).sum::<usize>() == 1));
+    assert!(e.runner().state().batches.iter().all(|b| b.iter().map(|c| c.tokens.len()).sum::<usize>() == 1));
     assert_all_released(&e, &[RequestId(0)]);
 }
 
@@ -874,7 +695,7 @@ fn dormant_constraint_allows_speculation_and_sees_every_token() {
         ..engine::SpecConfig::default()
     };
     let mut e = Engine::new(
-        FakeRunner::new(1024, script),
+        fake(1024, script),
         build_tokenizer(),
         EngineConfig { spec, max_batch_tokens: 64, max_prefill_tokens_while_decoding: 64, ..Default::default() },
     );
@@ -891,7 +712,7 @@ fn dormant_constraint_allows_speculation_and_sees_every_token() {
     assert_eq!(*committed.lock().expect("lock"), want, "the constraint saw every token, in order");
     assert_eq!(out[&id].finish.expect("finished").0, FinishReason::Stop);
     let stats = e.spec_stats();
-    assert!(stats.ngram_accepted > 0, "speculation ran while the constraint was dormant: {stats:?}");
+    assert!(stats.of("ngram").accepted > 0, "speculation ran while the constraint was dormant: {stats:?}");
 }
 
 /// Runs `prompt` greedily with a fake draft model whose script is `draft`, under fixed pass costs (a draft pass
@@ -913,11 +734,11 @@ fn run_with_draft_spec(
 ) -> (Vec<u32>, engine::SpecStats) {
     let spec = engine::SpecConfig { ngram: false, measure_costs: false, ..spec };
     let mut e = Engine::new(
-        FakeRunner::new(1024, letters_script),
+        fake(1024, letters_script),
         build_tokenizer(),
         EngineConfig { spec, max_batch_tokens: 64, max_prefill_tokens_while_decoding: 64, ..Default::default() },
     );
-    e.set_draft(FakeRunner::new(1024, draft)).expect("same vocabulary");
+    e.set_draft(fake(1024, draft)).expect("same vocabulary");
     e.set_pass_costs(engine::spec::PassCosts { target: vec![(1, 1.0), (17, 2.6)], draft_s: 0.3 });
     let id = e.add_request(greedy(prompt.to_vec(), max_tokens)).expect("valid");
     let out = run_to_end(&mut e);
@@ -940,7 +761,7 @@ fn the_draft_model_comes_back_after_early_rejections() {
     assert_eq!(tokens, expected_letters(&prompt, 120), "greedy output is the target's");
     // Without probes the estimate falls below the break-even point within a few rejections and stays there: the
     // draft then proposes nothing more (without probes: 4 proposed, 0 accepted).
-    assert!(stats.draft_accepted >= 60, "the draft is back once it fits: {stats:?}");
+    assert!(stats.of("draft").accepted >= 60, "the draft is back once it fits: {stats:?}");
 }
 
 #[test]
@@ -965,9 +786,9 @@ fn guided_drafts_run_through_sure_tokens_and_stop_after_an_unsure_one() {
     assert_eq!(plain_tokens, want, "greedy output is the target's");
     // Guided, a draft ends at its unsure token (if it reaches one): at most one rejected token per verification,
     // and the runs of five sure tokens are drafted whole.
-    let wasted = guided.draft_proposed - guided.draft_accepted;
+    let wasted = guided.of("draft").proposed - guided.of("draft").accepted;
     assert!(wasted <= guided.decode_passes, "drafting went on past an unsure token: {guided:?}");
-    assert!(guided.draft_accepted as f64 >= 4.0 * guided.decode_passes as f64, "{guided:?}");
+    assert!(guided.of("draft").accepted as f64 >= 4.0 * guided.decode_passes as f64, "{guided:?}");
     // Unguided, the depth follows the average acceptance (5 in 6), which pays only for short drafts: many more
     // verifications for the same tokens (85 against 41 when this was written).
     assert!(3 * guided.decode_passes < 2 * unguided.decode_passes, "guided {guided:?}, unguided {unguided:?}");
@@ -978,28 +799,28 @@ fn probes_of_a_useless_draft_back_off() {
     let prompt = bytes("useless");
     let (tokens, stats) = run_with_draft(&prompt, 300, |_: &[u32]| one_hot(b'!' as u32));
     assert_eq!(tokens, expected_letters(&prompt, 300));
-    assert_eq!(stats.draft_accepted, 0);
+    assert_eq!(stats.of("draft").accepted, 0);
     // The first proposals at the prior, then probes of 2 after gaps of 8, 16, 32, 64, 128 passes: far fewer than
     // one per pass.
-    assert!(stats.draft_proposed <= 40, "{stats:?}");
-    assert!(stats.draft_proposed >= 10, "probes keep running: {stats:?}");
+    assert!(stats.of("draft").proposed <= 40, "{stats:?}");
+    assert!(stats.of("draft").proposed >= 10, "probes keep running: {stats:?}");
 }
 
 #[test]
 fn greedy_steps_let_the_runner_pick_the_argmax() {
     let prompt = bytes("pick");
-    let mut e = engine_with(FakeRunner::new(1024, letters_script), 64);
+    let mut e = engine_with(fake(1024, letters_script), 64);
     let (tokens, _, _) = e.generate(greedy(prompt.clone(), 20), |_| {}).expect("generate");
     assert_eq!(tokens, expected_letters(&prompt, 20));
-    let r = e.runner();
+    let r = e.runner().state();
     assert_eq!(r.argmax_batches, r.batches.len(), "every greedy step (prefill included) picks on the runner");
     // Log-probabilities need the logits: the same request with them runs through `forward` and gives the same tokens.
-    let mut e = engine_with(FakeRunner::new(1024, letters_script), 64);
+    let mut e = engine_with(fake(1024, letters_script), 64);
     let mut req = greedy(prompt.clone(), 20);
     req.sampling.logprobs = Some(2);
     let (with_logprobs, _, _) = e.generate(req, |_| {}).expect("generate");
     assert_eq!(with_logprobs, tokens);
-    assert_eq!(e.runner().argmax_batches, 0);
+    assert_eq!(e.runner().state().argmax_batches, 0);
 }
 
 /// Decode ahead: a lone greedy sequence whose next steps speculation cannot reshape lets the runner start each step
@@ -1014,10 +835,10 @@ fn a_lone_greedy_sequence_without_speculation_decodes_ahead() {
         spec: engine::SpecConfig { max_draft_tokens: 0, ..Default::default() },
         ..Default::default()
     };
-    let mut e = Engine::new(FakeRunner::new(1024, letters_script), build_tokenizer(), no_spec());
+    let mut e = Engine::new(fake(1024, letters_script), build_tokenizer(), no_spec());
     let (tokens, _, _) = e.generate(greedy(prompt.clone(), 20), |_| {}).expect("generate");
     assert_eq!(tokens, expected_letters(&prompt, 20));
-    let r = e.runner();
+    let r = e.runner().state();
     // The prompt's step picks the first token; the 19 steps that follow feed one token each, all but the last (which
     // picks the 20th and final token, so nothing follows it) with the next step started ahead.
     assert_eq!(r.batches.len(), 20);
@@ -1025,21 +846,22 @@ fn a_lone_greedy_sequence_without_speculation_decodes_ahead() {
     assert_eq!(r.argmax_batches, 20);
 
     // With n-gram speculation (the default) any step may carry drafts: none ahead.
-    let mut e = engine_with(FakeRunner::new(1024, letters_script), 64);
+    let mut e = engine_with(fake(1024, letters_script), 64);
     assert_eq!(e.generate(greedy(prompt.clone(), 20), |_| {}).expect("generate").0, tokens);
-    assert_eq!(e.runner().ahead_batches, 0);
+    assert_eq!(e.runner().state().ahead_batches, 0);
 
     // Two sequences: ahead only once the shorter one has finished.
-    let mut e = Engine::new(FakeRunner::new(1024, letters_script), build_tokenizer(), no_spec());
+    let mut e = Engine::new(fake(1024, letters_script), build_tokenizer(), no_spec());
     let a = e.add_request(greedy(prompt.clone(), 20)).expect("valid");
     let b = e.add_request(greedy(bytes("other"), 5)).expect("valid");
     let out = run_to_end(&mut e);
     assert_eq!(out[&a].tokens, tokens);
     assert_eq!(out[&b].tokens, expected_letters(&bytes("other"), 5));
-    let r = e.runner();
+    let r = e.runner().state();
     let lone_steps = r.batches.iter().filter(|b| b.len() == 1 && b[0].tokens.len() == 1).count();
     assert_eq!(lone_steps, 15, "{:?}", r.batches);
     assert_eq!(r.ahead_batches, lone_steps - 1);
+    drop(r);
     assert_all_released(&e, &[a, b]);
 }
 
@@ -1059,7 +881,7 @@ fn sampled_steps_use_the_rows_largest_logits_and_give_the_same_tokens() {
     };
     let run = |candidates: bool, logprobs: bool| {
         let mut e = Engine::new(
-            FakeRunner::new(1024, noisy_script),
+            fake(1024, noisy_script),
             build_tokenizer(),
             EngineConfig {
                 max_batch_tokens: 64,
@@ -1075,7 +897,7 @@ fn sampled_steps_use_the_rows_largest_logits_and_give_the_same_tokens() {
             l[b'q' as usize] += 1.0;
             l
         };
-        e.set_draft(FakeRunner::new(1024, draft)).expect("same vocabulary");
+        e.set_draft(fake(1024, draft)).expect("same vocabulary");
         e.set_pass_costs(engine::spec::PassCosts { target: vec![(1, 1.0), (17, 1.2)], draft_s: 0.05 });
         let ids: Vec<RequestId> = [("sample one", 3), ("and another", 4), ("abababababababab", 5)]
             .into_iter()
@@ -1087,8 +909,14 @@ fn sampled_steps_use_the_rows_largest_logits_and_give_the_same_tokens() {
             .collect();
         let out = run_to_end(&mut e);
         let tokens: Vec<Vec<u32>> = ids.iter().map(|id| out[id].tokens.clone()).collect();
-        let r = e.runner();
-        (tokens, r.candidate_batches, r.max_candidates, e.draft().map_or(0, |d| d.candidate_batches), e.spec_stats())
+        let r = e.runner().state();
+        (
+            tokens,
+            r.candidate_batches,
+            r.max_candidates,
+            e.draft().map_or(0, |d| d.state().candidate_batches),
+            e.spec_stats(),
+        )
     };
     let (whole, none, _, none_draft, _) = run(false, false);
     assert_eq!((none, none_draft), (0, 0));
@@ -1096,7 +924,7 @@ fn sampled_steps_use_the_rows_largest_logits_and_give_the_same_tokens() {
     assert_eq!(cands, whole, "the same tokens from the largest logits");
     assert!(n > 0 && draft_n > 0, "target {n} and draft {draft_n} passes took candidates");
     assert!((20..=20 + 64 + 8).contains(&max_n), "k plus the penalised tokens: {max_n}");
-    assert!(stats.draft_accepted > 0 && stats.draft_proposed > stats.draft_accepted, "{stats:?}");
+    assert!(stats.of("draft").accepted > 0 && stats.of("draft").proposed > stats.of("draft").accepted, "{stats:?}");
     assert!(cands.iter().all(|t| t.len() == 60));
     let (with_logprobs, n, _, _, _) = run(true, true);
     assert_eq!(n, 0, "log-probabilities need the whole rows");

@@ -7,18 +7,18 @@
 //! multi-row passes and the draft is corrected within a few hundred tokens; a draft dearer than the target settles at
 //! depth 0 and costs (almost) nothing over plain decoding; a machine whose multi-row passes really are dear is
 //! measured as such.
+//!
+//! And a proposer added from outside (reading the target's hidden rows, as an MTP head would) through the proposer
+//! interface alone.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
-use backend::cpu::ops::RopeStyle;
-use engine::spec::PassCosts;
+use engine::spec::{Draft, Offer, PassCosts, Proposer, SeqView, StepPlan, Verified};
+use engine::testing::{self, FakeRunner, SimClock, TokenizerSpec, seconds};
 use engine::{Engine, EngineConfig, Event, GenerateRequest, RequestId, SamplingParams, SpecConfig};
-use gguf::{GgufFile, GgufWriter, Value, ValueType};
 use models::cpu::CpuRunner;
-use models::{Arch, Batch, LogitsWanted, ModelConfig, Runner, SeqId};
 use tokenizer::Tokenizer;
 
 fn model_path(file: &str) -> Option<PathBuf> {
@@ -115,8 +115,8 @@ fn greedy_output_is_identical_with_speculation_on_and_off() {
         for ((name, _), (want, got)) in named.iter().zip(plain.iter().zip(&got)) {
             assert_eq!(want.0, got.0, "{label}: prompt {name} differs with speculation");
         }
-        let proposed = after.ngram_proposed + after.draft_proposed - before.ngram_proposed - before.draft_proposed;
-        let accepted = after.ngram_accepted + after.draft_accepted - before.ngram_accepted - before.draft_accepted;
+        let proposed = after.proposed() - before.proposed();
+        let accepted = after.accepted() - before.accepted();
         eprintln!("{label}: {accepted}/{proposed} drafts accepted");
         if label != "adaptive" {
             assert!(proposed > 100 && accepted > 20, "{label}: speculation barely ran ({accepted}/{proposed})");
@@ -213,105 +213,15 @@ fn prefix_blocks_on_disk_are_warm_after_a_restart() {
 const FAKE_VOCAB: usize = 95;
 
 fn fake_tokenizer() -> Arc<Tokenizer> {
-    let mut tokens: Vec<Value> = (b'!'..=b'~').map(|b| Value::String((b as char).to_string())).collect();
-    tokens.push(Value::String("<|end|>".into()));
-    let mut types = vec![Value::I32(1); FAKE_VOCAB - 1];
-    types.push(Value::I32(3));
-    let mut w = GgufWriter::new();
-    w.add("general.architecture", Value::String("llama".into()));
-    w.add("tokenizer.ggml.model", Value::String("gpt2".into()));
-    w.add("tokenizer.ggml.tokens", Value::Array(ValueType::String, tokens));
-    w.add("tokenizer.ggml.token_type", Value::Array(ValueType::I32, types));
-    w.add("tokenizer.ggml.merges", Value::Array(ValueType::String, Vec::new()));
-    w.add("tokenizer.ggml.eos_token_id", Value::U32(FAKE_VOCAB as u32 - 1));
-    w.add("tokenizer.ggml.add_bos_token", Value::Bool(false));
-    Arc::new(Tokenizer::from_gguf(&GgufFile::from_bytes(w.to_bytes()).expect("parses")).expect("tokenizer"))
-}
-
-/// The simulated clock, in nanoseconds, that the fake runners advance by the cost of each pass.
-type SimClock = Arc<AtomicU64>;
-
-fn seconds(clock: &SimClock) -> f64 {
-    clock.load(Ordering::Relaxed) as f64 * 1e-9
+    let mut tokens: Vec<(String, i32)> = (b'!'..=b'~').map(|b| ((b as char).to_string(), 1)).collect();
+    tokens.push(("<|end|>".into(), 3));
+    testing::tokenizer(TokenizerSpec { tokens, merges: &[], pre: None, bos: None, eos: FAKE_VOCAB as u32 - 1 })
 }
 
 /// A model whose next token is `script(history)` and whose passes cost `cost(rows)` seconds on `clock`.
-struct TimedRunner {
-    cfg: ModelConfig,
-    script: fn(&[u32]) -> u32,
-    cost: Box<dyn Fn(usize) -> f64 + Send>,
-    clock: SimClock,
-    live: BTreeMap<SeqId, Vec<u32>>,
-    out: Vec<f32>,
-}
-
-impl TimedRunner {
-    fn new(script: fn(&[u32]) -> u32, cost: impl Fn(usize) -> f64 + Send + 'static, clock: &SimClock) -> Self {
-        let cfg = ModelConfig {
-            arch: Arch::Llama,
-            shapes: models::ModelShapes {
-                num_layers: 1,
-                hidden_size: 8,
-                ffn_size: 16,
-                num_heads: 2,
-                num_kv_heads: 1,
-                head_dim: 4,
-                vocab_size: FAKE_VOCAB,
-                max_context: 4096,
-            },
-            rms_eps: 1e-5,
-            rope_theta: 10_000.0,
-            rope_dim: 4,
-            rope_style: RopeStyle::Interleaved,
-            qkv_bias: false,
-            qk_norm: false,
-            tied_embeddings: true,
-        };
-        TimedRunner { cfg, script, cost: Box::new(cost), clock: clock.clone(), live: BTreeMap::new(), out: Vec::new() }
-    }
-}
-
-impl Runner for TimedRunner {
-    fn config(&self) -> &ModelConfig {
-        &self.cfg
-    }
-
-    fn forward(&mut self, batch: &Batch<'_>) -> models::Result<&[f32]> {
-        batch.validate(&self.cfg, |s| self.live.get(&s).map_or(0, Vec::len))?;
-        let secs = (self.cost)(batch.num_tokens());
-        self.clock.fetch_add((secs * 1e9).round() as u64, Ordering::Relaxed);
-        self.out.clear();
-        for c in &batch.chunks {
-            let held = self.live.entry(c.seq).or_default();
-            let base = held.len();
-            held.extend_from_slice(c.tokens);
-            let rows = match c.logits {
-                LogitsWanted::None => 0..0,
-                LogitsWanted::Last => c.tokens.len() - 1..c.tokens.len(),
-                LogitsWanted::All => 0..c.tokens.len(),
-            };
-            for r in rows {
-                let mut l = vec![-10.0; FAKE_VOCAB];
-                l[(self.script)(&held[..base + r + 1]) as usize] = 10.0;
-                self.out.extend_from_slice(&l);
-            }
-        }
-        Ok(&self.out)
-    }
-
-    fn seq_len(&self, seq: SeqId) -> usize {
-        self.live.get(&seq).map_or(0, Vec::len)
-    }
-
-    fn truncate(&mut self, seq: SeqId, len: usize) {
-        if let Some(t) = self.live.get_mut(&seq) {
-            t.truncate(len);
-        }
-    }
-
-    fn release(&mut self, seq: SeqId) {
-        self.live.remove(&seq);
-    }
+fn timed(script: fn(&[u32]) -> u32, cost: impl Fn(usize) -> f64 + Send + 'static, clock: &SimClock) -> FakeRunner {
+    let cfg = testing::tiny_config(FAKE_VOCAB, 4096);
+    FakeRunner::new(cfg, move |h| testing::one_hot(FAKE_VOCAB, script(h))).costing(cost, clock)
 }
 
 /// The target's next token: a pseudo-random function of the position and the last two tokens (text that rarely
@@ -356,11 +266,11 @@ struct Decode {
 /// passes costing `cost` and the pass costs set to `prior`.
 fn decode(n: usize, spec: SpecConfig, prior: &PassCosts, cost: fn(usize) -> f64, draft_cost: f64) -> Decode {
     let clock: SimClock = Arc::new(AtomicU64::new(0));
-    let target = TimedRunner::new(target_script, cost, &clock);
+    let target = timed(target_script, cost, &clock);
     let config =
         EngineConfig { spec, max_batch_tokens: 64, max_prefill_tokens_while_decoding: 64, ..Default::default() };
     let mut e = Engine::new(target, fake_tokenizer(), config);
-    e.set_draft(TimedRunner::new(draft_script, move |_| draft_cost, &clock)).expect("same vocabulary");
+    e.set_draft(timed(draft_script, move |_| draft_cost, &clock)).expect("same vocabulary");
     let c = clock.clone();
     e.set_clock(move || seconds(&c));
     e.set_pass_costs(prior.clone());
@@ -389,7 +299,7 @@ fn decode(n: usize, spec: SpecConfig, prior: &PassCosts, cost: fn(usize) -> f64,
         tokens,
         secs: end - t_first.expect("a first token"),
         second_half_secs: end - t_half.expect("half way"),
-        second_half_draft_proposed: stats.draft_proposed - half.draft_proposed,
+        second_half_draft_proposed: stats.of("draft").proposed - half.of("draft").proposed,
         second_half_passes: stats.decode_passes - half.decode_passes,
         stats,
         live: e.live_pass_costs().clone(),
@@ -410,7 +320,7 @@ fn an_inflated_calibration_is_corrected_within_a_few_hundred_tokens() {
     // pays (a draft pass would cost two thirds of a target pass and each row 0.4 of one).
     let inflated_prior = calibration(4.0, 0.020);
     assert!(
-        inflated_prior.best_depth(engine::spec::Method::Draft, 0.9, 8) == 0,
+        inflated_prior.best_depth(inflated_prior.draft_s, 0.9, 8) == 0,
         "the inflated calibration by itself never drafts"
     );
     let bad = decode(n, SpecConfig::default(), &inflated_prior, target_cost, 0.005);
@@ -455,7 +365,11 @@ fn a_draft_dearer_than_the_target_settles_at_depth_zero() {
         assert_eq!(slow.tokens, off.tokens, "{label}: greedy output is the target's");
         eprintln!(
             "{label}: {:.3} s vs {:.3} s off; second half: {} draft tokens in {} passes; {:?}",
-            slow.secs, off.secs, slow.second_half_draft_proposed, slow.second_half_passes, slow.stats.costs.draft
+            slow.secs,
+            off.secs,
+            slow.second_half_draft_proposed,
+            slow.second_half_passes,
+            slow.stats.costs.draft()
         );
         assert!(slow.secs <= 1.05 * off.secs, "{label}: {} s vs {} s with speculation off", slow.secs, off.secs);
         // What is left are rare probes (a few tokens each, ever rarer).
@@ -487,4 +401,118 @@ fn a_machine_whose_multi_row_passes_really_are_dear_is_measured_so() {
     }
     assert!(d.second_half_draft_proposed <= 8, "{:?}", d.stats);
     assert!(d.second_half_secs <= 1.05 * off.second_half_secs, "{} vs {}", d.second_half_secs, off.second_half_secs);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// A proposer added from outside the engine, reading the target's hidden rows.
+
+/// An MTP-like head for the test: it reads the target's hidden rows after layer 1 — checking they are those of the
+/// tokens the target computed and kept, the last one the token before the pending one (whose pick, which the fake
+/// writes into the row, is the pending token) — and drafts what `draft_script` would, one pass per draft position
+/// for all its sequences, each costing `pass_s` on the simulated clock.
+struct HiddenHead {
+    clock: SimClock,
+    pass_s: f64,
+    rate: std::collections::HashMap<models::SeqId, f64>,
+    /// Offers made after checking the hidden rows.
+    checked: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Proposer for HiddenHead {
+    fn name(&self) -> &'static str {
+        "head"
+    }
+
+    fn hidden_layers(&self) -> &[usize] {
+        &[1]
+    }
+
+    fn admit(&mut self, seq: models::SeqId, _: &[u32], _: usize, _: &SpecConfig, _: bool) {
+        self.rate.insert(seq, 0.7);
+    }
+
+    fn offer(&mut self, s: &SeqView<'_>, max_k: usize, _: &SpecConfig) -> Option<Offer> {
+        let h = s.hidden;
+        let rows = h.layer(1).filter(|_| h.num_rows > 0)?;
+        assert!(h.layer(0).is_none(), "only the layers asked for are kept");
+        let last = &rows[(h.num_rows - 1) * h.width..h.num_rows * h.width];
+        let pos = h.first_pos + h.num_rows - 1;
+        assert_eq!(pos, s.tokens.len() - 2, "the last kept row is the token before the pending one");
+        let want = [1.0, pos as f32, s.tokens[pos] as f32, *s.tokens.last().expect("tokens") as f32];
+        assert_eq!(&last[..4], &want, "layer, position, token and the target's pick after it");
+        self.checked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(Offer { max_k, rate: self.rate[&s.seq], ..Offer::default() })
+    }
+
+    fn propose(&mut self, drafts: &mut [Draft<'_>], plan: &StepPlan<'_>) -> models::Result<Vec<f64>> {
+        for d in drafts.iter_mut() {
+            let mut h = d.tokens.to_vec();
+            for _ in 0..d.k {
+                let t = draft_script(&h);
+                d.out.push(t);
+                d.weights.push(None);
+                h.push(t);
+            }
+        }
+        let depth = drafts.iter().map(|d| d.k).max().unwrap_or(0);
+        Ok((0..depth)
+            .map(|_| {
+                let t0 = (plan.clock)();
+                self.clock.fetch_add((self.pass_s * 1e9).round() as u64, std::sync::atomic::Ordering::Relaxed);
+                (plan.clock)() - t0
+            })
+            .collect())
+    }
+
+    fn verified(&mut self, seq: models::SeqId, v: &Verified<'_>) {
+        if let (true, Some(r)) = (v.chosen, self.rate.get_mut(&seq)) {
+            let trials = v.accepted + usize::from(v.rejected);
+            if trials > 0 {
+                *r = 0.8 * *r + 0.2 * v.accepted as f64 / trials as f64;
+            }
+        }
+    }
+
+    fn release(&mut self, seq: models::SeqId) {
+        self.rate.remove(&seq);
+    }
+}
+
+#[test]
+fn a_proposer_reading_hidden_rows_is_added_without_touching_the_engine() {
+    let n = 256;
+    let off = plain(n, target_cost);
+    for (label, spec, with_draft) in [
+        ("the head alone", SpecConfig { ngram: false, draft_model: false, ..SpecConfig::default() }, false),
+        ("head, n-gram and draft model", SpecConfig::default(), true),
+        ("head at a fixed depth", SpecConfig { ngram: false, adaptive: false, ..SpecConfig::default() }, false),
+    ] {
+        let clock: SimClock = Arc::new(AtomicU64::new(0));
+        let config =
+            EngineConfig { spec, max_batch_tokens: 64, max_prefill_tokens_while_decoding: 64, ..Default::default() };
+        let mut e = Engine::new(timed(target_script, target_cost, &clock), fake_tokenizer(), config);
+        if with_draft {
+            e.set_draft(timed(draft_script, |_| 0.005, &clock)).expect("same vocabulary");
+        }
+        let checked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let head =
+            HiddenHead { clock: clock.clone(), pass_s: 0.002, rate: Default::default(), checked: checked.clone() };
+        e.add_proposer(Box::new(head)).expect("the fake keeps hidden rows");
+        let c = clock.clone();
+        e.set_clock(move || seconds(&c));
+        e.set_pass_costs(calibration(1.0, 0.005));
+        let prompt: Vec<u32> = (0..24).map(|i| (i * 5 % 90) as u32).collect();
+        let (tokens, _, _) =
+            e.generate(GenerateRequest::new(prompt, SamplingParams::greedy(), n), |_| {}).expect("runs");
+        let stats = e.spec_stats();
+        let head = stats.of("head");
+        eprintln!("{label}: {:?}; {:?}", stats.proposers(), stats.costs.pass_points());
+        assert_eq!(tokens, off.tokens, "{label}: greedy output is the target's");
+        assert!(head.proposed > 50 && head.accepted > head.proposed / 3, "{label}: {head:?}");
+        assert!(checked.load(std::sync::atomic::Ordering::Relaxed) > 20, "{label}: the head saw hidden rows");
+        // Its own cost track, measured from its passes.
+        let track = stats.costs.pass_points().iter().find(|p| p.0 == "head").expect("a cost track").1;
+        assert!(track.samples > 0 && (track.secs - 0.002).abs() < 1e-6, "{label}: {track:?}");
+        assert_eq!(stats.costs.draft().is_some(), with_draft);
+    }
 }

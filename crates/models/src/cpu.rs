@@ -253,6 +253,18 @@ impl Runner for CpuRunner {
         self.logits_width()
     }
 
+    fn set_hidden_layers(&mut self, layers: &[usize]) -> Result<()> {
+        if let Some(&l) = layers.iter().find(|&&l| l >= self.cfg.num_layers) {
+            return Err(Error::Unsupported(format!("hidden rows of layer {l}: the model has {}", self.cfg.num_layers)));
+        }
+        self.model.keep_hidden(layers);
+        Ok(())
+    }
+
+    fn hidden_rows(&self) -> &[f32] {
+        self.model.hidden_rows()
+    }
+
     fn seq_len(&self, seq: SeqId) -> usize {
         self.table.seq_len(seq)
     }

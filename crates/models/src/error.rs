@@ -20,6 +20,8 @@ pub enum Error {
     Backend(String),
     #[error(transparent)]
     Compute(#[from] backend::Error),
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     // Request-scoped errors: the batch was wrong, the model is fine.
     #[error("sequence {0} would exceed the model's context of {1} tokens")]
     ContextOverflow(u64, usize),

@@ -204,6 +204,23 @@ pub trait Runner: Send {
         self.logits_width()
     }
 
+    /// Asks every later pass to keep the hidden rows (the residual stream) after each of `layers` (0-based; the
+    /// last layer's output is `num_layers - 1`) for every token of its batch, for a proposer that drafts from the
+    /// target's own states (an MTP head, a block drafter); empty asks for none. An error when a layer is out of
+    /// range or the runner cannot keep them; runners that cannot keep any say so for every non-empty list.
+    fn set_hidden_layers(&mut self, layers: &[usize]) -> Result<()> {
+        match layers {
+            [] => Ok(()),
+            _ => Err(Error::Unsupported("this runner keeps no hidden rows".into())),
+        }
+    }
+
+    /// The hidden rows the last pass kept ([`Runner::set_hidden_layers`]): `[layers][batch.num_tokens()][hidden]`,
+    /// layer-major in the order asked, tokens in chunk order. Empty when none were asked for.
+    fn hidden_rows(&self) -> &[f32] {
+        &[]
+    }
+
     /// Number of tokens held for `seq` (0 for an unknown sequence).
     fn seq_len(&self, seq: SeqId) -> usize;
 

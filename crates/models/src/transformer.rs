@@ -31,6 +31,9 @@ pub struct Transformer<B: Backend> {
     /// `[rows, head rows]` the logits of the last forward, with its capacity `(rows, head rows)`.
     logits: B::Tensor,
     logits_shape: (usize, usize),
+    /// Layers whose output rows each forward keeps on the host ([`Transformer::keep_hidden`]), and those rows.
+    keep_layers: Vec<usize>,
+    hidden_rows: Vec<f32>,
 }
 
 fn norm<B: Backend>(b: &mut B, cfg: &ModelConfig, w: &[f32]) -> Result<Norm<B::Vector>> {
@@ -107,7 +110,21 @@ impl<B: Backend> Transformer<B> {
             ws: Workspace::new(b, widths, 1)?,
             logits: b.alloc(0, 0)?,
             logits_shape: (0, 0),
+            keep_layers: Vec::new(),
+            hidden_rows: Vec::new(),
         })
+    }
+
+    /// Each later forward keeps the residual stream after each of `layers` (checked against the layer count by
+    /// the runner) on the host: `[layers][tokens][hidden]`, for proposers that draft from the target's states.
+    pub fn keep_hidden(&mut self, layers: &[usize]) {
+        self.keep_layers = layers.to_vec();
+        self.hidden_rows.clear();
+    }
+
+    /// The rows [`Transformer::keep_hidden`] asked for, from the last forward.
+    pub fn hidden_rows(&self) -> &[f32] {
+        &self.hidden_rows
     }
 
     /// The full output head, `[vocab, hidden]`.
@@ -142,6 +159,7 @@ impl<B: Backend> Transformer<B> {
         }
         self.ws.fit(b, m)?;
         b.embedding(&self.token_embd, tokens, &mut self.x)?;
+        let mut kept = vec![Vec::new(); self.keep_layers.len()];
         for (li, layer) in self.layers.iter().enumerate() {
             match &layer.mixer {
                 MixerWeights::Attention(w) => {
@@ -157,7 +175,11 @@ impl<B: Backend> Transformer<B> {
                 }
             }
             b.ffn_sublayer(&mut self.x, m, &layer.ffn, &mut self.ws)?;
+            for (k, _) in self.keep_layers.iter().enumerate().filter(|(_, l)| **l == li) {
+                kept[k] = b.read(&self.x, m)?;
+            }
         }
+        self.hidden_rows = kept.concat();
 
         // The output head, on the rows that want logits.
         let r = logit_rows.len();

@@ -234,3 +234,32 @@ fn a_narrowed_head_gives_the_full_heads_logits_for_its_ids() {
     let c = || vec![chunk(0, &[1, 2, 3], 0, LogitsWanted::Last)];
     assert_eq!(forward(&mut narrow, c()), forward(&mut full, c()));
 }
+
+/// Hidden rows for a proposer: after the layers asked for, one row per token of the batch in chunk order, the same
+/// in one pass as token by token; none once none are asked for; a layer past the model's is refused.
+#[test]
+fn hidden_rows_of_chosen_layers_come_back_per_token() {
+    let mut r = tiny_model();
+    assert!(r.set_hidden_layers(&[LAYERS]).is_err());
+    r.set_hidden_layers(&[LAYERS - 1, 0]).expect("layers in range");
+    let tokens = [5u32, 17, 3, 42];
+    forward(&mut r, vec![chunk(1, &tokens, 0, LogitsWanted::Last)]);
+    let whole = r.hidden_rows().to_vec();
+    assert_eq!(whole.len(), 2 * tokens.len() * HIDDEN);
+    let mut one = tiny_model();
+    one.set_hidden_layers(&[LAYERS - 1, 0]).expect("layers in range");
+    for (i, &t) in tokens.iter().enumerate() {
+        forward(&mut one, vec![chunk(1, &[t], i, LogitsWanted::Last)]);
+        let rows = one.hidden_rows();
+        for l in 0..2 {
+            let got = &rows[l * HIDDEN..(l + 1) * HIDDEN];
+            let want = &whole[(l * tokens.len() + i) * HIDDEN..(l * tokens.len() + i + 1) * HIDDEN];
+            assert!(close(got, want), "layer slot {l}, token {i}");
+        }
+    }
+    // The two layers' rows differ (they are not one row copied).
+    assert!(!close(&whole[..HIDDEN], &whole[tokens.len() * HIDDEN..(tokens.len() + 1) * HIDDEN]));
+    r.set_hidden_layers(&[]).expect("none");
+    forward(&mut r, vec![chunk(2, &tokens, 0, LogitsWanted::Last)]);
+    assert!(r.hidden_rows().is_empty());
+}

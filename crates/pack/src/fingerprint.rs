@@ -3,14 +3,15 @@
 //! merges, and the ids of the special tokens generation depends on (BOS, EOS, end of turn, end of message).
 //!
 //! A draft can only propose for a target when both read ids the same way; two files with the same fingerprint do,
-//! whatever they are called. Pairing a bare target file with a pack's draft goes by it ([`draft_pack_for`]).
+//! whatever they are called. Pairing a bare target file with a pack's draft goes by it ([`draft_pack_for`]), and
+//! with the shapes and size it tells a pack's own target under any name ([`pack_for_target`]).
 
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::Manifest;
 use crate::error::{Error, Result};
+use crate::{Manifest, Shapes};
 
 /// The special-token ids that are part of the fingerprint.
 const SPECIAL_IDS: [&str; 4] = [
@@ -70,5 +71,21 @@ pub fn draft_pack_for<'a>(packs: &'a [Manifest], fingerprint: &str, target_size:
         let Some(draft) = &m.draft else { return false };
         let same = |f: &crate::FileSpec| f.tokenizer.as_deref() == Some(fingerprint);
         (same(&m.target) || same(draft)) && draft.size_bytes != target_size
+    })
+}
+
+/// The pack among `packs` whose target a file is, by its content rather than its name: the target's tokenizer
+/// fingerprint, shapes (layers, widths, heads, vocabulary, trained context, tensor bytes) and file size. A renamed
+/// or copied target then serves as its pack does (draft, chat template, sampling); a fine-tune of the same model
+/// with another tokenizer or size does not pass for it.
+pub fn pack_for_target<'a>(
+    packs: &'a [Manifest],
+    fingerprint: &str,
+    shapes: &Shapes,
+    size_bytes: u64,
+) -> Option<&'a Manifest> {
+    packs.iter().find(|m| {
+        let t = &m.target;
+        t.tokenizer.as_deref() == Some(fingerprint) && t.shapes.as_ref() == Some(shapes) && t.size_bytes == size_bytes
     })
 }

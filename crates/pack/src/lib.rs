@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 
 pub use catalog::{Catalog, Entry, Part};
 pub use error::{Error, Result};
-pub use fingerprint::{draft_pack_for, tokenizer_fingerprint, tokenizer_fingerprint_of};
+pub use fingerprint::{draft_pack_for, pack_for_target, tokenizer_fingerprint, tokenizer_fingerprint_of};
 pub use manifest::{
     Context, FileSpec, Manifest, Sampling, Shapes, Source, Speculation, TemplateOverride, builtin_packs,
     builtin_template, default_pack, pack,

@@ -65,3 +65,24 @@ fn the_packs_record_their_files_fingerprints_and_pair_bare_files() {
     assert_ne!(smol, fp);
     assert!(pack::draft_pack_for(packs, smol, 1).is_none());
 }
+
+#[test]
+fn a_target_is_known_by_its_content_under_any_name() {
+    let packs = pack::builtin_packs();
+    let qwen = pack::pack("qwen2.5-coder-1.5b").expect("built in");
+    let (fp, shapes) = (qwen.target.tokenizer.as_deref().expect("recorded"), qwen.target.shapes.expect("recorded"));
+    let found = pack::pack_for_target(packs, fp, &shapes, qwen.target.size_bytes).expect("the 1.5B's content");
+    assert_eq!(found.name, "qwen2.5-coder-1.5b");
+    // The 0.5B shares the tokenizer but not the shapes or size; a file of the 1.5B's shapes with another size (a
+    // requantised copy) or tokenizer is no pack's target either.
+    let small = pack::pack("qwen2.5-coder-0.5b").expect("built in");
+    let small_shapes = small.target.shapes.expect("recorded");
+    assert_eq!(
+        pack::pack_for_target(packs, fp, &small_shapes, small.target.size_bytes).expect("found").name,
+        small.name
+    );
+    assert!(pack::pack_for_target(packs, fp, &small_shapes, qwen.target.size_bytes).is_none());
+    assert!(pack::pack_for_target(packs, fp, &shapes, qwen.target.size_bytes + 1).is_none());
+    let smol = pack::pack("smollm2-135m").expect("built in").target.tokenizer.as_deref().expect("recorded");
+    assert!(pack::pack_for_target(packs, smol, &shapes, qwen.target.size_bytes).is_none());
+}

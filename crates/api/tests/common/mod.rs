@@ -1,11 +1,11 @@
 //! Test harness for the router: the real tokenizer and chat template of Qwen2.5-Coder-0.5B (from the model cache,
 //! `pack::resolve`) over a scripted model that writes a given reply, so every request runs the whole HTTP → template →
-//! tokenizer → engine service → output parser → protocol path without a forward pass.
+//! tokenizer → engine service → output parser → protocol path without a forward pass (the engine's shared fake
+//! runner, [`engine::testing::FakeRunner`]).
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use api::{AppState, ServerConfig};
@@ -13,8 +13,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
 use engine::service::{EngineHandle, ServiceConfig};
+use engine::testing::{self, FakeRunner, FakeState};
 use engine::{Engine, EngineConfig};
-use models::{Batch, LogitsWanted, ModelConfig, Runner, SeqId};
 use serde_json::Value;
 use tokenizer::Tokenizer;
 use tower::ServiceExt;
@@ -45,93 +45,20 @@ pub fn assets() -> &'static Assets {
     })
 }
 
-/// What the scripted model saw and will write.
+/// What the scripted model will write.
 #[derive(Default)]
 pub struct Script {
     /// Token ids of the reply; EOS follows unless `no_eos`.
     pub reply: Vec<u32>,
     pub no_eos: bool,
-    /// Prompts of the sequences seen so far, in order.
-    pub prompts: Vec<Vec<u32>>,
-    /// Sequences held now (token counts).
-    pub live: HashMap<SeqId, (usize, Option<usize>)>,
-}
-
-/// A model that writes `script.reply` after any prompt.
-pub struct ScriptedRunner {
-    cfg: ModelConfig,
-    eos: u32,
-    delay: Duration,
-    script: Arc<Mutex<Script>>,
-    logits: Vec<f32>,
-    pending_prompts: HashMap<SeqId, Vec<u32>>,
-}
-
-impl Runner for ScriptedRunner {
-    fn config(&self) -> &ModelConfig {
-        &self.cfg
-    }
-
-    fn forward(&mut self, batch: &Batch<'_>) -> models::Result<&[f32]> {
-        std::thread::sleep(self.delay);
-        self.logits.clear();
-        let mut script = self.script.lock().unwrap();
-        let vocab = self.cfg.vocab_size;
-        for chunk in &batch.chunks {
-            let entry = script.live.entry(chunk.seq).or_insert((0, None));
-            assert_eq!(entry.0, chunk.start_pos);
-            entry.0 += chunk.tokens.len();
-            let held = entry.0;
-            let prompt_known = entry.1.is_some();
-            if !prompt_known {
-                self.pending_prompts.entry(chunk.seq).or_default().extend_from_slice(chunk.tokens);
-            }
-            if chunk.logits == LogitsWanted::None {
-                continue;
-            }
-            let prompt_len = *script.live.get_mut(&chunk.seq).unwrap().1.get_or_insert(held);
-            if !prompt_known {
-                let prompt = self.pending_prompts.remove(&chunk.seq).unwrap_or_default();
-                script.prompts.push(prompt);
-            }
-            // The reply is a function of the position after the prompt; verification chunks want every row.
-            let n = chunk.tokens.len();
-            let ends: Vec<usize> =
-                if chunk.logits == LogitsWanted::All { (held + 1 - n..=held).collect() } else { vec![held] };
-            for end in ends {
-                let i = end - prompt_len;
-                let next = match script.reply.get(i) {
-                    Some(&t) => t,
-                    None if script.no_eos => script.reply.last().copied().unwrap_or(self.eos),
-                    None => self.eos,
-                };
-                let start = self.logits.len();
-                self.logits.resize(start + vocab, 0.0);
-                self.logits[start + next as usize] = 10.0;
-            }
-        }
-        Ok(&self.logits)
-    }
-
-    fn seq_len(&self, seq: SeqId) -> usize {
-        self.script.lock().unwrap().live.get(&seq).map_or(0, |e| e.0)
-    }
-
-    fn truncate(&mut self, seq: SeqId, len: usize) {
-        if let Some(e) = self.script.lock().unwrap().live.get_mut(&seq) {
-            e.0 = e.0.min(len);
-        }
-    }
-
-    fn release(&mut self, seq: SeqId) {
-        self.script.lock().unwrap().live.remove(&seq);
-    }
 }
 
 pub struct Harness {
     pub router: Router,
     pub state: Arc<AppState>,
     pub script: Arc<Mutex<Script>>,
+    /// What the model was asked: the prompts it saw, the sequences it holds.
+    seen: Arc<Mutex<FakeState>>,
 }
 
 pub struct Options {
@@ -157,44 +84,35 @@ impl Default for Options {
 
 pub fn harness(options: Options) -> Harness {
     let a = assets();
-    let cfg = ModelConfig {
-        arch: models::Arch::Qwen2,
-        shapes: models::ModelShapes {
-            num_layers: 1,
-            hidden_size: 8,
-            ffn_size: 8,
-            num_heads: 1,
-            num_kv_heads: 1,
-            head_dim: 8,
-            vocab_size: a.tokenizer.vocab_size(),
-            max_context: options.max_context,
-        },
-        rms_eps: 1e-6,
-        rope_theta: 1e6,
-        rope_dim: 8,
-        rope_style: backend::cpu::ops::RopeStyle::Neox,
-        qkv_bias: true,
-        qk_norm: false,
-        tied_embeddings: false,
-    };
     let script = Arc::new(Mutex::new(Script::default()));
-    let runner = ScriptedRunner {
-        cfg,
-        eos: a.tokenizer.eos().expect("eos"),
-        delay: options.delay,
-        script: script.clone(),
-        logits: Vec::new(),
-        pending_prompts: HashMap::new(),
-    };
+    let eos = a.tokenizer.eos().expect("eos");
+    let reply = script.clone();
+    // The reply is a function of the position after the prompt (verification rows included).
+    let mut runner =
+        FakeRunner::replying(testing::tiny_config(a.tokenizer.vocab_size(), options.max_context), move |i| {
+            let s = reply.lock().unwrap();
+            match s.reply.get(i) {
+                Some(&t) => t,
+                None if s.no_eos => s.reply.last().copied().unwrap_or(eos),
+                None => eos,
+            }
+        });
+    runner.delay = options.delay;
+    let seen = runner.shared();
     let engine = Engine::new(runner, a.tokenizer.clone(), EngineConfig::default());
     let handle = EngineHandle::spawn(engine, options.service).expect("engine thread");
     let source = options.template.unwrap_or_else(|| a.template_source.clone());
     let template = chat::ChatTemplate::new(source, a.bos.clone(), a.eos.clone()).expect("template");
     let state = Arc::new(AppState::new(handle, a.tokenizer.clone(), Some(template), MODEL_ID.into(), options.server));
-    Harness { router: api::router(state.clone()), state, script }
+    Harness { router: api::router(state.clone()), state, script, seen }
 }
 
 impl Harness {
+    /// What the model was asked so far.
+    pub fn seen(&self) -> MutexGuard<'_, FakeState> {
+        self.seen.lock().unwrap()
+    }
+
     /// Sets the reply the model will write.
     pub fn reply(&self, text: &str) {
         let ids = assets().tokenizer.encode(text, true).unwrap();
@@ -203,8 +121,7 @@ impl Harness {
     }
 
     pub fn last_prompt_text(&self) -> String {
-        let s = self.script.lock().unwrap();
-        assets().tokenizer.decode(s.prompts.last().expect("a prompt was seen"))
+        assets().tokenizer.decode(self.seen().prompts.last().expect("a prompt was seen"))
     }
 
     pub async fn send(&self, request: Request<Body>) -> Response<Body> {

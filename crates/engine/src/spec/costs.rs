@@ -1,5 +1,6 @@
-//! The cost model the depth chooser reads: an estimate per target row count and one for a draft pass, that keeps
-//! being measured.
+//! The cost model the depth chooser reads: an estimate per target row count and one per draft pass of each
+//! proposer that runs passes of its own (its cost track; the draft model's is the calibration's `draft_s`), that
+//! keeps being measured.
 //!
 //! A calibration (measured at start, or the estimates a previous run saved) is only the prior. Every pass the engine
 //! runs is one observation of its row count; after [`TRUSTED_SAMPLES`] observations a count's estimate is the median
@@ -26,7 +27,7 @@ pub const EXPLORE_GAP: u64 = 64;
 /// What the chooser uses for one pass shape, and how it was learned (for /status, /metrics and `--stats`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CostPoint {
-    /// Target rows (0 for a draft pass of one row).
+    /// Target rows (0 for a proposer's draft pass).
     pub rows: usize,
     /// The estimate in use, in seconds.
     pub secs: f64,
@@ -38,31 +39,52 @@ pub struct CostPoint {
     pub measured_unix: f64,
 }
 
-/// The first [`CostsView::MAX_POINTS`] target estimates (rows ascending) and the draft's, in a `Copy` value that travels
-/// with the engine's counters.
+/// The first [`CostsView::MAX_POINTS`] target estimates (rows ascending) and each proposer's draft pass (by name), in
+/// a `Copy` value that travels with the engine's counters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostsView {
     pub target: [CostPoint; CostsView::MAX_POINTS],
     pub num_target: usize,
-    /// Present when the engine has a draft model.
-    pub draft: Option<CostPoint>,
+    /// The proposers that run passes and are present (the draft model when the engine has one).
+    pub passes: [(&'static str, CostPoint); CostsView::MAX_PROPOSERS],
+    pub num_passes: usize,
     /// Passes padded to time a row count the chooser would not have run ([`CostModel::explore_rows`]).
     pub explored_passes: u64,
 }
 
 impl CostsView {
     pub const MAX_POINTS: usize = 24;
+    pub const MAX_PROPOSERS: usize = 8;
 
     pub fn target_points(&self) -> &[CostPoint] {
         &self.target[..self.num_target]
+    }
+
+    /// Each proposer's draft pass cost, by name.
+    pub fn pass_points(&self) -> &[(&'static str, CostPoint)] {
+        &self.passes[..self.num_passes]
+    }
+
+    /// The draft model's, when the engine has one.
+    pub fn draft(&self) -> Option<&CostPoint> {
+        self.pass_points().iter().find(|p| p.0 == DRAFT).map(|p| &p.1)
     }
 }
 
 impl Default for CostsView {
     fn default() -> Self {
-        CostsView { target: [CostPoint::default(); Self::MAX_POINTS], num_target: 0, draft: None, explored_passes: 0 }
+        CostsView {
+            target: [CostPoint::default(); Self::MAX_POINTS],
+            num_target: 0,
+            passes: [("", CostPoint::default()); Self::MAX_PROPOSERS],
+            num_passes: 0,
+            explored_passes: 0,
+        }
     }
 }
+
+/// The draft model's track: the calibration's `draft_s`.
+const DRAFT: &str = "draft";
 
 /// One row count's prior and recent observations.
 #[derive(Debug, Clone)]
@@ -121,7 +143,8 @@ impl Track {
 #[derive(Debug, Clone)]
 pub struct CostModel {
     target: Vec<Track>,
-    draft: Track,
+    /// Per proposer that runs passes, by name; the draft model's first.
+    tracks: Vec<(&'static str, Track)>,
     /// Decoding target passes observed (the model's clock for staleness).
     passes: u64,
     last_explore: u64,
@@ -136,7 +159,7 @@ impl CostModel {
         let target = costs.target.iter().map(|&(r, t)| Track::new(r, t, prior_unix)).collect();
         let mut m = CostModel {
             target,
-            draft: Track::new(0, costs.draft_s, prior_unix),
+            tracks: vec![(DRAFT, Track::new(0, costs.draft_s, prior_unix))],
             passes: 0,
             last_explore: 0,
             explored: 0,
@@ -169,17 +192,51 @@ impl CostModel {
         self.rebuild();
     }
 
-    /// Folds in the time of one draft pass of one row.
-    pub fn observe_draft(&mut self, secs: f64, unix: f64) {
-        if secs.is_finite() && secs > 0.0 {
-            self.draft.observe(secs, self.passes, unix);
+    /// Gives proposer `name` a cost track starting from `prior_s` seconds per draft pass (0: unknown, its first
+    /// timing decides), unless it has one.
+    pub fn add_proposer(&mut self, name: &'static str, prior_s: f64) {
+        if !self.tracks.iter().any(|p| p.0 == name) {
+            self.tracks.push((name, Track::new(0, prior_s, 0.0)));
+        }
+    }
+
+    fn track(&self, name: &str) -> Option<&Track> {
+        self.tracks.iter().find(|p| p.0 == name).map(|p| &p.1)
+    }
+
+    /// Folds in the time of one draft pass of proposer `name` (one that [`Self::add_proposer`] gave a track, or the
+    /// draft model).
+    pub fn observe_pass(&mut self, name: &str, secs: f64, unix: f64) {
+        let passes = self.passes;
+        if let Some(t) = self.tracks.iter_mut().find(|p| p.0 == name).filter(|_| secs.is_finite() && secs > 0.0) {
+            t.1.observe(secs, passes, unix);
             self.rebuild();
         }
     }
 
+    /// Folds in the time of one draft pass of the draft model.
+    pub fn observe_draft(&mut self, secs: f64, unix: f64) {
+        self.observe_pass(DRAFT, secs, unix);
+    }
+
+    /// Proposer `name`'s cost per draft pass in use (0 for one without a track).
+    pub fn pass_s(&self, name: &str) -> f64 {
+        self.track(name).map_or(0.0, Track::estimate)
+    }
+
+    /// What the calibration (or the proposer's prior) says `name`'s draft pass costs.
+    pub fn prior_pass_s(&self, name: &str) -> f64 {
+        self.track(name).map_or(0.0, |t| t.prior)
+    }
+
+    /// Whether `name`'s cost still rests on fewer than [`TRUSTED_SAMPLES`] observations.
+    pub fn unconfirmed(&self, name: &str) -> bool {
+        self.track(name).is_some_and(|t| t.samples < u64::from(TRUSTED_SAMPLES))
+    }
+
     /// Whether the draft pass's cost still rests on fewer than [`TRUSTED_SAMPLES`] observations.
     pub fn draft_unconfirmed(&self) -> bool {
-        self.draft.samples < u64::from(TRUSTED_SAMPLES)
+        self.unconfirmed(DRAFT)
     }
 
     /// The row count to time in the coming step, if one is due: a step of `rows_now` rows that may grow by at most
@@ -219,7 +276,10 @@ impl CostModel {
         for p in &mut v.target[..v.num_target] {
             p.secs = self.current.target(p.rows);
         }
-        v.draft = has_draft.then(|| self.draft.point());
+        for (name, t) in self.tracks.iter().filter(|p| has_draft || p.0 != DRAFT).take(CostsView::MAX_PROPOSERS) {
+            v.passes[v.num_passes] = (name, t.point());
+            v.num_passes += 1;
+        }
         v
     }
 
@@ -245,7 +305,7 @@ impl CostModel {
                 ceiling = ceiling.min(p.1);
             }
         }
-        self.current = PassCosts { target, draft_s: self.draft.estimate() };
+        self.current = PassCosts { target, draft_s: self.pass_s(DRAFT) };
     }
 }
 
@@ -294,7 +354,14 @@ mod tests {
         assert_eq!(v.target_points().iter().map(|p| p.rows).collect::<Vec<_>>(), vec![1, 2, 5, 9]);
         assert_eq!(v.target_points()[0].samples, 3);
         assert_eq!(v.target_points()[0].measured_unix, 4.0);
-        assert_eq!(v.draft.expect("has a draft").samples, WINDOW as u64 + 2);
+        assert_eq!(v.draft().expect("has a draft").samples, WINDOW as u64 + 2);
+        // Another proposer's track: unknown until timed, then its own.
+        m.add_proposer("mtp", 0.0);
+        assert_eq!((m.pass_s("mtp"), m.unconfirmed("mtp")), (0.0, true));
+        m.observe_pass("mtp", 0.01, 9.0);
+        assert_eq!(m.pass_s("mtp"), 0.01);
+        assert_eq!(m.costs().draft_s, 2.0, "the draft's own track is untouched");
+        assert_eq!(m.view(true).pass_points().iter().map(|p| p.0).collect::<Vec<_>>(), vec!["draft", "mtp"]);
     }
 
     #[test]
@@ -325,6 +392,6 @@ mod tests {
         m.explored();
         assert_eq!(m.explore_rows(1, 8), None, "one exploration per EXPLORE_GAP passes");
         assert_eq!(m.view(false).explored_passes, want as u64 + 1);
-        assert!(m.view(false).draft.is_none());
+        assert!(m.view(false).draft().is_none());
     }
 }
