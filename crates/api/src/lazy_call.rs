@@ -9,7 +9,8 @@
 //! ends generation when only one call is wanted).
 //!
 //! Triggers, on the text generated so far:
-//! * `<tool_call>` anywhere: the rest of the tag is a call (JSON, or the XML form when the template uses it);
+//! * `<tool_call>` anywhere: the rest of the tag is a call (JSON, or also the XML form when the template uses it, its
+//!   values typed by the tool's schema);
 //! * at the start of a line, a fence whose info string is one the parser accepts (```` ```json ````, ```` ``` ````,
 //!   ```` ```tool_call ````, ...), then on the next line an object whose first key is `"name"`: the object is a call
 //!   and the fence closes after it;
@@ -72,9 +73,9 @@ enum Verdict {
 }
 
 /// Where a call the grammar holds starts in the output (byte offset, text as the detokenizer gives it), whether it
-/// starts with `<tool_call>` (else at its `{`), and whether it is Qwen3-Coder's XML form (tagged, then). XML calls are
-/// listed only when the grammar types their values (not with the loose fallback), so the reply can stream exactly
-/// the arguments the output parser will read. Shared with the reply, which reads the output after the engine
+/// starts with `<tool_call>` (else at its `{`), and whether the tags may hold Qwen3-Coder's XML form (the template
+/// writes it; the JSON form stays allowed there). Such calls are listed only when the grammar types their values
+/// (not with the loose fallback), so the reply can stream exactly the arguments the output parser will read. Shared with the reply, which reads the output after the engine
 /// committed it, so a start is always listed before the reply sees its text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallStart {
@@ -159,7 +160,7 @@ fn lark_str(s: &str) -> String {
 /// them still to come); a tool with more takes them in the order it declares them.
 const MAX_UNORDERED_REQUIRED: usize = 4;
 
-/// Qwen3-Coder's XML call inside the tags: `<function=NAME>`, then that tool's parameters as `<parameter=KEY>` …
+/// The rules of Qwen3-Coder's XML call inside the tags (`xcall`): `<function=NAME>`, then that tool's parameters as `<parameter=KEY>` …
 /// `</parameter>`, then `</function>`. Each value is written the way the output parser reads it
 /// (`chat::tool_parser::qwen3_xml::ParamKind`): any text up to the closing tag for a parameter that may be a string,
 /// JSON under the parameter's own schema (objects closed, as in the JSON form) for one that may not. Every required
@@ -227,8 +228,7 @@ fn xml_call_rules(tools: &[(String, Value)], loose: bool) -> String {
         alternatives.push(format!("f{i}"));
     }
     format!(
-        "start: \"<tool_call>\" WS call WS \"</tool_call>\"\ncall: {}\n{rules}KEY: /[A-Za-z0-9_.-]+/\n\
-         value[suffix=\"</parameter>\"]: /(?s:.*)/\nWS: /[ \\t\\r\\n]{{0,8}}/\n",
+        "xcall: {}\n{rules}KEY: /[A-Za-z0-9_.-]+/\nvalue[suffix=\"</parameter>\"]: /(?s:.*)/\n",
         alternatives.join(" | ")
     )
 }
@@ -237,8 +237,10 @@ fn xml_call_rules(tools: &[(String, Value)], loose: bool) -> String {
 fn grammars(tools: &[(String, Value)], xml: bool, loose: bool) -> [String; 3] {
     let schema = call_schema(tools, loose);
     let call = format!("call: %json {schema}\nWS: /[ \\t\\r\\n]{{0,8}}/\n");
+    // Where the template shows the XML form, the JSON one inside the tags is still a call (the output parser reads
+    // both there).
     let tag = if xml {
-        xml_call_rules(tools, loose)
+        format!("start: \"<tool_call>\" WS (xcall | call) WS \"</tool_call>\"\n{call}{}", xml_call_rules(tools, loose))
     } else {
         format!("start: \"<tool_call>\" WS call WS \"</tool_call>\"\n{call}")
     };

@@ -132,8 +132,13 @@ impl AutoCalls {
                 // (`get`: the offset counts the bytes the grammar saw; text that was not valid UTF-8 may have
                 // been replaced here, and then the shape check below fails instead of slicing mid-character.)
                 AutoState::Head { start, tagged, xml } => {
-                    let head = |s: &str| if xml { xml_head(s) } else { call_head(s, tagged) };
-                    match self.text.get(start..).map_or(Head::NotStreamable, head) {
+                    // Where the template writes XML calls, the JSON form inside the tags is a call too.
+                    let head = |s: &str| match xml.then(|| xml_head(s)) {
+                        Some(Head::NotStreamable) | None => (call_head(s, tagged), false),
+                        Some(head) => (head, true),
+                    };
+                    let (head, xml) = self.text.get(start..).map_or((Head::NotStreamable, false), head);
+                    match head {
                         Head::Incomplete => return,
                         Head::NotStreamable => self.state = AutoState::Idle,
                         Head::Args { name, offset } => {
