@@ -91,9 +91,8 @@ fn read(path: &str, body: &str, stream: bool) -> (String, Vec<(String, Value)>, 
                 for o in r["output"].as_array().unwrap() {
                     match o["type"].as_str() {
                         Some("message") => text.push_str(o["content"][0]["text"].as_str().unwrap()),
-                        Some("function_call") => {
-                            calls.push((o["name"].as_str().unwrap().to_owned(), parse(o["arguments"].as_str().unwrap())))
-                        }
+                        Some("function_call") => calls
+                            .push((o["name"].as_str().unwrap().to_owned(), parse(o["arguments"].as_str().unwrap()))),
                         other => panic!("{other:?}"),
                     }
                 }
@@ -218,7 +217,8 @@ async fn the_call_comes_back_as_xml_in_the_history() {
 
 #[tokio::test]
 async fn calls_that_break_the_schema_never_reach_the_client() {
-    let undeclared = "<tool_call>\n<function=Python>\n<parameter=code>\nprint(42)\n</parameter>\n</function>\n</tool_call>";
+    let undeclared =
+        "<tool_call>\n<function=Python>\n<parameter=code>\nprint(42)\n</parameter>\n</function>\n</tool_call>";
     let bad_number = "<tool_call>\n<function=Bash>\n<parameter=command>\nls\n</parameter>\n<parameter=timeout>\nsoon\n</parameter>\n</function>\n</tool_call>";
     let missing = "<tool_call>\n<function=Bash>\n<parameter=timeout>\n3\n</parameter>\n</function>\n</tool_call>";
     // Without the grammar (`--no-tool-grammar`) the parser reads such a call as text.
@@ -232,19 +232,48 @@ async fn calls_that_break_the_schema_never_reach_the_client() {
         }
     }
     // With it, the model cannot write them: the grammar holds the call to a declared tool, its declared parameters
-    // and their types, so whatever it writes instead reaches the client as a valid call or as text.
+    // and their types, so what it writes instead reaches the client as a valid call or as text. (The scripted model
+    // then loops inside a value until the output limit: a streamed call cut there is reported as cut, as OpenAI and
+    // Anthropic report a call cut by `max_tokens`.)
     let h = server(true);
+    let valid = |args: &Value| {
+        args["command"].is_string()
+            && args.get("timeout").is_none_or(Value::is_number)
+            && args.as_object().unwrap().keys().all(|k| schema()["properties"].get(k).is_some())
+    };
     for reply in [undeclared, bad_number, missing] {
         h.reply(reply);
-        for (path, stream) in [(CHAT, false), (CHAT, true), (MESSAGES, true)] {
-            let mut body = request(path, stream);
-            body[if path == CHAT { "max_completion_tokens" } else { "max_tokens" }] = json!(60);
-            let (_, calls, _) = read(path, &post(&h, path, &body).await, stream);
-            for (name, args) in calls {
-                assert_eq!(name, "Bash", "{path} {stream}");
-                assert!(args["command"].is_string(), "{path} {stream}: {args}");
-                assert!(args.get("timeout").is_none_or(Value::is_number), "{path} {stream}: {args}");
-                assert!(args.as_object().unwrap().keys().all(|k| schema()["properties"].get(k).is_some()), "{args}");
+        for path in [CHAT, MESSAGES, RESPONSES] {
+            let mut body = request(path, false);
+            let limit = match path {
+                CHAT => "max_completion_tokens",
+                MESSAGES => "max_tokens",
+                _ => "max_output_tokens",
+            };
+            body[limit] = json!(60);
+            let (_, calls, _) = read(path, &post(&h, path, &body).await, false);
+            assert!(calls.iter().all(|(name, args)| name == "Bash" && valid(args)), "{path}: {calls:?}");
+        }
+        let mut body = request(CHAT, true);
+        body["max_completion_tokens"] = json!(60);
+        let sse = post(&h, CHAT, &body).await;
+        let cut = sse_data(&sse).iter().any(|d| d.contains("\"finish_reason\":\"length\""));
+        let (mut args, mut names) = (Vec::<String>::new(), Vec::new());
+        for data in sse_data(&sse).into_iter().filter(|d| d != "[DONE]") {
+            let chunk: Value = serde_json::from_str(&data).unwrap();
+            for c in chunk["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                if let Some(name) = c["function"]["name"].as_str() {
+                    names.push(name.to_owned());
+                    args.push(String::new());
+                }
+                args.last_mut().unwrap().push_str(c["function"]["arguments"].as_str().unwrap_or_default());
+            }
+        }
+        for (i, (name, a)) in names.iter().zip(&args).enumerate() {
+            assert_eq!(name, "Bash");
+            match serde_json::from_str::<Value>(a) {
+                Ok(v) => assert!(valid(&v), "{v}"),
+                Err(_) => assert!(cut && i + 1 == names.len(), "only a call cut by the limit is incomplete: {sse}"),
             }
         }
     }

@@ -128,7 +128,7 @@ pub fn takes_undeclared(schema: &Value) -> bool {
 
 /// Qwen3-Coder's form (`text` starts with `<function=`), for a declared tool whose schema it keeps (`signatures`:
 /// the declared tools' parameters; a tool without one takes any parameter, read as [`ParamKind::Mixed`]). A missing
-/// `</function>` (or a missing last `</parameter>`) at the end of the tag is forgiven.
+/// `</function>` at the end of the tag is forgiven, a missing `</parameter>` is not (the value may be cut short).
 pub(super) fn parse_xml_call(text: &str, tools: &[String], signatures: &[Signature]) -> Option<ToolCall> {
     let rest = text.strip_prefix(FUNCTION_OPEN)?;
     let close = rest.find('>')?;
@@ -154,13 +154,9 @@ pub(super) fn parse_xml_call(text: &str, tools: &[String], signatures: &[Signatu
         let key_end = after.find('>')?;
         let key = after[..key_end].trim();
         let value_text = &after[key_end + 1..];
-        let (raw, rest) = match value_text.find(PARAMETER_CLOSE) {
-            Some(end) => (&value_text[..end], &value_text[end + PARAMETER_CLOSE.len()..]),
-            None => {
-                let end = value_text.find(FUNCTION_CLOSE).unwrap_or(value_text.len());
-                (&value_text[..end], &value_text[end..])
-            }
-        };
+        // A value without its closing tag may have been cut short (by the output limit): not a call.
+        let end = value_text.find(PARAMETER_CLOSE)?;
+        let (raw, rest) = (&value_text[..end], &value_text[end + PARAMETER_CLOSE.len()..]);
         let schema = signature.and_then(|s| s.properties.get(key));
         if signature.is_some_and(|s| schema.is_none() && !s.open) {
             return None;
@@ -252,8 +248,11 @@ mod tests {
 
     #[test]
     fn a_missing_close_at_the_end_and_the_json_form_in_the_same_tags() {
-        let input = "<tool_call>\n<function=Bash>\n<parameter=command>\nls\n";
+        let input = "<tool_call>\n<function=Bash>\n<parameter=command>\nls\n</parameter>\n";
         check_with(&xml_parser, input, &[call("Bash", json!({"command": "ls"}))]);
+        // A value cut short (`rm -rf /tmp/build` at the output limit) is no call.
+        let input = "<tool_call>\n<function=Bash>\n<parameter=command>\nrm -rf /";
+        check_with(&xml_parser, input, &[text(input)]);
         let input = "<tool_call>\n{\"name\": \"Bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>";
         check_with(&xml_parser, input, &[call("Bash", json!({"command": "ls"}))]);
     }
