@@ -17,7 +17,7 @@ if ! cmp -s scripts/e2e/requirements.txt "$stamp" 2>/dev/null; then
     cp scripts/e2e/requirements.txt "$stamp"
 fi
 if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
-    sed -n '2,7p' "$0"; exit 0
+    sed -n '2,8p' "$0"; exit 0
 fi
 if [[ "${1:-}" == "--no-build" ]]; then
     shift
