@@ -2,7 +2,8 @@
 # End-to-end test of `splash serve` with the official client SDKs (pinned in requirements.txt) on the real
 # Qwen2.5-Coder-0.5B. Installs the SDKs into $SPLASH_HOME/sdkvenv (default ~/.cache/splash/sdkvenv) once, builds and
 # starts the server on a free loopback port, runs the SDK tests, stops the server. Prints "N passed, M failed".
-# Without a FILTER it also runs sdk_reasoning.py (thinking-model replies, from the router tests).
+# Without a FILTER it also runs sdk_reasoning.py and sdk_xml_tools.py (thinking-model replies and Qwen3-Coder XML tool
+# calls, from the router tests).
 # Usage: scripts/e2e/run.sh [--no-build] [FILTER...]   (FILTER: run only checks whose "module.name" contains it,
 #        e.g. scripts/e2e/run.sh --no-build sdk_extras)
 set -euo pipefail
@@ -16,7 +17,7 @@ if ! cmp -s scripts/e2e/requirements.txt "$stamp" 2>/dev/null; then
     cp scripts/e2e/requirements.txt "$stamp"
 fi
 if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
-    sed -n '2,7p' "$0"; exit 0
+    sed -n '2,8p' "$0"; exit 0
 fi
 if [[ "${1:-}" == "--no-build" ]]; then
     shift
@@ -36,4 +37,6 @@ if [[ $# -eq 0 ]]; then
     # Thinking-model replies through the same SDKs (no served model thinks, so these come from the router's tests;
     # see the script).
     "$venv/bin/python" scripts/e2e/sdk_reasoning.py
+    # Qwen3-Coder's XML tool calls through the same SDKs' accumulators (likewise from the router's tests).
+    "$venv/bin/python" scripts/e2e/sdk_xml_tools.py
 fi

@@ -13,19 +13,9 @@ Run with the e2e SDK venv's python ($SPLASH_HOME/sdkvenv, see run.sh). Prints on
 """
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
-import traceback
 
-import anthropic
-import openai
+from sdk_mock import Bodies, run_checks
 
-try:  # The pinned SDKs use httpx2; older ones httpx.
-    import httpx2 as httpx
-except ImportError:
-    import httpx
 
 REASONING = "The user greets me. I could answer with\n{\"name\": \"nope\"}\nbut a greeting is better."
 CONTENT = "Hello! <b>Hi</b>"
@@ -33,38 +23,9 @@ CALL_REASONING = "I need the weather in Paris."
 USER = [{"role": "user", "content": "Hi"}]
 
 
-def bodies_dir():
-    if len(sys.argv) > 1:
-        return sys.argv[1]
-    d = tempfile.mkdtemp(prefix="splash-reasoning-")
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-    subprocess.run(
-        ["cargo", "test", "--release", "-q", "-p", "splash-api", "--test", "reasoning", "bodies_for_the_sdk_check"],
-        cwd=root, check=True, env={**os.environ, "SPLASH_REASONING_BODIES": d}, stdout=subprocess.DEVNULL,
-    )
-    return d
-
-
-DIR = bodies_dir()
-
-
-def http(name):
-    def handler(request):
-        stream = json.loads(request.content).get("stream")
-        with open(os.path.join(DIR, name + (".sse" if stream else ".json")), "rb") as f:
-            body = f.read()
-        kind = "text/event-stream" if stream else "application/json"
-        return httpx.Response(200, content=body, headers={"content-type": kind})
-
-    return httpx.Client(transport=httpx.MockTransport(handler))
-
-
-def oai(name):
-    return openai.OpenAI(api_key="x", base_url="http://splash.test/v1", http_client=http(name), max_retries=0)
-
-
-def ant(name):
-    return anthropic.Anthropic(api_key="x", base_url="http://splash.test", http_client=http(name), max_retries=0)
+BODIES = Bodies("reasoning", "bodies_for_the_sdk_check", "SPLASH_REASONING_BODIES")
+oai = BODIES.oai
+ant = BODIES.ant
 
 
 def check_chat():
@@ -136,19 +97,5 @@ def check_responses_tool_stream():
     assert json.loads(r.output[1].arguments) == {"city": "Paris"}, r
 
 
-def main():
-    checks = [(n, f) for n, f in globals().items() if n.startswith("check_")]
-    failed = 0
-    for name, f in checks:
-        try:
-            f()
-            print(f"ok   {name}")
-        except Exception:
-            failed += 1
-            print(f"FAIL {name}\n{traceback.format_exc()}")
-    print(f"{len(checks) - failed} passed, {failed} failed (openai {openai.__version__}, anthropic {anthropic.__version__})")
-    sys.exit(1 if failed else 0)
-
-
 if __name__ == "__main__":
-    main()
+    run_checks(globals())

@@ -140,7 +140,7 @@ pub(crate) fn call_object_schema(tools: &[(String, Value)], loose: bool) -> Valu
 /// `additionalProperties` the same way. Left open: an object without `properties` (a free-form map), one that
 /// combines its properties with `allOf` / `anyOf` / `oneOf` / `if` / `$ref` or says `unevaluatedProperties`, and
 /// the members of an `allOf` (each would forbid the keys the others add).
-fn close_objects(schema: &mut Value) {
+pub(crate) fn close_objects(schema: &mut Value) {
     close_objects_in(schema, true);
 }
 

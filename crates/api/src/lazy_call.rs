@@ -9,7 +9,8 @@
 //! ends generation when only one call is wanted).
 //!
 //! Triggers, on the text generated so far:
-//! * `<tool_call>` anywhere: the rest of the tag is a call (JSON, or the XML form when the template uses it);
+//! * `<tool_call>` anywhere: the rest of the tag is a call (JSON, or also the XML form when the template uses it, its
+//!   values typed by the tool's schema);
 //! * at the start of a line, a fence whose info string is one the parser accepts (```` ```json ````, ```` ``` ````,
 //!   ```` ```tool_call ````, ...), then on the next line an object whose first key is `"name"`: the object is a call
 //!   and the fence closes after it;
@@ -30,6 +31,7 @@ use llguidance::Matcher;
 use llguidance::api::TopLevelGrammar;
 use serde_json::{Value, json};
 
+use chat::tool_parser::qwen3_xml::{self, ParamKind};
 use chat::tool_parser::{FENCE_LANGS, MAX_FENCE_INFO_BYTES};
 
 use crate::constraint::factory;
@@ -70,13 +72,16 @@ enum Verdict {
     Maybe,
 }
 
-/// Where a call the grammar holds starts in the output (byte offset, text as the detokenizer gives it), and whether
-/// it starts with `<tool_call>` (else at its `{`). Only JSON calls are listed. Shared with the reply, which reads the
-/// output after the engine committed it, so a start is always listed before the reply sees its text.
+/// Where a call the grammar holds starts in the output (byte offset, text as the detokenizer gives it), whether it
+/// starts with `<tool_call>` (else at its `{`), and whether the tags may hold Qwen3-Coder's XML form (the template
+/// writes it; the JSON form stays allowed there). Such calls are listed only when the grammar types their values
+/// (not with the loose fallback), so the reply can stream exactly the arguments the output parser will read. Shared with the reply, which reads the output after the engine
+/// committed it, so a start is always listed before the reply sees its text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallStart {
     pub offset: usize,
     pub tagged: bool,
+    pub xml: bool,
 }
 
 /// The starts of the calls of one reply, in order.
@@ -97,6 +102,8 @@ pub struct LazyToolCalls {
     gate: Option<Gate>,
     starts: CallStarts,
     xml: bool,
+    /// The grammars are the loose fallback (any object as arguments, any text as an XML value).
+    loose: bool,
     tokenizer: Arc<tokenizer::Tokenizer>,
     /// The grammar of each form, compiled on first use.
     grammars: [Option<Matcher>; 3],
@@ -129,7 +136,11 @@ impl std::fmt::Debug for LazyToolCalls {
 /// The JSON schema of one call object `{"name": NAME, "arguments": ARGS}` of one of `tools`, with the options of a
 /// call the model lays out itself (flexible but bounded whitespace; schema features llguidance lacks are ignored).
 fn call_schema(tools: &[(String, Value)], loose: bool) -> Value {
-    let mut schema = crate::constraint::call_object_schema(tools, loose);
+    with_call_options(crate::constraint::call_object_schema(tools, loose))
+}
+
+/// `schema` with the options of JSON the model lays out itself, as llguidance's `x-guidance`.
+fn with_call_options(mut schema: Value) -> Value {
     if let Some(o) = schema.as_object_mut() {
         o.insert(
             "x-guidance".into(),
@@ -145,32 +156,79 @@ fn lark_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
-/// Qwen3-Coder's XML call inside the tags: `<function=NAME>`, then `<parameter=KEY>` … `</parameter>` entries for
-/// that tool's properties, then `</function>`.
-fn xml_call_rules(tools: &[(String, Value)]) -> String {
+/// Required parameters of one tool up to which they may come in any order (the grammar has a rule per subset of
+/// them still to come); a tool with more takes them in the order it declares them.
+const MAX_UNORDERED_REQUIRED: usize = 4;
+
+/// The rules of Qwen3-Coder's XML call inside the tags (`xcall`): `<function=NAME>`, then that tool's parameters as `<parameter=KEY>` …
+/// `</parameter>`, then `</function>`. Each value is written the way the output parser reads it
+/// (`chat::tool_parser::qwen3_xml::ParamKind`): any text up to the closing tag for a parameter that may be a string,
+/// JSON under the parameter's own schema (objects closed, as in the JSON form) for one that may not. Every required
+/// parameter comes once, in any order (beyond [`MAX_UNORDERED_REQUIRED`], in the declared order), optional ones
+/// between them; an undeclared key only for a tool that takes them. (llama.cpp's grammar for the form,
+/// `common/parsers/qwen3-coder.cpp`, takes the required ones in any order too, and the optional ones after them.)
+/// `loose`: every value is text.
+fn xml_call_rules(tools: &[(String, Value)], loose: bool) -> String {
     let mut rules = String::new();
     let mut alternatives = Vec::new();
     for (i, (name, parameters)) in tools.iter().enumerate() {
-        let keys: Vec<String> = parameters
-            .get("properties")
-            .and_then(Value::as_object)
-            .map(|p| p.keys().cloned().collect())
-            .unwrap_or_default();
-        let param = if keys.is_empty() {
-            "\"<parameter=\" KEY \">\" value".to_string()
+        let mut closed = parameters.clone();
+        crate::constraint::close_objects(&mut closed);
+        let properties = closed.get("properties").and_then(Value::as_object).cloned().unwrap_or_default();
+        let required: Vec<&str> = parameters
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let (mut req, mut opt) = (Vec::new(), Vec::new());
+        for (j, (key, schema)) in properties.iter().enumerate() {
+            let open = lark_str(&format!("<parameter={key}>"));
+            let value = if loose || qwen3_xml::param_kind(schema) != ParamKind::Json {
+                "value".to_string()
+            } else {
+                rules.push_str(&format!("j{i}_{j}: %json {}\n", with_call_options(schema.clone())));
+                format!("WS j{i}_{j} WS \"</parameter>\"")
+            };
+            rules.push_str(&format!("p{i}_{j}: {open} {value}\n"));
+            if required.contains(&key.as_str()) { req.push(format!("p{i}_{j}")) } else { opt.push(format!("p{i}_{j}")) }
+        }
+        if qwen3_xml::takes_undeclared(parameters) {
+            opt.push("\"<parameter=\" KEY \">\" value".into());
+        }
+        let optional = !opt.is_empty();
+        if optional {
+            rules.push_str(&format!("o{i}: {}\n", opt.join(" | ")));
+        }
+        let any_optional = if optional { format!("(o{i} WS)* ") } else { String::new() };
+        let args = if req.len() > MAX_UNORDERED_REQUIRED {
+            let chain: Vec<String> = req.iter().map(|p| format!("{any_optional}{p} WS")).collect();
+            format!("{} {any_optional}", chain.join(" "))
         } else {
-            let names: Vec<String> = keys.iter().map(|k| lark_str(&format!("<parameter={k}>"))).collect();
-            format!("({}) value", names.join(" | "))
+            // s{i}_{m}: the arguments from where the required parameters in bit set `m` are still to come.
+            let full = (1usize << req.len()) - 1;
+            let state = |m: usize| if m == 0 && !optional { String::new() } else { format!("s{i}_{m}") };
+            if optional {
+                rules.push_str(&format!("s{i}_0: {any_optional}\n"));
+            }
+            for m in 1..=full {
+                let mut alts: Vec<String> = (0..req.len())
+                    .filter(|k| m & (1 << k) != 0)
+                    .map(|k| format!("{} WS {}", req[k], state(m & !(1 << k))))
+                    .collect();
+                if optional {
+                    alts.push(format!("o{i} WS s{i}_{m}"));
+                }
+                rules.push_str(&format!("s{i}_{m}: {}\n", alts.join(" | ")));
+            }
+            state(full)
         };
-        rules.push_str(&format!(
-            "f{i}: {} WS (p{i} WS)* \"</function>\"\np{i}: {param}\n",
-            lark_str(&format!("<function={name}>"))
-        ));
+        rules.push_str(&format!("f{i}: {} WS {args} \"</function>\"\n", lark_str(&format!("<function={name}>"))));
         alternatives.push(format!("f{i}"));
     }
     format!(
-        "start: \"<tool_call>\" WS call WS \"</tool_call>\"\ncall: {}\n{rules}KEY: /[A-Za-z0-9_.-]+/\n\
-         value[suffix=\"</parameter>\"]: /(?s:.*)/\nWS: /[ \\t\\r\\n]{{0,8}}/\n",
+        "xcall: {}\n{rules}KEY: /[A-Za-z0-9_.-]+/\nvalue[suffix=\"</parameter>\"]: /(?s:.*)/\n",
         alternatives.join(" | ")
     )
 }
@@ -179,8 +237,13 @@ fn xml_call_rules(tools: &[(String, Value)]) -> String {
 fn grammars(tools: &[(String, Value)], xml: bool, loose: bool) -> [String; 3] {
     let schema = call_schema(tools, loose);
     let call = format!("call: %json {schema}\nWS: /[ \\t\\r\\n]{{0,8}}/\n");
-    let tag =
-        if xml { xml_call_rules(tools) } else { format!("start: \"<tool_call>\" WS call WS \"</tool_call>\"\n{call}") };
+    // Where the template shows the XML form, the JSON one inside the tags is still a call (the output parser reads
+    // both there).
+    let tag = if xml {
+        format!("start: \"<tool_call>\" WS (xcall | call) WS \"</tool_call>\"\n{call}{}", xml_call_rules(tools, loose))
+    } else {
+        format!("start: \"<tool_call>\" WS call WS \"</tool_call>\"\n{call}")
+    };
     // After a fenced call, the closing fence; after a bare one, the end of its line or the end of the reply (the
     // output parser reads a bare call that ends the reply). The blanks before either are bounded: with `[ \t]*` a
     // model that wanted to end its reply right after a bare call's `}` could only write blanks, and did, for
@@ -218,6 +281,7 @@ impl LazyToolCalls {
             gate: None,
             starts: CallStarts::default(),
             xml,
+            loose: false,
             tokenizer: tokenizer.clone(),
             grammars: [None, None, None],
             lark: grammars(tools, xml, false),
@@ -231,9 +295,12 @@ impl LazyToolCalls {
             num_calls: 0,
             finished: false,
         };
-        // Compile the JSON form now: a schema llguidance rejects is known before the request runs.
-        if lazy.grammar(Form::Bare).is_err() {
+        // Compile the JSON form (and the XML one where the template uses it) now: a schema llguidance rejects is
+        // known before the request runs.
+        if lazy.grammar(Form::Bare).is_err() || (xml && lazy.grammar(Form::Tag).is_err()) {
             lazy.lark = grammars(tools, xml, true);
+            lazy.loose = true;
+            lazy.grammars = [None, None, None];
             lazy.grammar(Form::Bare)?;
         }
         Ok(lazy)
@@ -372,8 +439,9 @@ impl LazyToolCalls {
         }
         // Another call cannot start inside this one.
         self.tag_from = self.text.len();
-        if !(self.xml && form == Form::Tag) {
-            let start = CallStart { offset: start, tagged: form == Form::Tag };
+        let xml = self.xml && form == Form::Tag;
+        if !(xml && self.loose) {
+            let start = CallStart { offset: start, tagged: form == Form::Tag, xml };
             self.starts.lock().unwrap_or_else(|e| e.into_inner()).push(start);
         }
         self.active = Some(m);
@@ -825,15 +893,48 @@ mod tests {
     }
 
     #[test]
-    fn xml_form_compiles_and_holds_names_and_keys() {
-        let mut c = LazyToolCalls::new(&tokenizer(), &tools(), true, true).expect("grammar compiles");
-        let text =
-            "<tool_call>\n<function=Bash>\n<parameter=command>\nls -la </tmp>\n</parameter>\n</function>\n</tool_call>";
-        assert_eq!(write_text(&mut c, text, &[]), Ok(()));
-        assert_eq!(c.num_calls(), 1);
-        let mut c = LazyToolCalls::new(&tokenizer(), &tools(), true, true).expect("grammar compiles");
+    fn xml_form_holds_names_keys_required_parameters_and_value_types() {
+        let xml = || LazyToolCalls::new(&tokenizer(), &tools(), true, true).expect("grammar compiles");
+        // Required parameters in either order, a string that looks like a number, a number; at every split and with
+        // the model's own tokens.
+        let text = "Let me write it.\n<tool_call>\n<function=Write>\n<parameter=content>\n42\n</parameter>\n<parameter=file_path>\nn.txt\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=Bash>\n<parameter=timeout>\n30\n</parameter>\n<parameter=command>\nls -la </tmp>\n</parameter>\n</function>\n</tool_call>";
+        for cut in (1..text.len()).step_by(7) {
+            let mut c = xml();
+            assert_eq!(write_text(&mut c, text, &[cut]), Ok(()), "split at {cut}");
+            assert_eq!(c.num_calls(), 2, "split at {cut}");
+            assert!(c.is_dormant());
+        }
+        let mut c = xml();
+        for t in encode(text) {
+            assert!(is_allowed(&mut c, t), "{:?}", String::from_utf8_lossy(tokenizer().token_bytes(t)));
+            c.commit(t).expect("commit");
+        }
+        assert_eq!(c.num_calls(), 2);
+        // Both calls are listed for streaming, as XML.
+        let starts = c.call_starts();
+        let starts = starts.lock().unwrap().clone();
+        let first = text.find("<tool_call>").unwrap();
+        assert_eq!(starts[0], CallStart { offset: first, tagged: true, xml: true });
+        assert_eq!(starts.len(), 2);
+        let refused = |prefix: &str, next: &str| {
+            let mut c = xml();
+            assert_eq!(write_text(&mut c, prefix, &[]), Ok(()), "{prefix:?}");
+            !is_allowed(&mut c, token(next))
+        };
+        // An undeclared tool or key, a number that is no number, a call without its required parameters.
+        let mut c = xml();
         let text = "<tool_call>\n<function=hello";
         assert_eq!(write_text(&mut c, text, &[]), Err(text.len() - "hello".len()));
+        assert!(refused("<tool_call>\n<function=Bash>\n<parameter=", "cwd"));
+        assert!(!refused("<tool_call>\n<function=Bash>\n<parameter=", "command"));
+        assert!(refused("<tool_call>\n<function=Bash>\n<parameter=timeout>\n", "soon"));
+        assert!(!refused("<tool_call>\n<function=Bash>\n<parameter=timeout>\n", "3"));
+        assert!(refused("<tool_call>\n<function=Write>\n<parameter=file_path>\na\n</parameter>\n", "</"));
+        assert!(refused("<tool_call>\n<function=Write>\n<parameter=file_path>\na\n</parameter>\n<parameter=", "file"));
+        // A required parameter comes once.
+        let mut c = xml();
+        let text = "<tool_call>\n<function=Bash>\n<parameter=command>\nls\n</parameter>\n<parameter=command>";
+        assert!(write_text(&mut c, text, &[]).is_err());
     }
 
     #[test]

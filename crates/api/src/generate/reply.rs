@@ -28,7 +28,7 @@ pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<Reply, ApiEr
     if streams_call {
         reply.forced_call = Some(ForcedCall::default());
     }
-    reply.auto_calls = call_starts.map(AutoCalls::new);
+    reply.auto_calls = call_starts.map(|starts| AutoCalls::new(starts, &tools));
     reply.reasoning = reasoning.map(ReasoningParser::new);
     reply.tokenizer = Some(state.tokenizer.clone());
     reply.loop_guard = state.config.max_repeated_chars.map(LoopGuard::new);

@@ -5,6 +5,7 @@
 
 use super::json::parse_json_values;
 use super::qwen3_xml::parse_xml_call;
+use super::signature::Signature;
 use super::{Mode, ParseEvent, TAG_CLOSE, TAG_OPEN, ToolCallParser};
 use crate::conversation::ToolCall;
 
@@ -21,7 +22,7 @@ impl ToolCallParser {
         };
         let content: String = self.held.drain(..end).collect();
         self.held.drain(..skip);
-        match parse_tag_content(&content, &self.tools) {
+        match parse_tag_content(&content, &self.tools, &self.signatures) {
             Some(calls) => self.emit_calls(calls, out),
             None => {
                 let closing = if skip > 0 { TAG_CLOSE } else { "" };
@@ -35,10 +36,10 @@ impl ToolCallParser {
 }
 
 /// The calls inside one `<tool_call>` tag: JSON objects (one or several, or an array), or the XML form.
-fn parse_tag_content(content: &str, tools: &[String]) -> Option<Vec<ToolCall>> {
+fn parse_tag_content(content: &str, tools: &[String], signatures: &[Signature]) -> Option<Vec<ToolCall>> {
     let text = content.trim();
     if text.starts_with("<function=") {
-        return parse_xml_call(text, tools).map(|c| vec![c]);
+        return parse_xml_call(text, tools, signatures).map(|c| vec![c]);
     }
     if let Some(calls) = parse_json_values(text, tools) {
         return Some(calls);

@@ -5,7 +5,8 @@
 //!
 //! Recognised forms, one file each (its doc names the model that writes the form, its tests sit beside it):
 //! * `hermes.rs`: Hermes / Qwen2.5 tags, `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`;
-//! * `qwen3_xml.rs`: Qwen3-Coder XML inside the same tags, `<function=NAME><parameter=KEY>value</parameter></function>`;
+//! * `qwen3_xml.rs`: Qwen3-Coder XML inside the same tags, `<function=NAME><parameter=KEY>value</parameter></function>`,
+//!   values typed by the tool's schema;
 //! * `fenced.rs` and `bare.rs`: what the Qwen2.5-Coder models write instead of tags, a fenced code block or a bare
 //!   JSON object (or array of them) starting a line; these count only when every call names a declared tool;
 //! * `nameless.rs`: with the tools' parameter schemas ([`ToolCallParser::with_schemas`]), a reply that is nothing but
@@ -25,7 +26,7 @@ mod fenced;
 mod hermes;
 mod json;
 mod nameless;
-mod qwen3_xml;
+pub mod qwen3_xml;
 mod signature;
 #[cfg(test)]
 mod testing;
@@ -364,7 +365,7 @@ mod tests {
 
     #[test]
     fn replies_built_from_call_fragments_split_anywhere_give_the_same_events_and_lose_no_text() {
-        const PIECES: [&str; 20] = [
+        const PIECES: [&str; 24] = [
             "<commands>",
             "</commands>",
             "\n",
@@ -385,6 +386,10 @@ mod tests {
             "</tools>",
             "<exec_command cmd=\"ls\"/>",
             "<function name=\"wait\" arguments='{}'/>",
+            "<function=wait>",
+            "<parameter=session_id>\n",
+            "\n</parameter>",
+            "</function>",
         ];
         let mut state = 0x2545_f491_4f6c_dd1du64;
         for _ in 0..3000 {

@@ -10,6 +10,8 @@ pub(super) struct Signature {
     /// Each parameter's own schema, by name.
     pub(super) properties: Map<String, Value>,
     pub(super) required: Vec<String>,
+    /// It takes parameters it does not declare ([`super::qwen3_xml::takes_undeclared`]).
+    pub(super) open: bool,
 }
 
 impl Signature {
@@ -22,6 +24,7 @@ impl Signature {
                 .and_then(Value::as_array)
                 .map(|a| a.iter().filter_map(|k| k.as_str().map(str::to_owned)).collect())
                 .unwrap_or_default(),
+            open: super::qwen3_xml::takes_undeclared(schema),
         }
     }
 
