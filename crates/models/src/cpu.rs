@@ -295,8 +295,8 @@ impl Runner for CpuRunner {
 
     fn truncate(&mut self, seq: SeqId, len: usize) {
         if let Some(copy) = self.table.truncate(seq, len) {
-            // Rolling back has no way to fail: out of memory for the copy's block ends the process, as any allocation's.
-            self.grow_kv().expect("the KV block for a rollback's copy");
+            // The trait's rollback cannot fail: no memory for the copy's block ends the process, as a Vec's would.
+            self.grow_kv().expect("memory for the KV block of a rollback's copy");
             self.backend.kv_copy_block(&mut self.kv, copy.from, copy.to).expect("INVARIANT: the table's blocks exist");
         }
     }
