@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use backend::cpu::{CpuBackend, CpuKvPages, QMatrix};
+use backend::cpu::{CpuBackend, CpuKvPages, KvBlock, QMatrix};
 use backend::{AttnRows, Backend, KvLayout, SeqRows};
 use gguf::GgufFile;
 
@@ -17,14 +17,42 @@ use crate::prefix_store::{PrefixStore, model_identity};
 use crate::transformer::Transformer;
 use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId, Weights, argmax, top_prob};
 
-/// Allocates storage for the blocks `table` now needs (referenced or cached) and gives back that of the blocks it no
-/// longer does, so a free block holds no memory.
-fn sync_kv(table: &mut BlockTable, kv: &mut CpuKvPages) {
-    let len = kv.layout.block_values();
-    kv.blocks.resize_with(table.num_created(), Box::default);
-    for b in table.take_storage_changes() {
-        kv.blocks[b as usize] = if table.is_stored(b) { vec![0u16; len].into_boxed_slice() } else { Box::default() };
+/// Writes the blocks `table` evicted to the disk tier (while their storage still holds them: a block the idle writer
+/// has not reached yet would be lost to a warm restart), then allocates storage for the blocks `table` now needs
+/// (referenced or cached) and gives back that of the blocks it no longer does, so a free block holds no memory.
+fn sync_kv(table: &mut BlockTable, kv: &mut CpuKvPages, store: &mut Option<PrefixStore>) -> Result<()> {
+    for (h, b) in table.take_spills() {
+        save_block(store, table, &h, &kv.blocks[b as usize]);
     }
+    let len = kv.layout.block_values();
+    kv.blocks.resize_with(table.num_created(), KvBlock::default);
+    // Every change is applied even after a failed allocation (that block stays empty, and a forward pass over it is
+    // refused), so no free is lost.
+    let mut result = Ok(());
+    for b in table.take_storage_changes() {
+        kv.blocks[b as usize] = if table.is_stored(b) {
+            KvBlock::zeroed(len).unwrap_or_else(|e| {
+                result = Err(e.into());
+                KvBlock::default()
+            })
+        } else {
+            KvBlock::default()
+        };
+    }
+    result
+}
+
+/// Writes block `h` to the disk tier; on an error the tier is turned off (a full or read-only disk only costs the
+/// warm restart). False when there is no tier (any more).
+fn save_block(store: &mut Option<PrefixStore>, table: &mut BlockTable, h: &kv_cache::BlockHash, data: &[u16]) -> bool {
+    let Some(s) = store.as_mut() else { return false };
+    if let Err(e) = s.save(h, data) {
+        eprintln!("warning: prefix cache on disk disabled: {e}");
+        *store = None;
+        table.set_spill(false);
+        return false;
+    }
+    true
 }
 
 pub struct CpuRunner {
@@ -89,7 +117,7 @@ impl CpuRunner {
     /// Caps the in-memory prefix cache (unreferenced cached blocks); `None` = the whole pool.
     pub fn set_prefix_cache_blocks(&mut self, max_blocks: Option<usize>) {
         self.table.set_max_cached_blocks(max_blocks);
-        self.grow_kv();
+        self.free_kv();
     }
 
     /// Bytes of one KV block.
@@ -97,9 +125,14 @@ impl CpuRunner {
         self.kv.layout.block_values() * 2
     }
 
-    /// Allocates storage for the blocks the table now needs: see [`sync_kv`].
-    fn grow_kv(&mut self) {
-        sync_kv(&mut self.table, &mut self.kv);
+    /// Spills evicted blocks and allocates storage for the blocks the table now needs: see [`sync_kv`].
+    fn grow_kv(&mut self) -> Result<()> {
+        sync_kv(&mut self.table, &mut self.kv, &mut self.store)
+    }
+
+    /// [`Self::grow_kv`] after the table only released or evicted blocks: nothing to allocate, so nothing can fail.
+    fn free_kv(&mut self) {
+        self.grow_kv().expect("INVARIANT: releasing and evicting allocate no block");
     }
 
     /// A short identity of the model file (see `prefix_store::model_identity`).
@@ -111,12 +144,15 @@ impl CpuRunner {
     /// written while idle, read back when a prompt's prefix is not in memory.
     pub fn enable_prefix_store(&mut self, root: &std::path::Path, max_bytes: u64) -> std::io::Result<&PrefixStore> {
         let identity = model_identity(self._file.bytes());
+        self.table.set_spill(true);
         Ok(self.store.insert(PrefixStore::open(root, &identity, max_bytes)?))
     }
 
-    /// Drops every cached prefix block no sequence is using.
+    /// Drops every cached prefix block no sequence is using (written to the disk tier first) and gives back their
+    /// storage.
     pub fn evict_prefix_cache(&mut self) {
         self.table.evict_all();
+        self.free_kv();
     }
 
     pub fn num_threads(&self) -> usize {
@@ -136,7 +172,7 @@ impl CpuRunner {
                 .reserve(c.seq, c.start_pos + c.tokens.len())
                 .map_err(|e| Error::KvCacheFull { needed: e.needed, available: e.available })?;
         }
-        self.grow_kv();
+        self.grow_kv()?;
         let slots: Vec<(u32, usize)> = (batch.chunks.iter())
             .flat_map(|c| (c.start_pos..c.start_pos + c.tokens.len()).map(|pos| self.table.slot(c.seq, pos)))
             .collect();
@@ -271,24 +307,24 @@ impl Runner for CpuRunner {
 
     fn truncate(&mut self, seq: SeqId, len: usize) {
         if let Some(copy) = self.table.truncate(seq, len) {
-            // A copy between blocks of a valid table: cannot fail on the CPU.
-            self.grow_kv();
+            // The trait's rollback cannot fail: no memory for the copy's block ends the process, as a Vec's would.
+            self.grow_kv().expect("memory for the KV block of a rollback's copy");
             self.backend.kv_copy_block(&mut self.kv, copy.from, copy.to).expect("INVARIANT: the table's blocks exist");
         }
     }
 
     fn release(&mut self, seq: SeqId) {
         self.table.release(seq);
-        self.grow_kv();
+        self.free_kv();
     }
 
     fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
         let mut n = self.table.attach_prefix(seq, tokens);
-        let Some(store) = self.store.as_mut() else { return n };
         // Continue from disk, block by block, while the next block is there and intact.
         let block_len = self.kv.layout.block_values();
         let mut buf = Vec::new();
         while n + BLOCK_TOKENS <= tokens.len() {
+            let Some(store) = self.store.as_mut() else { break };
             let chunk = &tokens[n..n + BLOCK_TOKENS];
             let h = kv_cache::chain_hash(&self.table.last_hash(seq), chunk);
             if !store.contains(&h) {
@@ -299,8 +335,9 @@ impl Runner for CpuRunner {
                 break;
             }
             let Some(b) = self.table.attach_loaded(seq, h, chunk) else { break };
-            sync_kv(&mut self.table, &mut self.kv);
-            if self.backend.kv_block_from_host(&mut self.kv, b, &buf).is_err() {
+            if self.grow_kv().is_err() || self.backend.kv_block_from_host(&mut self.kv, b, &buf).is_err() {
+                self.table.detach_loaded(seq);
+                self.free_kv();
                 break;
             }
             n += BLOCK_TOKENS;
@@ -319,9 +356,10 @@ impl Runner for CpuRunner {
         match store.save_pending(&self.table, &mut Vec::new(), fetch) {
             Ok(more) => more,
             Err(e) => {
-                // A full or read-only disk only costs the warm restart; stop trying.
+                // A full or read-only disk only costs the warm restart; stop trying (and stop spilling).
                 eprintln!("warning: prefix cache on disk disabled: {e}");
                 self.store = None;
+                self.table.set_spill(false);
                 false
             }
         }

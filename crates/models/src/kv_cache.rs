@@ -14,6 +14,9 @@
 //! least recently used one is evicted. A block that is neither referenced nor cached needs no storage: the table says
 //! which blocks gained or lost the need ([`BlockTable::take_storage_changes`]) so the backend allocates or frees
 //! their storage, and memory follows what is in use plus the cap instead of the pool's high-water mark.
+//!
+//! With a disk tier, an evicted block may not be on disk yet (the idle writer had no idle time): the table then
+//! reports it ([`BlockTable::take_spills`]) while its storage still holds it, so the backend writes it first.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -112,6 +115,10 @@ pub struct BlockTable {
     storage_changes: Vec<u32>,
     /// Whether block `b` is in `storage_changes`.
     change_pending: Vec<bool>,
+    /// Whether evicted blocks are reported in `spills` (a disk tier takes them).
+    spill: bool,
+    /// Blocks evicted since [`Self::take_spills`]: hash and id.
+    spills: Vec<(BlockHash, u32)>,
 }
 
 impl BlockTable {
@@ -140,7 +147,24 @@ impl BlockTable {
             num_stored: 0,
             storage_changes: Vec::new(),
             change_pending: Vec::new(),
+            spill: false,
+            spills: Vec::new(),
         }
+    }
+
+    /// Reports evicted blocks from now on ([`Self::take_spills`]), or stops (and forgets those not taken).
+    pub fn set_spill(&mut self, spill: bool) {
+        self.spill = spill;
+        if !spill {
+            self.spills.clear();
+        }
+    }
+
+    /// Blocks evicted from the prefix cache since the last call, with the hash they were cached under. Their storage
+    /// still holds that content until the next [`Self::take_storage_changes`] is applied or the block is written to:
+    /// take these first.
+    pub fn take_spills(&mut self) -> Vec<(BlockHash, u32)> {
+        std::mem::take(&mut self.spills)
     }
 
     /// Caps the unreferenced cached blocks kept in memory (`None`: as many as the pool holds), evicting the least
@@ -189,10 +213,21 @@ impl BlockTable {
         let Some(max) = self.max_cached else { return };
         while self.lru.len() > max {
             let Some((_, b)) = self.lru.pop_first() else { break };
-            self.unregister(b);
-            self.usage.evicted_blocks += 1;
+            self.evict(b);
             self.push_free(b);
         }
+    }
+
+    /// Drops cached block `b` (already off the LRU list) from the prefix cache, reporting it for spilling.
+    fn evict(&mut self, b: u32) {
+        if self.spill
+            && let Some(h) = self.hash_of[b as usize]
+            && self.by_hash.get(&h) == Some(&b)
+        {
+            self.spills.push((h, b));
+        }
+        self.unregister(b);
+        self.usage.evicted_blocks += 1;
     }
 
     /// Positions per block.
@@ -288,10 +323,8 @@ impl BlockTable {
             self.change_pending.push(false);
             (self.num_created - 1) as u32
         } else {
-            let (&t, &b) = self.lru.iter().next()?;
-            self.lru.remove(&t);
-            self.unregister(b);
-            self.usage.evicted_blocks += 1;
+            let (_, b) = self.lru.pop_first()?;
+            self.evict(b);
             b
         };
         self.refs[b as usize] = 1;
@@ -351,6 +384,18 @@ impl BlockTable {
         s.hashes.push(hash);
         self.usage.hit_tokens += self.block_tokens as u64;
         Some(b)
+    }
+
+    /// Undoes the last [`Self::attach_loaded`] of `seq` when its content could not be filled in: the block is
+    /// unregistered and freed.
+    pub fn detach_loaded(&mut self, seq: SeqId) {
+        let Some(s) = self.seqs.get_mut(&seq) else { return };
+        let Some(b) = s.blocks.pop() else { return };
+        s.tokens.truncate(s.blocks.len() * self.block_tokens);
+        s.hashes.truncate(s.blocks.len());
+        self.usage.hit_tokens -= self.block_tokens as u64;
+        self.unregister(b);
+        self.drop_ref(b);
     }
 
     /// Every registered (full, cached) block: its hash and id.
@@ -439,11 +484,9 @@ impl BlockTable {
 
     /// Drops every cached block that no sequence holds (tests, and memory pressure from outside).
     pub fn evict_all(&mut self) {
-        while let Some((t, b)) = self.lru.pop_first() {
-            let _ = t;
-            self.unregister(b);
+        while let Some((_, b)) = self.lru.pop_first() {
+            self.evict(b);
             self.push_free(b);
-            self.usage.evicted_blocks += 1;
         }
     }
 }
@@ -522,6 +565,48 @@ mod tests {
         assert_eq!((t.usage().cached_blocks, t.usage().stored_blocks), (1, 1));
         t.set_max_cached_blocks(Some(0));
         assert_eq!((t.usage().cached_blocks, t.usage().stored_blocks), (0, 0));
+    }
+
+    /// With spilling on, every block evicted (past the cap, to make room, or all at once) is reported with the hash
+    /// it was cached under, before its storage change is taken; with it off, none is.
+    #[test]
+    fn evicted_blocks_are_reported_for_the_disk_tier() {
+        let mut t = BlockTable::new(4);
+        t.set_spill(true);
+        t.set_max_cached_blocks(Some(1));
+        let a = toks(32, 0);
+        write(&mut t, SeqId(1), &a);
+        let hashes = t.seqs[&SeqId(1)].hashes.clone();
+        let blocks = t.blocks(SeqId(1)).to_vec();
+        t.release(SeqId(1));
+        assert_eq!(t.take_spills(), vec![(hashes[0], blocks[0])], "past the cap");
+        // Room for 4 new blocks: the one cached block is handed out again.
+        write(&mut t, SeqId(2), &toks(64, 9));
+        assert_eq!(t.take_spills(), vec![(hashes[1], blocks[1])], "to make room");
+        t.set_max_cached_blocks(None);
+        t.release(SeqId(2));
+        t.evict_all();
+        assert_eq!(t.take_spills().len(), 4, "all at once");
+        t.set_spill(false);
+        write(&mut t, SeqId(3), &a);
+        t.release(SeqId(3));
+        t.evict_all();
+        assert_eq!(t.take_spills(), vec![]);
+    }
+
+    /// A block attached from disk whose content could not be written is undone: no longer cached under its hash.
+    #[test]
+    fn a_failed_load_is_detached() {
+        let mut t = BlockTable::new(4);
+        let a = toks(32, 0);
+        assert_eq!(t.attach_prefix(SeqId(1), &a), 0, "nothing cached");
+        let h = chain_hash(&t.last_hash(SeqId(1)), &a[..16]);
+        let b = t.attach_loaded(SeqId(1), h, &a[..16]).expect("a block");
+        assert_eq!((t.seq_len(SeqId(1)), t.usage().hit_tokens), (16, 16));
+        t.detach_loaded(SeqId(1));
+        assert_eq!((t.seq_len(SeqId(1)), t.blocks(SeqId(1)).len(), t.usage().hit_tokens), (0, 0, 0));
+        assert!(!t.is_stored(b) && t.registered().count() == 0, "freed, not cached");
+        assert_eq!(t.attach_prefix(SeqId(2), &a), 0);
     }
 
     #[test]

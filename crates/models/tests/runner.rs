@@ -263,3 +263,29 @@ fn hidden_rows_of_chosen_layers_come_back_per_token() {
     forward(&mut r, vec![chunk(2, &tokens, 0, LogitsWanted::Last)]);
     assert!(r.hidden_rows().is_empty());
 }
+
+/// A capped prefix cache that evicts a block the disk tier has not written yet (no idle time came for the idle
+/// writer) writes it first: a warm restart finds the whole prefix on disk, with the same keys and values.
+#[test]
+fn an_evicted_block_reaches_the_disk_tier_first() {
+    let root = std::env::temp_dir().join(format!("splash-spill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let bt = models::kv_cache::BLOCK_TOKENS;
+    let a: Vec<u32> = (0..2 * bt as u32 + 1).map(|i| (i * 7) % 90).collect();
+    let b: Vec<u32> = (0..2 * bt as u32).map(|i| (i * 11 + 3) % 90).collect();
+    let mut r = tiny_model();
+    r.enable_prefix_store(&root, 1 << 30).expect("store");
+    // One cached block in memory: releasing `a` evicts its first block at once, `b`'s prefill its second.
+    r.set_prefix_cache_blocks(Some(1));
+    let want = forward(&mut r, vec![chunk(1, &a, 0, LogitsWanted::Last)]);
+    r.release(SeqId(1));
+    forward(&mut r, vec![chunk(2, &b, 0, LogitsWanted::Last)]);
+    r.release(SeqId(2));
+    assert!(r.kv_usage().evicted_blocks >= 3, "{:?}", r.kv_usage());
+    let mut warm = tiny_model();
+    warm.enable_prefix_store(&root, 1 << 30).expect("store");
+    assert_eq!(warm.attach_prefix(SeqId(3), &a), 2 * bt, "both of a's blocks are on disk");
+    let got = forward(&mut warm, vec![chunk(3, &a[2 * bt..], 2 * bt, LogitsWanted::Last)]);
+    assert!(close(&got, &want), "the blocks read back hold a's keys and values");
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -37,7 +37,46 @@ impl CpuTensor {
 /// KV blocks in host memory: block `b` is `[layer][k | v][block_tokens][kv_dim]` f16 bits ([`KvLayout`]).
 pub struct CpuKvPages {
     pub layout: KvLayout,
-    pub blocks: Vec<Box<[u16]>>,
+    pub blocks: Vec<KvBlock>,
+}
+
+/// One KV block's storage, `[u16]` (empty: none). Each block is its own anonymous mapping, so dropping it returns its
+/// memory to the system at once: as heap chunks of this size, glibc keeps freed blocks (its mmap threshold rises
+/// after the first free) and the process's RSS would stay at the prefix cache's high-water mark.
+#[derive(Default)]
+pub struct KvBlock(Option<memmap2::MmapMut>);
+
+impl KvBlock {
+    /// Storage for `values` zeroed values (the kernel hands out zero pages on first touch).
+    pub fn zeroed(values: usize) -> Result<Self> {
+        if values == 0 {
+            return Ok(KvBlock(None));
+        }
+        let map = memmap2::MmapMut::map_anon(values * 2)
+            .map_err(|e| Error::Device { op: "kv block", message: format!("{} bytes: {e}", values * 2) })?;
+        Ok(KvBlock(Some(map)))
+    }
+}
+
+impl std::ops::Deref for KvBlock {
+    type Target = [u16];
+    fn deref(&self) -> &[u16] {
+        match &self.0 {
+            // SAFETY: the mapping is page-aligned, `len` bytes long with `len` even, and any bits are a valid u16.
+            Some(m) => unsafe { std::slice::from_raw_parts(m.as_ptr() as *const u16, m.len() / 2) },
+            None => &[],
+        }
+    }
+}
+
+impl std::ops::DerefMut for KvBlock {
+    fn deref_mut(&mut self) -> &mut [u16] {
+        match &mut self.0 {
+            // SAFETY: as in `deref`, and the mapping is borrowed mutably.
+            Some(m) => unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut u16, m.len() / 2) },
+            None => &mut [],
+        }
+    }
 }
 
 pub struct CpuBackend {
@@ -146,7 +185,7 @@ impl Backend for CpuBackend {
     fn kv_grow(&mut self, kv: &mut CpuKvPages, num_blocks: usize) -> Result<()> {
         let len = kv.layout.block_values();
         while kv.blocks.len() < num_blocks {
-            kv.blocks.push(vec![0u16; len].into_boxed_slice());
+            kv.blocks.push(KvBlock::zeroed(len)?);
         }
         Ok(())
     }
@@ -157,7 +196,7 @@ impl Backend for CpuBackend {
             return Err(shape_err("kv_copy_block", format!("blocks {from} -> {to} of {n}")));
         }
         if from != to {
-            let src = kv.blocks[from as usize].clone();
+            let src = kv.blocks[from as usize].to_vec();
             kv.blocks[to as usize].copy_from_slice(&src);
         }
         Ok(())
@@ -316,13 +355,15 @@ impl Backend for CpuBackend {
             return Err(shape_err("paged_attention", format!("{m} rows, layer {layer}, {layout:?}, {shape:?}")));
         }
         let n = kv.blocks.len();
-        let bad_slot = rows.slots.iter().any(|&(b, r)| b as usize >= n || r >= bt);
+        // A block id past the pages, or one without storage (its allocation failed).
+        let bad_block = |b: u32| kv.blocks.get(b as usize).is_none_or(|blk| blk.len() != layout.block_values());
+        let bad_slot = rows.slots.iter().any(|&(b, r)| bad_block(b) || r >= bt);
         let bad_seq = rows
             .seqs
             .iter()
-            .any(|s| s.blocks.iter().any(|&b| b as usize >= n) || s.blocks.len() * bt < s.start_pos + s.num_rows);
+            .any(|s| s.blocks.iter().any(|&b| bad_block(b)) || s.blocks.len() * bt < s.start_pos + s.num_rows);
         if bad_slot || bad_seq {
-            return Err(shape_err("paged_attention", format!("a slot or block outside the {n} blocks")));
+            return Err(shape_err("paged_attention", format!("a slot or block outside the {n} blocks with storage")));
         }
         let layer_k = layout.layer_offset(layer);
         let layer_v = layer_k + bt * kvd;

@@ -9,6 +9,6 @@ pub mod pool;
 pub mod quant;
 pub mod simd;
 
-pub use backend::{CpuBackend, CpuKvPages, CpuTensor};
+pub use backend::{CpuBackend, CpuKvPages, CpuTensor, KvBlock};
 pub use matmul::{QMatrix, matmul};
 pub use pool::ThreadPool;
