@@ -4,12 +4,13 @@
 //! All rows of a batch (from any number of sequences) go through each matrix product together, so a batch of decode
 //! steps or a verification of k+1 draft tokens reads every weight once. Attention is per row, over the row's own
 //! sequence. KV cache: paged (see `kv_cache`), each block holding `[layer][k | v][BLOCK_TOKENS][kv_dim]` f16 values
-//! (as llama.cpp stores them), with prefix reuse across sequences.
+//! (as llama.cpp stores them; f32 for an unquantized file, [`KvType::for_weights`]), with prefix reuse across
+//! sequences.
 
 use std::sync::Arc;
 
 use backend::cpu::{CpuBackend, CpuKvPages, QMatrix};
-use backend::{AttnRows, Backend, KvLayout, SeqRows};
+use backend::{AttnRows, Backend, KvLayout, KvType, SeqRows};
 use gguf::GgufFile;
 
 use crate::kv_cache::{self, BLOCK_TOKENS, BlockTable, KvUsage};
@@ -20,7 +21,7 @@ use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId, Weig
 /// Allocates storage for the blocks `table` now needs (referenced or cached) and gives back that of the blocks it no
 /// longer does, so a free block holds no memory.
 fn sync_kv(table: &mut BlockTable, kv: &mut CpuKvPages) {
-    let len = kv.layout.block_values();
+    let len = kv.layout.block_words();
     kv.blocks.resize_with(table.num_created(), Box::default);
     for b in table.take_storage_changes() {
         kv.blocks[b as usize] = if table.is_stored(b) { vec![0u16; len].into_boxed_slice() } else { Box::default() };
@@ -57,6 +58,7 @@ impl CpuRunner {
             num_layers: cfg.num_layers,
             kv_dim: cfg.kv_dim(),
             block_tokens: BLOCK_TOKENS,
+            kv_type: KvType::for_weights(weights.layers.iter().flat_map(|l| [l.wk.ty, l.wv.ty])),
         })?;
         // Until the memory plan says otherwise: two full contexts, at least 256 blocks (blocks are allocated as they
         // are used).
@@ -94,7 +96,11 @@ impl CpuRunner {
 
     /// Bytes of one KV block.
     pub fn kv_block_bytes(&self) -> usize {
-        self.kv.layout.block_values() * 2
+        self.kv.layout.block_bytes()
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.kv.layout.kv_type
     }
 
     /// Allocates storage for the blocks the table now needs: see [`sync_kv`].
@@ -102,16 +108,20 @@ impl CpuRunner {
         sync_kv(&mut self.table, &mut self.kv);
     }
 
-    /// A short identity of the model file (see `prefix_store::model_identity`).
+    /// A short identity of the model file and its KV form (see `prefix_store::model_identity`): an f32 cache's
+    /// blocks on disk live apart from (and are twice the length of) an f16 one's.
     pub fn identity(&self) -> String {
-        model_identity(self._file.bytes())
+        let id = model_identity(self._file.bytes());
+        match self.kv.layout.kv_type {
+            KvType::F16 => id,
+            KvType::F32 => format!("{id}-f32kv"),
+        }
     }
 
     /// Keeps cached prefix blocks on disk under `root` (at most `max_bytes`), in a directory of this model's own:
     /// written while idle, read back when a prompt's prefix is not in memory.
     pub fn enable_prefix_store(&mut self, root: &std::path::Path, max_bytes: u64) -> std::io::Result<&PrefixStore> {
-        let identity = model_identity(self._file.bytes());
-        Ok(self.store.insert(PrefixStore::open(root, &identity, max_bytes)?))
+        Ok(self.store.insert(PrefixStore::open(root, &self.identity(), max_bytes)?))
     }
 
     /// Drops every cached prefix block no sequence is using.
@@ -274,7 +284,7 @@ impl Runner for CpuRunner {
         let mut n = self.table.attach_prefix(seq, tokens);
         let Some(store) = self.store.as_mut() else { return n };
         // Continue from disk, block by block, while the next block is there and intact.
-        let block_len = self.kv.layout.block_values();
+        let block_len = self.kv.layout.block_words();
         let mut buf = Vec::new();
         while n + BLOCK_TOKENS <= tokens.len() {
             let chunk = &tokens[n..n + BLOCK_TOKENS];
