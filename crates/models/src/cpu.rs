@@ -28,6 +28,15 @@ fn sync_kv(table: &mut BlockTable, kv: &mut CpuKvPages) {
     }
 }
 
+/// The KV type of `file`'s cache: [`KvType::for_weights`] over every layer's K and V projections (the planner
+/// counts its bytes from this too).
+pub fn kv_type(file: &GgufFile, cfg: &ModelConfig) -> KvType {
+    let names = cfg.arch.recipe().names;
+    let ty = |i: usize, name: &str| file.tensor(&format!("blk.{i}.{name}.weight")).map(|t| t.ty);
+    let tys: Option<Vec<_>> = (0..cfg.num_layers).flat_map(|i| [ty(i, names.attn_k), ty(i, names.attn_v)]).collect();
+    tys.map_or(KvType::F16, KvType::for_weights)
+}
+
 pub struct CpuRunner {
     cfg: ModelConfig,
     backend: CpuBackend,
@@ -58,7 +67,7 @@ impl CpuRunner {
             num_layers: cfg.num_layers,
             kv_dim: cfg.kv_dim(),
             block_tokens: BLOCK_TOKENS,
-            kv_type: KvType::for_weights(weights.layers.iter().flat_map(|l| [l.wk.ty, l.wv.ty])),
+            kv_type: kv_type(&file, &cfg),
         })?;
         // Until the memory plan says otherwise: two full contexts, at least 256 blocks (blocks are allocated as they
         // are used).

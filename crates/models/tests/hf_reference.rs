@@ -205,6 +205,33 @@ fn chunks_and_steps_agree(arch: &str) {
     }
 }
 
+/// The f32 KV cache through the disk tier: blocks an f32 file's runner wrote while idle are read back by a new runner
+/// (as after a restart) and continue the prompt as the whole prefill did, in a directory apart from an f16 cache's.
+fn f32_kv_survives_the_disk_tier(arch: &str) {
+    for g in configs(arch) {
+        let p = g.prompts.iter().max_by_key(|p| p.ids.len()).expect("a prompt");
+        let root = std::env::temp_dir().join(format!("splash-hf-disk-tier-{}", std::process::id()));
+        let file = open(&g.dir, "model-f32.gguf");
+        let mut first = CpuRunner::new(file.clone(), 0).expect("cpu");
+        first.enable_prefix_store(&root, 1 << 30).expect("store");
+        let whole = prefill(&mut first, &p.ids);
+        while first.idle_work() {}
+        let mut second = CpuRunner::new(file, 0).expect("cpu");
+        let dir = second.enable_prefix_store(&root, 1 << 30).expect("store").dir().to_path_buf();
+        let quantized = CpuRunner::new(open(&g.dir, "model-q8_0.gguf"), 0).expect("cpu");
+        assert_ne!(second.identity(), quantized.identity(), "{}: an f16 cache's directory", g.dir.display());
+        let seq = SeqId(4);
+        // All but the last token, as the engine asks (the last one's logits are always computed).
+        let cached = second.attach_prefix(seq, &p.ids[..p.ids.len() - 1]);
+        let full_blocks = (p.ids.len() - 1) / models::kv_cache::BLOCK_TOKENS * models::kv_cache::BLOCK_TOKENS;
+        assert_eq!(cached, full_blocks, "{}: blocks read back from {}", g.dir.display(), dir.display());
+        let rest = second.forward(&one(seq, &p.ids[cached..], cached, LogitsWanted::All)).expect("rest").to_vec();
+        let (err, _) = compare(&rest, &whole[cached * g.vocab..], g.vocab);
+        assert!(err < 1e-5, "{}: after the disk tier {err:.3e}", g.dir.display());
+        std::fs::remove_dir_all(&root).expect("cleans up");
+    }
+}
+
 /// The converter's tokenizer gives Splash the ids transformers' tokenizer gave, and the chat template is Qwen3's,
 /// with its thinking handling (`<think>` blocks, the `enable_thinking` switch).
 fn tokenizer_and_template(arch: &str) {
@@ -268,6 +295,11 @@ fn qwen3_q8_0_ranks_like_transformers() {
 #[test]
 fn qwen3_chunks_and_steps_agree() {
     chunks_and_steps_agree("qwen3");
+}
+
+#[test]
+fn qwen3_f32_kv_survives_the_disk_tier() {
+    f32_kv_survives_the_disk_tier("qwen3");
 }
 
 #[test]
