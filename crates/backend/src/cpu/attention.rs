@@ -127,7 +127,7 @@ pub fn attention_with(
     pool.for_each_chunk(tasks.len(), 1, &|range| {
         let mut scratch = Scratch::default();
         for t in &tasks[range] {
-            tile_fns[t.seq](shape, q, &seqs[t.seq], t, out_ptr, &mut scratch);
+            tile_fns[t.seq](TileIn { shape, q, s: &seqs[t.seq], t, out: out_ptr }, &mut scratch);
         }
     });
 }
@@ -255,17 +255,21 @@ impl AttnKernel {
     }
 }
 
-type TileFn = fn(AttnShape, &[f32], &SeqAttn<'_>, &Task, OutPtr, &mut Scratch);
-
-fn tile_portable<const F32_KV: bool>(
+/// What one tile reads and where it writes: the attention's numbers, every query row of the call, the task's
+/// sequence and the task.
+#[derive(Clone, Copy)]
+struct TileIn<'a> {
     shape: AttnShape,
-    q: &[f32],
-    s: &SeqAttn<'_>,
-    t: &Task,
+    q: &'a [f32],
+    s: &'a SeqAttn<'a>,
+    t: &'a Task,
     out: OutPtr,
-    sc: &mut Scratch,
-) {
-    tile::<F32_KV, false, false, false, 8>(shape, q, s, t, out, sc)
+}
+
+type TileFn = fn(TileIn<'_>, &mut Scratch);
+
+fn tile_portable<const F32_KV: bool>(x: TileIn<'_>, sc: &mut Scratch) {
+    tile::<F32_KV, false, false, false, 8>(x, sc)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -274,64 +278,29 @@ mod x86 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512bf16,avx2,fma")]
-    unsafe fn tile_512bf16<const QK: bool>(
-        shape: AttnShape,
-        q: &[f32],
-        s: &SeqAttn<'_>,
-        t: &Task,
-        out: OutPtr,
-        sc: &mut Scratch,
-    ) {
-        tile::<false, true, QK, true, 64>(shape, q, s, t, out, sc)
+    unsafe fn tile_512bf16<const QK: bool>(x: TileIn<'_>, sc: &mut Scratch) {
+        tile::<false, true, QK, true, 64>(x, sc)
     }
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-    unsafe fn tile_512<const F32_KV: bool>(
-        shape: AttnShape,
-        q: &[f32],
-        s: &SeqAttn<'_>,
-        t: &Task,
-        out: OutPtr,
-        sc: &mut Scratch,
-    ) {
-        tile::<F32_KV, true, false, false, 64>(shape, q, s, t, out, sc)
+    unsafe fn tile_512<const F32_KV: bool>(x: TileIn<'_>, sc: &mut Scratch) {
+        tile::<F32_KV, true, false, false, 64>(x, sc)
     }
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile_256<const F32_KV: bool>(
-        shape: AttnShape,
-        q: &[f32],
-        s: &SeqAttn<'_>,
-        t: &Task,
-        out: OutPtr,
-        sc: &mut Scratch,
-    ) {
-        tile::<F32_KV, true, false, false, 16>(shape, q, s, t, out, sc)
+    unsafe fn tile_256<const F32_KV: bool>(x: TileIn<'_>, sc: &mut Scratch) {
+        tile::<F32_KV, true, false, false, 16>(x, sc)
     }
     // SAFETY (all): installed only after the features were detected at run time (`AttnKernel::available`).
-    pub fn tile_bf16(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-        unsafe { tile_512bf16::<true>(shape, q, s, t, out, sc) }
+    pub fn tile_bf16(x: TileIn<'_>, sc: &mut Scratch) {
+        unsafe { tile_512bf16::<true>(x, sc) }
     }
-    pub fn tile_bf16_values(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-        unsafe { tile_512bf16::<false>(shape, q, s, t, out, sc) }
+    pub fn tile_bf16_values(x: TileIn<'_>, sc: &mut Scratch) {
+        unsafe { tile_512bf16::<false>(x, sc) }
     }
-    pub fn tile_avx512<const F32_KV: bool>(
-        shape: AttnShape,
-        q: &[f32],
-        s: &SeqAttn<'_>,
-        t: &Task,
-        out: OutPtr,
-        sc: &mut Scratch,
-    ) {
-        unsafe { tile_512::<F32_KV>(shape, q, s, t, out, sc) }
+    pub fn tile_avx512<const F32_KV: bool>(x: TileIn<'_>, sc: &mut Scratch) {
+        unsafe { tile_512::<F32_KV>(x, sc) }
     }
-    pub fn tile_avx2<const F32_KV: bool>(
-        shape: AttnShape,
-        q: &[f32],
-        s: &SeqAttn<'_>,
-        t: &Task,
-        out: OutPtr,
-        sc: &mut Scratch,
-    ) {
-        unsafe { tile_256::<F32_KV>(shape, q, s, t, out, sc) }
+    pub fn tile_avx2<const F32_KV: bool>(x: TileIn<'_>, sc: &mut Scratch) {
+        unsafe { tile_256::<F32_KV>(x, sc) }
     }
 
     /// One online-softmax step of one query vector over a block of scores (`nk_v` of them seen): updates the
@@ -619,13 +588,10 @@ fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
 /// BF16, which [`x86::dp_rows`] needs).
 #[inline(always)]
 fn tile<const F32_KV: bool, const FMA: bool, const QK_BF16: bool, const PV_BF16: bool, const W: usize>(
-    shape: AttnShape,
-    q: &[f32],
-    s: &SeqAttn<'_>,
-    t: &Task,
-    out: OutPtr,
+    x: TileIn<'_>,
     sc: &mut Scratch,
 ) {
+    let TileIn { shape, q, s, t, out } = x;
     let AttnShape { num_heads, num_kv_heads, head_dim: hd, scale } = shape;
     let (q_dim, kv_dim, group) = (num_heads * hd, num_kv_heads * hd, num_heads / num_kv_heads);
     let r = t.num_rows * group;

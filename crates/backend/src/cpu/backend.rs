@@ -80,6 +80,16 @@ fn check_rows(op: &'static str, t: &CpuTensor, rows: usize) -> Result<()> {
     Ok(())
 }
 
+/// Both tensors hold at least `rows` rows, of one width.
+fn check_pair(op: &'static str, a: &CpuTensor, b: &CpuTensor, rows: usize) -> Result<()> {
+    check_rows(op, a, rows)?;
+    check_rows(op, b, rows)?;
+    if a.cols != b.cols {
+        return Err(shape_err(op, format!("rows of {} and {}", a.cols, b.cols)));
+    }
+    Ok(())
+}
+
 /// Stores `src` as values of `kv` (`dst`: `src.len() * kv.words()` words).
 fn write_kv(kv: KvType, dst: &mut [u16], src: &[f32]) {
     match kv {
@@ -363,21 +373,13 @@ impl Backend for CpuBackend {
     }
 
     fn swiglu(&mut self, gate: &mut CpuTensor, up: &CpuTensor, rows: usize) -> Result<()> {
-        check_rows("swiglu", gate, rows)?;
-        check_rows("swiglu", up, rows)?;
-        if gate.cols != up.cols {
-            return Err(shape_err("swiglu", format!("gate rows of {}, up rows of {}", gate.cols, up.cols)));
-        }
+        check_pair("swiglu", gate, up, rows)?;
         ops::silu_mul(gate.rows_mut(rows), up.rows(rows));
         Ok(())
     }
 
     fn add(&mut self, x: &mut CpuTensor, y: &CpuTensor, rows: usize) -> Result<()> {
-        check_rows("add", x, rows)?;
-        check_rows("add", y, rows)?;
-        if x.cols != y.cols {
-            return Err(shape_err("add", format!("rows of {} and {}", x.cols, y.cols)));
-        }
+        check_pair("add", x, y, rows)?;
         ops::add(x.rows_mut(rows), y.rows(rows));
         Ok(())
     }
