@@ -113,26 +113,69 @@ impl AttnShape {
     }
 }
 
+/// The element type of the KV cache's keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvType {
+    /// What llama.cpp stores, and every quantized model here: half the memory of f32, and attention rounds its
+    /// queries to f16 to match.
+    F16,
+    /// For unquantized (f32) weights, whose logits are checked against an f32 reference (< 1e-4 relative): keys,
+    /// values, queries and both attention products in f32.
+    F32,
+}
+
+impl KvType {
+    /// The KV type for a model whose K and V projection weights have the types `tys`: f32 when all are f32 (an
+    /// unquantized file), else f16. Every backend picks by this rule, so a file's cache has one host form.
+    pub fn for_weights(tys: impl IntoIterator<Item = gguf::GgmlType>) -> KvType {
+        let mut tys = tys.into_iter().peekable();
+        let any = tys.peek().is_some();
+        if any && tys.all(|t| t == gguf::GgmlType::F32) { KvType::F32 } else { KvType::F16 }
+    }
+
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        }
+    }
+
+    /// u16 words per value in the host form: an f16's bits, or an f32's bits as two words, low half first.
+    pub fn words(self) -> usize {
+        self.bytes() / 2
+    }
+}
+
 /// How the paged KV cache is laid out: blocks of `block_tokens` positions, each holding, for every layer, that
-/// layer's keys then its values, `[num_layers][k | v][block_tokens][kv_dim]` f16 values. This is also the host
-/// form of a block ([`Backend::kv_block_to_host`]), which the prefix cache's disk tier stores, so a block written
-/// by one backend reads back on another.
+/// layer's keys then its values, `[num_layers][k | v][block_tokens][kv_dim]` values of `kv_type`, as u16 words
+/// ([`KvType::words`]). This is also the host form of a block ([`Backend::kv_block_to_host`]), which the prefix
+/// cache's disk tier stores, so a block written by one backend reads back on another of the same layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayout {
     pub num_layers: usize,
     pub kv_dim: usize,
     pub block_tokens: usize,
+    pub kv_type: KvType,
 }
 
 impl KvLayout {
-    /// f16 values in one block.
+    /// Values (keys and values of every layer) in one block.
     pub fn block_values(&self) -> usize {
         self.num_layers * 2 * self.block_tokens * self.kv_dim
     }
 
-    /// Offset of layer `layer`'s keys in a block (its values follow at `+ block_tokens * kv_dim`).
+    /// u16 words of one block's host form.
+    pub fn block_words(&self) -> usize {
+        self.block_values() * self.kv_type.words()
+    }
+
+    pub fn block_bytes(&self) -> usize {
+        self.block_values() * self.kv_type.bytes()
+    }
+
+    /// Offset in words of layer `layer`'s keys in a block (its values follow at `+ block_tokens * kv_dim` values).
     pub fn layer_offset(&self, layer: usize) -> usize {
-        layer * 2 * self.block_tokens * self.kv_dim
+        layer * 2 * self.block_tokens * self.kv_dim * self.kv_type.words()
     }
 }
 
@@ -320,7 +363,9 @@ impl<B: Backend + ?Sized> Workspace<B> {
 /// - `linear`: the product of the dequantized weight with the input quantized to the weight type's activation format
 ///   (Q8_K / Q8_0 / f32, as ggml), so relative to an f32 product of the dequantized weight within the quantization
 ///   of the input (stated per type in the tests);
-/// - `paged_attention`: queries rounded to f16, keys and values stored as f16, softmax in f32.
+/// - `paged_attention`: with an f16 cache ([`KvType::F16`]) queries rounded to f16, keys and values stored as f16,
+///   softmax in f32; with an f32 cache f32 throughout. A backend without an f32 cache answers
+///   [`Error::Unsupported`] from [`Backend::kv_pages`].
 ///
 /// Batch invariance: on the CPU every row's result is bitwise independent of the other rows in the call (a decode
 /// step, a prefill chunk and the k+1 rows of a speculative verification give a position the same logits). A GPU
@@ -360,7 +405,7 @@ pub trait Backend {
     fn kv_grow(&mut self, kv: &mut Self::KvPages, num_blocks: usize) -> Result<()>;
     /// Copies block `from` over block `to` (copy-on-write of a shared partial block).
     fn kv_copy_block(&mut self, kv: &mut Self::KvPages, from: u32, to: u32) -> Result<()>;
-    /// Block `block` in its host form (`[layout.block_values()]` f16 bits, [`KvLayout`]).
+    /// Block `block` in its host form (`[layout.block_words()]` words, [`KvLayout`]).
     fn kv_block_to_host(&mut self, kv: &Self::KvPages, block: u32, out: &mut [u16]) -> Result<()>;
     /// Overwrites block `block` from its host form.
     fn kv_block_from_host(&mut self, kv: &mut Self::KvPages, block: u32, data: &[u16]) -> Result<()>;

@@ -105,7 +105,8 @@ fn input_for(name: &str, spec: Option<&pack::FileSpec>) -> Result<(ModelInput, b
 
 /// The plan input a pack manifest records for one of its files (tested equal to the file's GGUF header).
 pub fn manifest_input(s: &pack::Shapes) -> ModelInput {
-    ModelInput { shapes: s.model, weight_bytes: s.weight_bytes }
+    // A manifest records no weight types: an f16 cache, as every quantized file's.
+    ModelInput { shapes: s.model, weight_bytes: s.weight_bytes, kv_value_bytes: 2 }
 }
 
 /// Shapes and weight bytes from a GGUF header.
@@ -114,7 +115,8 @@ pub fn model_input(path: &Path) -> Result<ModelInput> {
     let c =
         models::arch::config_from_gguf(&file).with_context(|| format!("reading the shapes of {}", path.display()))?;
     let weight_bytes = file.tensors.iter().map(|t| t.size_bytes).sum();
-    Ok(ModelInput { shapes: c.shapes, weight_bytes })
+    let kv_value_bytes = models::cpu::kv_type(&file, &c).bytes() as u64;
+    Ok(ModelInput { shapes: c.shapes, weight_bytes, kv_value_bytes })
 }
 
 /// Threads the model will use: `0` means all cores.

@@ -4,12 +4,13 @@
 //! All rows of a batch (from any number of sequences) go through each matrix product together, so a batch of decode
 //! steps or a verification of k+1 draft tokens reads every weight once. Attention is per row, over the row's own
 //! sequence. KV cache: paged (see `kv_cache`), each block holding `[layer][k | v][BLOCK_TOKENS][kv_dim]` f16 values
-//! (as llama.cpp stores them), with prefix reuse across sequences.
+//! (as llama.cpp stores them; f32 for an unquantized file, [`KvType::for_weights`]), with prefix reuse across
+//! sequences.
 
 use std::sync::Arc;
 
 use backend::cpu::{CpuBackend, CpuKvPages, KvBlock, QMatrix};
-use backend::{AttnRows, Backend, KvLayout, SeqRows};
+use backend::{AttnRows, Backend, KvLayout, KvType, SeqRows};
 use gguf::GgufFile;
 
 use crate::kv_cache::{self, BLOCK_TOKENS, BlockTable, KvUsage};
@@ -24,7 +25,7 @@ fn sync_kv(table: &mut BlockTable, kv: &mut CpuKvPages, store: &mut Option<Prefi
     for (h, b) in table.take_spills() {
         save_block(store, table, &h, &kv.blocks[b as usize]);
     }
-    let len = kv.layout.block_values();
+    let len = kv.layout.block_words();
     kv.blocks.resize_with(table.num_created(), KvBlock::default);
     // Every change is applied even after a failed allocation (that block stays empty, and a forward pass over it is
     // refused), so no free is lost.
@@ -53,6 +54,15 @@ fn save_block(store: &mut Option<PrefixStore>, table: &mut BlockTable, h: &kv_ca
         return false;
     }
     true
+}
+
+/// The KV type of `file`'s cache: [`KvType::for_weights`] over every layer's K and V projections (the planner
+/// counts its bytes from this too).
+pub fn kv_type(file: &GgufFile, cfg: &ModelConfig) -> KvType {
+    let names = cfg.arch.recipe().names;
+    let ty = |i: usize, name: &str| file.tensor(&format!("blk.{i}.{name}.weight")).map(|t| t.ty);
+    let tys: Option<Vec<_>> = (0..cfg.num_layers).flat_map(|i| [ty(i, names.attn_k), ty(i, names.attn_v)]).collect();
+    tys.map_or(KvType::F16, KvType::for_weights)
 }
 
 pub struct CpuRunner {
@@ -85,6 +95,7 @@ impl CpuRunner {
             num_layers: cfg.num_layers,
             kv_dim: cfg.kv_dim(),
             block_tokens: BLOCK_TOKENS,
+            kv_type: kv_type(&file, &cfg),
         })?;
         // Until the memory plan says otherwise: two full contexts, at least 256 blocks (blocks are allocated as they
         // are used).
@@ -122,7 +133,11 @@ impl CpuRunner {
 
     /// Bytes of one KV block.
     pub fn kv_block_bytes(&self) -> usize {
-        self.kv.layout.block_values() * 2
+        self.kv.layout.block_bytes()
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.kv.layout.kv_type
     }
 
     /// Spills evicted blocks and allocates storage for the blocks the table now needs: see [`sync_kv`].
@@ -135,17 +150,21 @@ impl CpuRunner {
         self.grow_kv().expect("INVARIANT: releasing and evicting allocate no block");
     }
 
-    /// A short identity of the model file (see `prefix_store::model_identity`).
+    /// A short identity of the model file and its KV form (see `prefix_store::model_identity`): an f32 cache's
+    /// blocks on disk live apart from (and are twice the length of) an f16 one's.
     pub fn identity(&self) -> String {
-        model_identity(self._file.bytes())
+        let id = model_identity(self._file.bytes());
+        match self.kv.layout.kv_type {
+            KvType::F16 => id,
+            KvType::F32 => format!("{id}-f32kv"),
+        }
     }
 
     /// Keeps cached prefix blocks on disk under `root` (at most `max_bytes`), in a directory of this model's own:
     /// written while idle, read back when a prompt's prefix is not in memory.
     pub fn enable_prefix_store(&mut self, root: &std::path::Path, max_bytes: u64) -> std::io::Result<&PrefixStore> {
-        let identity = model_identity(self._file.bytes());
         self.table.set_spill(true);
-        Ok(self.store.insert(PrefixStore::open(root, &identity, max_bytes)?))
+        Ok(self.store.insert(PrefixStore::open(root, &self.identity(), max_bytes)?))
     }
 
     /// Drops every cached prefix block no sequence is using (written to the disk tier first) and gives back their
@@ -321,7 +340,7 @@ impl Runner for CpuRunner {
     fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
         let mut n = self.table.attach_prefix(seq, tokens);
         // Continue from disk, block by block, while the next block is there and intact.
-        let block_len = self.kv.layout.block_values();
+        let block_len = self.kv.layout.block_words();
         let mut buf = Vec::new();
         while n + BLOCK_TOKENS <= tokens.len() {
             let Some(store) = self.store.as_mut() else { break };

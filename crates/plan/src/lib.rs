@@ -114,9 +114,14 @@ impl ModelShapes {
         self.num_kv_heads * self.head_dim
     }
 
-    /// KV cache per token: keys and values of every layer at f16.
+    /// KV cache values per token: keys and values of every layer.
+    pub fn kv_values_per_token(&self) -> u64 {
+        (2 * self.num_layers * self.kv_dim()) as u64
+    }
+
+    /// KV cache per token at f16 (every quantized model's cache).
     pub fn kv_bytes_per_token(&self) -> u64 {
-        (2 * self.num_layers * self.kv_dim() * 2) as u64
+        self.kv_values_per_token() * 2
     }
 
     /// Activations per batch row: f32 residual, normalised input and projection `[hidden]` ×3, queries and attention
@@ -143,6 +148,16 @@ impl ModelShapes {
 pub struct ModelInput {
     pub shapes: ModelShapes,
     pub weight_bytes: u64,
+    /// Bytes of one cached key or value: 2 (f16), or 4 for the f32 cache of an unquantized file
+    /// (`backend::KvType::for_weights`).
+    pub kv_value_bytes: u64,
+}
+
+impl ModelInput {
+    /// KV cache per token at this model's KV type.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        self.shapes.kv_values_per_token() * self.kv_value_bytes
+    }
 }
 
 /// Memory kept free for everything the plan does not count (allocator slack, the HTTP server, the OS).
@@ -362,8 +377,7 @@ pub fn plan(input: &PlanInput) -> Result<Plan, PlanError> {
     let min_ctx = MIN_USEFUL_CONTEXT.min(ctx_cap);
     let seq_cap = input.max_sequences.unwrap_or(input.device.default_max_sequences()).max(1);
     let batch_cap = input.max_batch_tokens.unwrap_or(input.device.default_max_batch_tokens()).max(1);
-    let kv_per_token =
-        input.target.shapes.kv_bytes_per_token() + input.draft.as_ref().map_or(0, |d| d.shapes.kv_bytes_per_token());
+    let kv_per_token = input.target.kv_bytes_per_token() + input.draft.as_ref().map_or(0, |d| d.kv_bytes_per_token());
     let page_bytes = PAGE_TOKENS as u64 * kv_per_token;
 
     // The deductions for `num_seqs` sequences of `context` tokens, and the KV those sequences need.

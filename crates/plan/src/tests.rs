@@ -19,6 +19,7 @@ fn qwen_1_5b() -> ModelInput {
             max_context: 32_768,
         },
         weight_bytes: 1_117_320_768,
+        kv_value_bytes: 2,
     }
 }
 
@@ -36,6 +37,7 @@ fn qwen_0_5b() -> ModelInput {
             max_context: 32_768,
         },
         weight_bytes: 491_400_064,
+        kv_value_bytes: 2,
     }
 }
 
@@ -53,6 +55,7 @@ fn qwen_32b() -> ModelInput {
             max_context: 32_768,
         },
         weight_bytes: 19_851_336_384,
+        kv_value_bytes: 2,
     }
 }
 
@@ -181,6 +184,15 @@ fn the_pool_serves_every_promised_sequence_at_full_context() {
         assert_no_overcommit(&i, &p);
         run_pool(&p);
     }
+}
+
+#[test]
+fn an_f32_kv_cache_costs_twice_the_bytes() {
+    let f16 = plan(&input(qwen_1_5b(), None, 8)).expect("fits");
+    let f32 = plan(&input(ModelInput { kv_value_bytes: 4, ..qwen_1_5b() }, None, 8)).expect("fits");
+    assert_eq!(f32.kv_bytes_per_token, 2 * f16.kv_bytes_per_token);
+    assert_eq!(f32.kv_pool_bytes(), f32.num_kv_pages as u64 * PAGE_TOKENS as u64 * 28 * 2048);
+    assert!(f32.num_kv_pages < f16.num_kv_pages);
 }
 
 #[test]

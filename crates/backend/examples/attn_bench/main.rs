@@ -10,6 +10,7 @@
 //!
 //! `cargo run --release -p splash-backend --example attn_bench [-- START,...]` (default 1536,7680,11776).
 
+use backend::KvType;
 use backend::cpu::ThreadPool;
 use backend::cpu::attention::{AttnKernel, AttnShape, SeqAttn, attention_with};
 use std::time::Instant;
@@ -47,6 +48,7 @@ fn main() {
             let seq = SeqAttn {
                 k: k.chunks(16 * kvd).collect(),
                 v: v.chunks(16 * kvd).collect(),
+                kv_type: KvType::F16,
                 block_tokens: 16,
                 start_pos: start,
                 num_rows: rows,

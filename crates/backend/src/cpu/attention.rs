@@ -19,7 +19,9 @@
 //! [`AttnKernel`] (AVX-512 with bf16 dot products, AVX-512, AVX2+FMA, portable); one is picked once at start, so runs
 //! on one machine always use the same one.
 //!
-//! The cache holds f16 values. As in llama.cpp, queries are rounded to f16 before the key dot products. On CPUs with
+//! The cache holds f16 values ([`KvType::F16`]) or, for unquantized models, f32 ones ([`KvType::F32`], stored as two
+//! u16 words each). With an f16 cache, as in llama.cpp, queries are rounded to f16 before the key dot products; with
+//! an f32 cache nothing is rounded (f32 queries, f32 products: the f32 kernels below; no bf16). On CPUs with
 //! AVX512_BF16 the default kernel ([`AttnKernel::Bf16Values`]) computes P·V with `vdpbf16ps` (weights and values
 //! rounded to bf16, f32 sums: twice the f32 FMA rate) and keeps Q·K in f32: bf16 Q·K ([`AttnKernel::Bf16`],
 //! `SPLASH_ATTN_BF16=all`) is faster still but flips enough near-ties to drop the 1.5B below the llama.cpp parity bar
@@ -28,30 +30,31 @@
 use std::sync::OnceLock;
 
 use super::{ThreadPool, simd};
+use crate::KvType;
 
 /// One sequence's rows in the batch and its KV cache, stored in blocks: block `j` of `k` / `v` holds the keys /
-/// values of positions `j * block_tokens ..` as `[block_tokens, num_kv_heads * head_dim]` f16 values (the last block
-/// may be shorter). The blocks cover at least `start_pos + num_rows` positions. Row `i` of the run is at position
-/// `start_pos + i`.
+/// values of positions `j * block_tokens ..` as `[block_tokens, num_kv_heads * head_dim]` values of `kv_type` in
+/// u16 words ([`KvType::words`]; the last block may be shorter). The blocks cover at least `start_pos + num_rows`
+/// positions. Row `i` of the run is at position `start_pos + i`.
 #[derive(Clone)]
 pub struct SeqAttn<'a> {
     pub k: Vec<&'a [u16]>,
     pub v: Vec<&'a [u16]>,
+    pub kv_type: KvType,
     pub block_tokens: usize,
     pub start_pos: usize,
     pub num_rows: usize,
 }
 
-impl<'a> SeqAttn<'a> {
-    /// A cache held in one contiguous `[num_keys, kv_dim]` run.
-    pub fn contiguous(k: &'a [u16], v: &'a [u16], kv_dim: usize, start_pos: usize, num_rows: usize) -> Self {
-        let block_tokens = (k.len() / kv_dim.max(1)).max(1);
-        SeqAttn { k: vec![k], v: vec![v], block_tokens, start_pos, num_rows }
+impl SeqAttn<'_> {
+    /// Words of one position's keys (or values).
+    fn token_words(&self, kv_dim: usize) -> usize {
+        kv_dim * self.kv_type.words()
     }
 
     fn num_keys(&self, kv_dim: usize) -> usize {
         let whole = self.k.len().saturating_sub(1) * self.block_tokens;
-        whole + self.k.last().map_or(0, |b| b.len() / kv_dim)
+        whole + self.k.last().map_or(0, |b| b.len() / self.token_words(kv_dim))
     }
 }
 
@@ -105,7 +108,7 @@ pub fn attention_with(
     for (si, s) in seqs.iter().enumerate() {
         let kv_dim = shape.num_kv_heads * shape.head_dim;
         assert!(s.k.len() == s.v.len() && s.k.iter().zip(&s.v).all(|(k, v)| k.len() == v.len()));
-        assert!(s.k.iter().rev().skip(1).all(|b| b.len() == s.block_tokens * kv_dim));
+        assert!(s.k.iter().rev().skip(1).all(|b| b.len() == s.block_tokens * s.token_words(kv_dim)));
         assert!(s.num_keys(kv_dim) >= s.start_pos + s.num_rows);
         let mut first = 0;
         while first < s.num_rows {
@@ -120,12 +123,11 @@ pub fn attention_with(
     let out_ptr = OutPtr(out.as_mut_ptr());
     // Bigger tasks first, so the dynamic split ends evenly.
     tasks.sort_by_key(|t| std::cmp::Reverse(t.num_rows * (seqs[t.seq].start_pos + t.first + t.num_rows)));
-    let kernel = kernel.tile_fn(shape.head_dim);
+    let tile_fns: Vec<TileFn> = seqs.iter().map(|s| kernel.tile_fn(shape.head_dim, s.kv_type)).collect();
     pool.for_each_chunk(tasks.len(), 1, &|range| {
         let mut scratch = Scratch::default();
         for t in &tasks[range] {
-            let s = &seqs[t.seq];
-            kernel(shape, q, s, t, out_ptr, &mut scratch);
+            tile_fns[t.seq](TileIn { shape, q, s: &seqs[t.seq], t, out: out_ptr }, &mut scratch);
         }
     });
 }
@@ -229,29 +231,45 @@ impl AttnKernel {
         })
     }
 
-    /// The function that runs one tile; the bf16 kernels need an even head dimension that is a multiple of 16 and
-    /// fall back to f32 AVX-512 for other shapes (fixed per model, so still one kernel per process and model).
-    fn tile_fn(self, head_dim: usize) -> TileFn {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let bf16_ok = head_dim.is_multiple_of(16);
-            match self {
-                AttnKernel::Bf16 if bf16_ok => return x86::tile_bf16,
-                AttnKernel::Bf16Values if bf16_ok => return x86::tile_bf16_values,
-                AttnKernel::Bf16 | AttnKernel::Bf16Values | AttnKernel::Avx512 => return x86::tile_avx512,
-                AttnKernel::Avx2 => return x86::tile_avx2,
-                AttnKernel::Portable => {}
-            }
+    /// The function that runs one tile over a cache of `kv` values; the bf16 kernels need an f16 cache and a head
+    /// dimension that is a multiple of 16, and fall back to f32 AVX-512 otherwise (fixed per model, so still one
+    /// kernel per process and model).
+    fn tile_fn(self, head_dim: usize, kv: KvType) -> TileFn {
+        match kv {
+            KvType::F16 => self.tile_fn_for::<false>(head_dim.is_multiple_of(16)),
+            KvType::F32 => self.tile_fn_for::<true>(false),
         }
-        let _ = head_dim;
-        tile_portable
+    }
+
+    fn tile_fn_for<const F32_KV: bool>(self, bf16_ok: bool) -> TileFn {
+        #[cfg(target_arch = "x86_64")]
+        match self {
+            AttnKernel::Bf16 if bf16_ok => return x86::tile_bf16,
+            AttnKernel::Bf16Values if bf16_ok => return x86::tile_bf16_values,
+            AttnKernel::Bf16 | AttnKernel::Bf16Values | AttnKernel::Avx512 => return x86::tile_avx512::<F32_KV>,
+            AttnKernel::Avx2 => return x86::tile_avx2::<F32_KV>,
+            AttnKernel::Portable => {}
+        }
+        let _ = bf16_ok;
+        tile_portable::<F32_KV>
     }
 }
 
-type TileFn = fn(AttnShape, &[f32], &SeqAttn<'_>, &Task, OutPtr, &mut Scratch);
+/// What one tile reads and where it writes: the attention's numbers, every query row of the call, the task's
+/// sequence and the task.
+#[derive(Clone, Copy)]
+struct TileIn<'a> {
+    shape: AttnShape,
+    q: &'a [f32],
+    s: &'a SeqAttn<'a>,
+    t: &'a Task,
+    out: OutPtr,
+}
 
-fn tile_portable(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-    tile::<false, false, false, 8>(shape, q, s, t, out, sc)
+type TileFn = fn(TileIn<'_>, &mut Scratch);
+
+fn tile_portable<const F32_KV: bool>(x: TileIn<'_>, sc: &mut Scratch) {
+    tile::<F32_KV, false, false, false, 8>(x, sc)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -260,36 +278,29 @@ mod x86 {
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512bf16,avx2,fma")]
-    unsafe fn tile_512bf16<const QK: bool>(
-        shape: AttnShape,
-        q: &[f32],
-        s: &SeqAttn<'_>,
-        t: &Task,
-        out: OutPtr,
-        sc: &mut Scratch,
-    ) {
-        tile::<true, QK, true, 64>(shape, q, s, t, out, sc)
+    unsafe fn tile_512bf16<const QK: bool>(x: TileIn<'_>, sc: &mut Scratch) {
+        tile::<false, true, QK, true, 64>(x, sc)
     }
     #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-    unsafe fn tile_512(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-        tile::<true, false, false, 64>(shape, q, s, t, out, sc)
+    unsafe fn tile_512<const F32_KV: bool>(x: TileIn<'_>, sc: &mut Scratch) {
+        tile::<F32_KV, true, false, false, 64>(x, sc)
     }
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile_256(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-        tile::<true, false, false, 16>(shape, q, s, t, out, sc)
+    unsafe fn tile_256<const F32_KV: bool>(x: TileIn<'_>, sc: &mut Scratch) {
+        tile::<F32_KV, true, false, false, 16>(x, sc)
     }
     // SAFETY (all): installed only after the features were detected at run time (`AttnKernel::available`).
-    pub fn tile_bf16(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-        unsafe { tile_512bf16::<true>(shape, q, s, t, out, sc) }
+    pub fn tile_bf16(x: TileIn<'_>, sc: &mut Scratch) {
+        unsafe { tile_512bf16::<true>(x, sc) }
     }
-    pub fn tile_bf16_values(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-        unsafe { tile_512bf16::<false>(shape, q, s, t, out, sc) }
+    pub fn tile_bf16_values(x: TileIn<'_>, sc: &mut Scratch) {
+        unsafe { tile_512bf16::<false>(x, sc) }
     }
-    pub fn tile_avx512(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-        unsafe { tile_512(shape, q, s, t, out, sc) }
+    pub fn tile_avx512<const F32_KV: bool>(x: TileIn<'_>, sc: &mut Scratch) {
+        unsafe { tile_512::<F32_KV>(x, sc) }
     }
-    pub fn tile_avx2(shape: AttnShape, q: &[f32], s: &SeqAttn<'_>, t: &Task, out: OutPtr, sc: &mut Scratch) {
-        unsafe { tile_256(shape, q, s, t, out, sc) }
+    pub fn tile_avx2<const F32_KV: bool>(x: TileIn<'_>, sc: &mut Scratch) {
+        unsafe { tile_256::<F32_KV>(x, sc) }
     }
 
     /// One online-softmax step of one query vector over a block of scores (`nk_v` of them seen): updates the
@@ -572,17 +583,15 @@ fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
 }
 
 /// One tile: consecutive query rows of one sequence, all heads of KV group `t.g`, over the keys in blocks.
-/// `QK_BF16` / `PV_BF16`: the score / value product with `vdpbf16ps` (only instantiated inside functions compiled
-/// with AVX-512 BF16, which [`x86::dp_rows`] needs).
+/// `F32_KV`: the cache holds f32 values (queries are not rounded; never with the bf16 products). `QK_BF16` /
+/// `PV_BF16`: the score / value product with `vdpbf16ps` (only instantiated inside functions compiled with AVX-512
+/// BF16, which [`x86::dp_rows`] needs).
 #[inline(always)]
-fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool, const W: usize>(
-    shape: AttnShape,
-    q: &[f32],
-    s: &SeqAttn<'_>,
-    t: &Task,
-    out: OutPtr,
+fn tile<const F32_KV: bool, const FMA: bool, const QK_BF16: bool, const PV_BF16: bool, const W: usize>(
+    x: TileIn<'_>,
     sc: &mut Scratch,
 ) {
+    let TileIn { shape, q, s, t, out } = x;
     let AttnShape { num_heads, num_kv_heads, head_dim: hd, scale } = shape;
     let (q_dim, kv_dim, group) = (num_heads * hd, num_kv_heads * hd, num_heads / num_kv_heads);
     let r = t.num_rows * group;
@@ -593,10 +602,11 @@ fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool, const W: usiz
         let src = &q[(t.row0 + i) * q_dim + t.g * group * hd..][..group * hd];
         sc.q[i * group * hd..(i + 1) * group * hd].copy_from_slice(src);
     }
+    const { assert!(!(F32_KV && (QK_BF16 || PV_BF16))) };
     if QK_BF16 {
         sc.qb.clear();
         sc.qb.extend(sc.q.chunks_exact(2).map(|p| bf16_pair(p[0], p[1])));
-    } else {
+    } else if !F32_KV {
         simd::round_to_f16(&mut sc.q);
     }
     sc.acc.clear();
@@ -627,16 +637,16 @@ fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool, const W: usiz
             unsafe {
                 x86::load_block_f32_keys_bf16_values(s, kb, nk, col, hd, kv_dim, &mut sc.kt, &mut sc.vb)
             };
-        } else if cfg!(target_arch = "x86_64") && FMA && !QK_BF16 && hd.is_multiple_of(8) {
+        } else if cfg!(target_arch = "x86_64") && !F32_KV && FMA && !QK_BF16 && hd.is_multiple_of(8) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: FMA kernels are instantiated only inside `x86::tile_512` / `x86::tile_256` (AVX2, FMA and F16C
             // detected); hd is a multiple of 8 and `sc.kt` holds `hd · KEY_BLOCK`.
             unsafe {
                 x86::load_keys_f32(s, kb, nk, col, hd, kv_dim, &mut sc.kt)
             };
-            load_block::<QK_BF16, PV_BF16, false>(s, kb, nk, col, hd, kv_dim, sc);
+            load_block::<false, QK_BF16, PV_BF16, false>(s, kb, nk, col, hd, kv_dim, sc);
         } else {
-            load_block::<QK_BF16, PV_BF16, true>(s, kb, nk, col, hd, kv_dim, sc);
+            load_block::<F32_KV, QK_BF16, PV_BF16, true>(s, kb, nk, col, hd, kv_dim, sc);
         }
         // Query vectors that see at least one key of this block: rows at positions >= kb.
         let v0 = kb.saturating_sub(base) * group;
@@ -714,12 +724,12 @@ fn tile<const FMA: bool, const QK_BF16: bool, const PV_BF16: bool, const W: usiz
     }
 }
 
-/// Converts key block `kb..kb + nk` of KV head columns `col..col + hd` for the tile: keys (unless `KEYS` is false: a
-/// vector loader did them) transposed into `sc.kt` (`[hd, KEY_BLOCK]` f32) or as bf16 pairs into `sc.ktb`, values into
-/// `sc.v` (`[KEY_BLOCK, hd]` f32) and, for the bf16 value product, as bf16 pairs of consecutive keys into `sc.vb`;
-/// everything past `nk` keys is zero.
+/// Converts key block `kb..kb + nk` of KV head columns `col..col + hd` for the tile (from f32 values when `F32_KV`,
+/// else f16): keys (unless `KEYS` is false: a vector loader did them) transposed into `sc.kt` (`[hd, KEY_BLOCK]`
+/// f32) or as bf16 pairs into `sc.ktb`, values into `sc.v` (`[KEY_BLOCK, hd]` f32) and, for the bf16 value product,
+/// as bf16 pairs of consecutive keys into `sc.vb`; everything past `nk` keys is zero.
 #[inline(always)]
-fn load_block<const QK_BF16: bool, const PV_BF16: bool, const KEYS: bool>(
+fn load_block<const F32_KV: bool, const QK_BF16: bool, const PV_BF16: bool, const KEYS: bool>(
     s: &SeqAttn<'_>,
     kb: usize,
     nk: usize,
@@ -728,10 +738,12 @@ fn load_block<const QK_BF16: bool, const PV_BF16: bool, const KEYS: bool>(
     kv_dim: usize,
     sc: &mut Scratch,
 ) {
+    let words = if F32_KV { 2 } else { 1 };
     for j in 0..nk {
         let (blk, row) = ((kb + j) / s.block_tokens, (kb + j) % s.block_tokens);
+        let at = (row * kv_dim + col) * words;
         if KEYS {
-            half_to_f32(&s.k[blk][row * kv_dim + col..][..hd], &mut sc.row);
+            kv_to_f32::<F32_KV>(&s.k[blk][at..][..hd * words], &mut sc.row);
             if QK_BF16 {
                 for (e, p) in sc.row.chunks_exact(2).enumerate() {
                     sc.ktb[e * KEY_BLOCK + j] = bf16_pair(p[0], p[1]);
@@ -742,7 +754,7 @@ fn load_block<const QK_BF16: bool, const PV_BF16: bool, const KEYS: bool>(
                 }
             }
         }
-        half_to_f32(&s.v[blk][row * kv_dim + col..][..hd], &mut sc.v[j * hd..(j + 1) * hd]);
+        kv_to_f32::<F32_KV>(&s.v[blk][at..][..hd * words], &mut sc.v[j * hd..(j + 1) * hd]);
     }
     if KEYS && nk < KEY_BLOCK {
         if QK_BF16 {
@@ -991,6 +1003,18 @@ fn values_one<const FMA: bool>(
     }
 }
 
+/// Cache words to f32 values: two words per f32 (low half first) when `F32_KV`, else one f16 each.
+#[inline(always)]
+fn kv_to_f32<const F32_KV: bool>(src: &[u16], dst: &mut [f32]) {
+    if F32_KV {
+        for (d, w) in dst.iter_mut().zip(src.chunks_exact(2)) {
+            *d = f32::from_bits(w[0] as u32 | (w[1] as u32) << 16);
+        }
+    } else {
+        half_to_f32(src, dst);
+    }
+}
+
 fn half_to_f32(src: &[u16], dst: &mut [f32]) {
     use half::slice::HalfFloatSliceExt;
     // SAFETY-free reinterpretation: f16 is a transparent u16.
@@ -1040,19 +1064,7 @@ mod tests {
         };
         let (k, v) = (vals(num_keys * kv_dim), vals(num_keys * kv_dim));
         for block_tokens in [16, 7, num_keys] {
-            let blocks = |c: &[u16]| -> Vec<std::ops::Range<usize>> {
-                (0..c.len())
-                    .step_by(block_tokens * kv_dim)
-                    .map(|a| a..(a + block_tokens * kv_dim).min(c.len()))
-                    .collect()
-            };
-            let s = SeqAttn {
-                k: blocks(&k).into_iter().map(|r| &k[r]).collect(),
-                v: blocks(&v).into_iter().map(|r| &v[r]).collect(),
-                block_tokens,
-                start_pos: 0,
-                num_rows: 1,
-            };
+            let s = paged(&k, &v, KvType::F16, kv_dim, block_tokens, 0, 1);
             for (kb, nk) in [(0, 64), (64, 64), (128, 1), (128, 17), (192, 8), (128, 63), (0, 33)] {
                 for col in [0, 64] {
                     let mut want = Scratch::default();
@@ -1060,7 +1072,7 @@ mod tests {
                     want.v.resize(KEY_BLOCK * hd, 0.0);
                     want.vb.resize(KEY_BLOCK / 2 * hd, 7);
                     want.row.resize(hd, 0.0);
-                    load_block::<false, true, true>(&s, kb, nk, col, hd, kv_dim, &mut want);
+                    load_block::<false, false, true, true>(&s, kb, nk, col, hd, kv_dim, &mut want);
                     let mut kt = vec![f32::NAN; hd * KEY_BLOCK];
                     let mut vb = vec![7u32; KEY_BLOCK / 2 * hd];
                     // SAFETY: features checked above; sizes as required.
@@ -1079,38 +1091,64 @@ mod tests {
         }
     }
 
-    /// Straightforward f64 attention for one query row seeing `n` keys, with an error allowance per output element
-    /// for `kernel`: 3e-3 relative for the f32 kernels (f16 queries, the approximate exp); for bf16 weights and
-    /// values, `2^-7 · Σ_j p_j (|v_j| + |v_j - out|)` more (each rounding is at most 2^-9 relative); for bf16 queries
-    /// and keys, each score off by up to `2^-8 · scale · Σ_d |q_d k_jd|`, which moves the output by up to
+    /// Straightforward f64 attention for one query row seeing `n` keys (`k`, `v`: the cache's values), with an error
+    /// allowance per output element for `kernel` over a cache of `kv`: with f32 values 1e-5 relative (f32 products,
+    /// the approximate exp); with f16 values 3e-3 (f16 queries too); for bf16 weights and values,
+    /// `2^-7 · Σ_j p_j (|v_j| + |v_j - out|)` more (each rounding is at most 2^-9 relative); for bf16 queries and
+    /// keys, each score off by up to `2^-8 · scale · Σ_d |q_d k_jd|`, which moves the output by up to
     /// `Σ_j p_j · 2 δ_j · |v_j - out|`.
-    fn reference(kernel: AttnKernel, shape: AttnShape, q: &[f32], k: &[u16], v: &[u16], n: usize) -> Vec<(f64, f64)> {
+    #[allow(clippy::too_many_arguments)]
+    fn reference(
+        kernel: AttnKernel,
+        kv: KvType,
+        shape: AttnShape,
+        q: &[f32],
+        k: &[f64],
+        v: &[f64],
+        n: usize,
+    ) -> Vec<(f64, f64)> {
         let (hd, kvd) = (shape.head_dim, shape.num_kv_heads * shape.head_dim);
         let group = shape.num_heads / shape.num_kv_heads;
         let scale = shape.scale as f64;
+        let bf16 = kv == KvType::F16 && shape.head_dim.is_multiple_of(16);
         let mut out = vec![(0f64, 0f64); shape.num_heads * hd];
         for h in 0..shape.num_heads {
             let g = h / group;
-            let qk = |j: usize, d: usize| q[h * hd + d] as f64 * f16(k[j * kvd + g * hd + d]);
+            let qk = |j: usize, d: usize| q[h * hd + d] as f64 * k[j * kvd + g * hd + d];
             let s: Vec<f64> = (0..n).map(|j| (0..hd).map(|d| qk(j, d)).sum::<f64>() * scale).collect();
             let ds: Vec<f64> = (0..n).map(|j| (0..hd).map(|d| qk(j, d).abs()).sum::<f64>() * scale / 256.0).collect();
             let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
             let z: f64 = e.iter().sum();
             for d in 0..hd {
-                let val = |j: usize| f16(v[j * kvd + g * hd + d]);
+                let val = |j: usize| v[j * kvd + g * hd + d];
                 let o: f64 = (0..n).map(|j| e[j] / z * val(j)).sum();
-                let mut tol = 3e-3 * o.abs().max(1.0);
-                if matches!(kernel, AttnKernel::Bf16 | AttnKernel::Bf16Values) {
+                let mut tol = if kv == KvType::F32 { 1e-5 } else { 3e-3 } * o.abs().max(1.0);
+                if bf16 && matches!(kernel, AttnKernel::Bf16 | AttnKernel::Bf16Values) {
                     tol += (0..n).map(|j| e[j] / z * (val(j).abs() + (val(j) - o).abs())).sum::<f64>() / 128.0;
                 }
-                if kernel == AttnKernel::Bf16 {
+                if bf16 && kernel == AttnKernel::Bf16 {
                     tol += (0..n).map(|j| e[j] / z * 2.0 * ds[j] * (val(j) - o).abs()).sum::<f64>();
                 }
                 out[h * hd + d] = (o, tol);
             }
         }
         out
+    }
+
+    /// `x` as a cache of `kv` values (words) and the values it holds.
+    fn cache(kv: KvType, x: &[f32]) -> (Vec<u16>, Vec<f64>) {
+        match kv {
+            KvType::F16 => {
+                let bits: Vec<u16> = x.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+                let vals = bits.iter().map(|&b| f16(b)).collect();
+                (bits, vals)
+            }
+            KvType::F32 => (
+                x.iter().flat_map(|v| [v.to_bits() as u16, (v.to_bits() >> 16) as u16]).collect(),
+                x.iter().map(|&v| v as f64).collect(),
+            ),
+        }
     }
 
     /// Checks a row against the reference; returns the largest error and the largest error / allowance.
@@ -1125,102 +1163,114 @@ mod tests {
         (max_err, max_ratio)
     }
 
+    /// A paged cache: blocks of `block_tokens` positions of `kv_dim` values of `kv`.
+    fn paged<'a>(
+        k: &'a [u16],
+        v: &'a [u16],
+        kv: KvType,
+        kv_dim: usize,
+        block_tokens: usize,
+        start_pos: usize,
+        num_rows: usize,
+    ) -> SeqAttn<'a> {
+        let words = block_tokens * kv_dim * kv.words();
+        SeqAttn {
+            k: k.chunks(words).collect(),
+            v: v.chunks(words).collect(),
+            kv_type: kv,
+            block_tokens,
+            start_pos,
+            num_rows,
+        }
+    }
+
     #[test]
     fn matches_reference_for_decode_prefill_and_mixed_batches() {
-        for kernel in AttnKernel::available() {
-            for hd in [16, 64] {
-                let shape = AttnShape { num_heads: 6, num_kv_heads: 2, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
-                let (kvd, qd) = (2 * hd, 6 * hd);
-                let f = |i: usize, s: f32| ((i * 2654435761 % 1000) as f32 / 500.0 - 1.0) * s;
-                let h = |x: f32| half::f16::from_f32(x).to_bits();
-                let n = 140;
-                let k: Vec<u16> = (0..n * kvd).map(|i| h(f(i, 2.0))).collect();
-                let v: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 7, 2.0))).collect();
-                let k2: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 11, 2.6))).collect();
-                let v2: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 5, 0.7))).collect();
-                // A 97-row prefill chunk at position 3, a single decode row, a 3-row verification run.
-                let seqs = [
-                    SeqAttn::contiguous(&k, &v, kvd, 3, 97),
-                    // The same cache in blocks of 16 (the last one short).
-                    SeqAttn {
-                        k: k2.chunks(16 * kvd).collect(),
-                        v: v2.chunks(16 * kvd).collect(),
-                        block_tokens: 16,
-                        start_pos: 120,
-                        num_rows: 1,
-                    },
-                    SeqAttn::contiguous(&k2, &v2, kvd, 30, 3),
-                ];
-                let m = 101;
-                let q: Vec<f32> = (0..m * qd).map(|i| f(i + 3, 1.5)).collect();
-                let mut out = vec![f32::NAN; m * qd];
-                let pool = ThreadPool::new(2);
-                attention_with(kernel, &pool, shape, &q, &seqs, &mut out);
-                let (mut row, mut max_err, mut max_ratio) = (0, 0f64, 0f64);
-                for s in &seqs {
-                    for i in 0..s.num_rows {
-                        let (k, v) = (s.k.concat(), s.v.concat());
-                        let want = reference(kernel, shape, &q[row * qd..(row + 1) * qd], &k, &v, s.start_pos + i + 1);
-                        let (e, r) =
-                            check(&out[row * qd..(row + 1) * qd], &want, &format!("{kernel:?} hd {hd} row {row}"));
-                        (max_err, max_ratio) = (max_err.max(e), max_ratio.max(r));
-                        row += 1;
+        for kv in [KvType::F16, KvType::F32] {
+            for kernel in AttnKernel::available() {
+                for hd in [16, 24, 64] {
+                    let shape =
+                        AttnShape { num_heads: 6, num_kv_heads: 2, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+                    let (kvd, qd) = (2 * hd, 6 * hd);
+                    let f = |i: usize, s: f32| ((i * 2654435761 % 1000) as f32 / 500.0 - 1.0) * s;
+                    let n = 140;
+                    let fill = |o: usize, s: f32| cache(kv, &(0..n * kvd).map(|i| f(i + o, s)).collect::<Vec<_>>());
+                    let (k, v, k2, v2) = (fill(0, 2.0), fill(7, 2.0), fill(11, 2.6), fill(5, 0.7));
+                    // A 97-row prefill chunk at position 3, a single decode row (the cache in blocks of 16, the last
+                    // one short), a 3-row verification run.
+                    let seqs = [
+                        paged(&k.0, &v.0, kv, kvd, n, 3, 97),
+                        paged(&k2.0, &v2.0, kv, kvd, 16, 120, 1),
+                        paged(&k2.0, &v2.0, kv, kvd, n, 30, 3),
+                    ];
+                    let vals = [(&k.1, &v.1), (&k2.1, &v2.1), (&k2.1, &v2.1)];
+                    let m = 101;
+                    let q: Vec<f32> = (0..m * qd).map(|i| f(i + 3, 1.5)).collect();
+                    let mut out = vec![f32::NAN; m * qd];
+                    let pool = ThreadPool::new(2);
+                    attention_with(kernel, &pool, shape, &q, &seqs, &mut out);
+                    let (mut row, mut max_err, mut max_ratio) = (0, 0f64, 0f64);
+                    for (s, (kv_k, kv_v)) in seqs.iter().zip(vals) {
+                        for i in 0..s.num_rows {
+                            let qr = &q[row * qd..(row + 1) * qd];
+                            let want = reference(kernel, kv, shape, qr, kv_k, kv_v, s.start_pos + i + 1);
+                            let what = format!("{kv:?} {kernel:?} hd {hd} row {row}");
+                            let (e, r) = check(&out[row * qd..(row + 1) * qd], &want, &what);
+                            (max_err, max_ratio) = (max_err.max(e), max_ratio.max(r));
+                            row += 1;
+                        }
                     }
+                    eprintln!("{kv:?} {kernel:?} hd {hd}: max |err| {max_err:.2e}, max err / allowance {max_ratio:.2}");
                 }
-                eprintln!("{kernel:?} hd {hd}: max |err| {max_err:.2e}, max err / allowance {max_ratio:.2}");
             }
         }
     }
 
     /// A row's output is bitwise the same whether it is computed alone (decode), in a long prefill call, or in
     /// uneven chunks next to another sequence: across key blocks, tile boundaries and both value-product paths;
-    /// for every kernel this CPU has.
+    /// for every kernel this CPU has, over f16 and f32 caches.
     #[test]
     fn rows_are_bitwise_independent_of_batching_and_chunking() {
-        for kernel in AttnKernel::available() {
-            for (num_heads, num_kv_heads, hd) in [(14, 2, 64), (6, 2, 128), (6, 3, 16)] {
-                let shape = AttnShape { num_heads, num_kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
-                let (kvd, qd) = (num_kv_heads * hd, num_heads * hd);
-                let n = 150;
-                let f = |i: usize, s: f32| ((i * 2654435761 % 1000) as f32 / 500.0 - 1.0) * s;
-                let h = |x: f32| half::f16::from_f32(x).to_bits();
-                let k: Vec<u16> = (0..n * kvd).map(|i| h(f(i, 2.0))).collect();
-                let v: Vec<u16> = (0..n * kvd).map(|i| h(f(i + 7, 1.0))).collect();
-                let q: Vec<f32> = (0..n * qd).map(|i| f(i + 3, 1.5)).collect();
-                let paged = |start: usize, rows: usize| SeqAttn {
-                    k: k.chunks(16 * kvd).collect(),
-                    v: v.chunks(16 * kvd).collect(),
-                    block_tokens: 16,
-                    start_pos: start,
-                    num_rows: rows,
-                };
-                let pool = ThreadPool::new(2);
-                let run = |q: &[f32], seqs: &[SeqAttn<'_>], out: &mut [f32]| {
-                    attention_with(kernel, &pool, shape, q, seqs, out)
-                };
-                let mut all = vec![f32::NAN; n * qd];
-                run(&q, &[paged(0, n)], &mut all);
-                let what = format!("{kernel:?} shape {shape:?}");
-                // Each row alone.
-                for i in [0, 1, 15, 16, 63, 64, 65, 100, 127, 128, 149] {
-                    let mut one = vec![f32::NAN; qd];
-                    run(&q[i * qd..(i + 1) * qd], &[paged(i, 1)], &mut one);
-                    assert_eq!(bits(&one), bits(&all[i * qd..(i + 1) * qd]), "{what} row {i} alone");
-                }
-                // Uneven chunks, each next to an unrelated single row of another sequence.
-                let mut start = 0;
-                for len in [5, 40, 1, 70, 34] {
-                    let mut qq = q[start * qd..(start + len) * qd].to_vec();
-                    qq.extend_from_slice(&q[..qd]);
-                    let mut got = vec![f32::NAN; (len + 1) * qd];
-                    run(&qq, &[paged(start, len), paged(90, 1)], &mut got);
-                    assert_eq!(bits(&got[..len * qd]), bits(&all[start * qd..(start + len) * qd]), "{what} at {start}");
-                    start += len;
-                }
-                // And the whole run against the f64 reference.
-                for i in [0, 64, 149] {
-                    let want = reference(kernel, shape, &q[i * qd..(i + 1) * qd], &k, &v, i + 1);
-                    check(&all[i * qd..(i + 1) * qd], &want, &format!("{what} row {i}"));
+        for kv in [KvType::F16, KvType::F32] {
+            for kernel in AttnKernel::available() {
+                for (num_heads, num_kv_heads, hd) in [(14, 2, 64), (6, 2, 128), (6, 3, 16)] {
+                    let shape = AttnShape { num_heads, num_kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+                    let (kvd, qd) = (num_kv_heads * hd, num_heads * hd);
+                    let n = 150;
+                    let f = |i: usize, s: f32| ((i * 2654435761 % 1000) as f32 / 500.0 - 1.0) * s;
+                    let (k, kf) = cache(kv, &(0..n * kvd).map(|i| f(i, 2.0)).collect::<Vec<_>>());
+                    let (v, vf) = cache(kv, &(0..n * kvd).map(|i| f(i + 7, 1.0)).collect::<Vec<_>>());
+                    let q: Vec<f32> = (0..n * qd).map(|i| f(i + 3, 1.5)).collect();
+                    let seq = |start: usize, rows: usize| paged(&k, &v, kv, kvd, 16, start, rows);
+                    let pool = ThreadPool::new(2);
+                    let run = |q: &[f32], seqs: &[SeqAttn<'_>], out: &mut [f32]| {
+                        attention_with(kernel, &pool, shape, q, seqs, out)
+                    };
+                    let mut all = vec![f32::NAN; n * qd];
+                    run(&q, &[seq(0, n)], &mut all);
+                    let what = format!("{kv:?} {kernel:?} shape {shape:?}");
+                    // Each row alone.
+                    for i in [0, 1, 15, 16, 63, 64, 65, 100, 127, 128, 149] {
+                        let mut one = vec![f32::NAN; qd];
+                        run(&q[i * qd..(i + 1) * qd], &[seq(i, 1)], &mut one);
+                        assert_eq!(bits(&one), bits(&all[i * qd..(i + 1) * qd]), "{what} row {i} alone");
+                    }
+                    // Uneven chunks, each next to an unrelated single row of another sequence.
+                    let mut start = 0;
+                    for len in [5, 40, 1, 70, 34] {
+                        let mut qq = q[start * qd..(start + len) * qd].to_vec();
+                        qq.extend_from_slice(&q[..qd]);
+                        let mut got = vec![f32::NAN; (len + 1) * qd];
+                        run(&qq, &[seq(start, len), seq(90, 1)], &mut got);
+                        let want = &all[start * qd..(start + len) * qd];
+                        assert_eq!(bits(&got[..len * qd]), bits(want), "{what} at {start}");
+                        start += len;
+                    }
+                    // And the whole run against the f64 reference.
+                    for i in [0, 64, 149] {
+                        let want = reference(kernel, kv, shape, &q[i * qd..(i + 1) * qd], &kf, &vf, i + 1);
+                        check(&all[i * qd..(i + 1) * qd], &want, &format!("{what} row {i}"));
+                    }
                 }
             }
         }

@@ -5,7 +5,7 @@
 use super::attention::{self, SeqAttn};
 use super::ops::{self, Rope};
 use super::{QMatrix, ThreadPool, matmul};
-use crate::{AttnRows, AttnShape, Backend, Error, KvLayout, MatrixUse, Norm, NormKind, Result, RopeSpec};
+use crate::{AttnRows, AttnShape, Backend, Error, KvLayout, KvType, MatrixUse, Norm, NormKind, Result, RopeSpec};
 
 /// `[rows, cols]` f32 values in host memory.
 #[derive(Debug, Clone, Default)]
@@ -34,7 +34,8 @@ impl CpuTensor {
     }
 }
 
-/// KV blocks in host memory: block `b` is `[layer][k | v][block_tokens][kv_dim]` f16 bits ([`KvLayout`]).
+/// KV blocks in host memory: block `b` is `[layer][k | v][block_tokens][kv_dim]` values in the host form's words
+/// ([`KvLayout`]: f16 bits, or f32 bits as two words).
 pub struct CpuKvPages {
     pub layout: KvLayout,
     pub blocks: Vec<KvBlock>,
@@ -118,9 +119,30 @@ fn check_rows(op: &'static str, t: &CpuTensor, rows: usize) -> Result<()> {
     Ok(())
 }
 
-fn write_f16(dst: &mut [u16], src: &[f32]) {
-    for (d, &x) in dst.iter_mut().zip(src) {
-        *d = half::f16::from_f32(x).to_bits();
+/// Both tensors hold at least `rows` rows, of one width.
+fn check_pair(op: &'static str, a: &CpuTensor, b: &CpuTensor, rows: usize) -> Result<()> {
+    check_rows(op, a, rows)?;
+    check_rows(op, b, rows)?;
+    if a.cols != b.cols {
+        return Err(shape_err(op, format!("rows of {} and {}", a.cols, b.cols)));
+    }
+    Ok(())
+}
+
+/// Stores `src` as values of `kv` (`dst`: `src.len() * kv.words()` words).
+fn write_kv(kv: KvType, dst: &mut [u16], src: &[f32]) {
+    match kv {
+        KvType::F16 => {
+            for (d, &x) in dst.iter_mut().zip(src) {
+                *d = half::f16::from_f32(x).to_bits();
+            }
+        }
+        KvType::F32 => {
+            for (d, &x) in dst.chunks_exact_mut(2).zip(src) {
+                let b = x.to_bits();
+                d.copy_from_slice(&[b as u16, (b >> 16) as u16]);
+            }
+        }
     }
 }
 
@@ -183,7 +205,7 @@ impl Backend for CpuBackend {
     }
 
     fn kv_grow(&mut self, kv: &mut CpuKvPages, num_blocks: usize) -> Result<()> {
-        let len = kv.layout.block_values();
+        let len = kv.layout.block_words();
         while kv.blocks.len() < num_blocks {
             kv.blocks.push(KvBlock::zeroed(len)?);
         }
@@ -356,7 +378,7 @@ impl Backend for CpuBackend {
         }
         let n = kv.blocks.len();
         // A block id past the pages, or one without storage (its allocation failed).
-        let bad_block = |b: u32| kv.blocks.get(b as usize).is_none_or(|blk| blk.len() != layout.block_values());
+        let bad_block = |b: u32| kv.blocks.get(b as usize).is_none_or(|blk| blk.len() != layout.block_words());
         let bad_slot = rows.slots.iter().any(|&(b, r)| bad_block(b) || r >= bt);
         let bad_seq = rows
             .seqs
@@ -365,20 +387,23 @@ impl Backend for CpuBackend {
         if bad_slot || bad_seq {
             return Err(shape_err("paged_attention", format!("a slot or block outside the {n} blocks with storage")));
         }
+        // Words of one token's keys (or values), of one layer's keys.
+        let (ty, tok) = (layout.kv_type, kvd * layout.kv_type.words());
         let layer_k = layout.layer_offset(layer);
-        let layer_v = layer_k + bt * kvd;
+        let layer_v = layer_k + bt * tok;
         for (t, &(b, r)) in rows.slots.iter().enumerate() {
             let blk = &mut kv.blocks[b as usize];
-            write_f16(&mut blk[layer_k + r * kvd..][..kvd], &k.data[t * kvd..(t + 1) * kvd]);
-            write_f16(&mut blk[layer_v + r * kvd..][..kvd], &v.data[t * kvd..(t + 1) * kvd]);
+            write_kv(ty, &mut blk[layer_k + r * tok..][..tok], &k.data[t * kvd..(t + 1) * kvd]);
+            write_kv(ty, &mut blk[layer_v + r * tok..][..tok], &v.data[t * kvd..(t + 1) * kvd]);
         }
         let blocks = &kv.blocks;
         let seqs: Vec<SeqAttn> = rows
             .seqs
             .iter()
             .map(|s| SeqAttn {
-                k: s.blocks.iter().map(|&b| &blocks[b as usize][layer_k..layer_k + bt * kvd]).collect(),
-                v: s.blocks.iter().map(|&b| &blocks[b as usize][layer_v..layer_v + bt * kvd]).collect(),
+                k: s.blocks.iter().map(|&b| &blocks[b as usize][layer_k..layer_k + bt * tok]).collect(),
+                v: s.blocks.iter().map(|&b| &blocks[b as usize][layer_v..layer_v + bt * tok]).collect(),
+                kv_type: ty,
                 block_tokens: bt,
                 start_pos: s.start_pos,
                 num_rows: s.num_rows,
@@ -389,21 +414,13 @@ impl Backend for CpuBackend {
     }
 
     fn swiglu(&mut self, gate: &mut CpuTensor, up: &CpuTensor, rows: usize) -> Result<()> {
-        check_rows("swiglu", gate, rows)?;
-        check_rows("swiglu", up, rows)?;
-        if gate.cols != up.cols {
-            return Err(shape_err("swiglu", format!("gate rows of {}, up rows of {}", gate.cols, up.cols)));
-        }
+        check_pair("swiglu", gate, up, rows)?;
         ops::silu_mul(gate.rows_mut(rows), up.rows(rows));
         Ok(())
     }
 
     fn add(&mut self, x: &mut CpuTensor, y: &CpuTensor, rows: usize) -> Result<()> {
-        check_rows("add", x, rows)?;
-        check_rows("add", y, rows)?;
-        if x.cols != y.cols {
-            return Err(shape_err("add", format!("rows of {} and {}", x.cols, y.cols)));
-        }
+        check_pair("add", x, y, rows)?;
         ops::add(x.rows_mut(rows), y.rows(rows));
         Ok(())
     }

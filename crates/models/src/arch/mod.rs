@@ -26,6 +26,21 @@ pub struct Recipe {
     pub default_rope_theta: f32,
 }
 
+impl Recipe {
+    /// A dense llama-family recipe: the converter's tensor names, `mixer` attention, SwiGLU FFN, plain RMSNorm.
+    pub const fn dense(arch: Arch, mixer: MixerKind, rope_style: RopeStyle, default_rope_theta: f32) -> Recipe {
+        Recipe {
+            arch,
+            names: &LLAMA_NAMES,
+            mixer,
+            ffn: FfnKind::SwiGlu,
+            norm: NormKind::Plain,
+            rope_style,
+            default_rope_theta,
+        }
+    }
+}
+
 /// A layer's token mixer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MixerKind {

@@ -1,17 +1,10 @@
 //! Qwen3 (dense): like Qwen2 without Q/K/V biases, plus a per-head RMSNorm of queries and keys before RoPE
 //! (`attn_q_norm` / `attn_k_norm`, `[head_dim]`).
 
-use backend::{NormKind, RopeStyle};
+use backend::RopeStyle::Neox;
 
-use super::{FfnKind, LLAMA_NAMES, MixerKind, Recipe};
+use super::MixerKind::Attention;
+use super::Recipe;
 use crate::Arch;
 
-pub const RECIPE: Recipe = Recipe {
-    arch: Arch::Qwen3,
-    names: &LLAMA_NAMES,
-    mixer: MixerKind::Attention { qkv_bias: false, qk_norm: true },
-    ffn: FfnKind::SwiGlu,
-    norm: NormKind::Plain,
-    rope_style: RopeStyle::Neox,
-    default_rope_theta: 1_000_000.0,
-};
+pub const RECIPE: Recipe = Recipe::dense(Arch::Qwen3, Attention { qkv_bias: false, qk_norm: true }, Neox, 1e6);
