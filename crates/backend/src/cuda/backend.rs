@@ -17,7 +17,9 @@ use cudarc::driver::{CudaFunction, CudaModule};
 
 use super::{CudaError, DevBuf, Gpu};
 use crate::cpu::QMatrix;
-use crate::{AttnRows, AttnShape, Backend, Error, KvLayout, MatrixUse, Norm, NormKind, Result, RopeSpec, RopeStyle};
+use crate::{
+    AttnRows, AttnShape, Backend, Error, KvLayout, KvType, MatrixUse, Norm, NormKind, Result, RopeSpec, RopeStyle,
+};
 
 /// The kernels of this backend.
 const OPS: &str = concat!(include_str!("prelude.cu"), include_str!("ops.cu"));
@@ -262,6 +264,13 @@ impl Backend for CudaBackend {
     }
 
     fn kv_pages(&mut self, layout: KvLayout) -> Result<CudaKvPages> {
+        if layout.kv_type != KvType::F16 {
+            return Err(Error::Unsupported {
+                backend: "cuda",
+                op: "kv_pages",
+                reason: format!("a {:?} KV cache (the GPU keeps f16 keys and values)", layout.kv_type),
+            });
+        }
         Ok(CudaKvPages { layout, buf: None, blocks: 0, capacity: 0 })
     }
 
