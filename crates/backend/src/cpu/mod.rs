@@ -2,6 +2,7 @@
 //! elementwise and attention operations a transformer forward pass needs.
 
 pub mod attention;
+pub mod experts;
 mod backend;
 pub mod matmul;
 pub mod ops;
