@@ -503,13 +503,4 @@ macro_rules! backend_tests {
     };
 }
 
-backend_tests!(
-    embedding,
-    gather_rows_and_add,
-    rms_norm,
-    linear,
-    rope,
-    swiglu,
-    paged_attention,
-    ffn_sublayer,
-);
+backend_tests!(embedding, gather_rows_and_add, rms_norm, linear, rope, swiglu, paged_attention, ffn_sublayer);

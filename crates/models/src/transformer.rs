@@ -7,8 +7,8 @@
 //! blocks a sequence owns is the runner's (`kv_cache`); this module only passes them to the backend.
 
 use backend::{
-    AttentionSpec, AttentionWeights, AttnRows, AttnShape, Backend, ExpertGateUp, ExpertWeights, FfnWeights, LayerWeights,
-    MatrixUse, MixerWeights, Norm, RopeSpec, SharedExpert, Widths, Workspace,
+    AttentionSpec, AttentionWeights, AttnRows, AttnShape, Backend, ExpertGateUp, ExpertWeights, FfnWeights,
+    LayerWeights, MatrixUse, MixerWeights, Norm, RopeSpec, SharedExpert, Widths, Workspace,
 };
 
 use crate::arch::MixerKind;

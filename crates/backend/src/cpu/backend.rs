@@ -7,7 +7,8 @@ use super::experts;
 use super::ops::{self, Rope};
 use super::{QMatrix, ThreadPool, matmul};
 use crate::{
-    AttnRows, AttnShape, Backend, Error, ExpertGateUp, ExpertWeights, KvLayout, MatrixUse, Norm, NormKind, Result, RopeSpec,
+    AttnRows, AttnShape, Backend, Error, ExpertGateUp, ExpertWeights, KvLayout, MatrixUse, Norm, NormKind, Result,
+    RopeSpec,
 };
 
 /// `[rows, cols]` f32 values in host memory.

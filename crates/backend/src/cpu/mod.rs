@@ -2,8 +2,8 @@
 //! elementwise and attention operations a transformer forward pass needs.
 
 pub mod attention;
-pub mod experts;
 mod backend;
+pub mod experts;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

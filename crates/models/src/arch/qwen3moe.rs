@@ -56,7 +56,9 @@ pub fn experts_spec(file: &GgufFile, arch: Arch) -> Result<ExpertsSpec> {
         let key = format!("{prefix}.{k}");
         match file.get_u64(&key)? {
             None => Err(Error::MissingKey(key)),
-            Some(v) if v == 0 || v > 1 << 20 => Err(Error::BadKey { key, reason: format!("value {v} is out of range") }),
+            Some(v) if v == 0 || v > 1 << 20 => {
+                Err(Error::BadKey { key, reason: format!("value {v} is out of range") })
+            }
             Some(v) => Ok(v as usize),
         }
     };
@@ -76,7 +78,10 @@ pub fn experts_spec(file: &GgufFile, arch: Arch) -> Result<ExpertsSpec> {
     if let Some(g) = file.get_u64(&format!("{prefix}.expert_gating_func"))?
         && g != 1
     {
-        return Err(Error::BadKey { key: format!("{prefix}.expert_gating_func"), reason: format!("{g} (softmax is 1)") });
+        return Err(Error::BadKey {
+            key: format!("{prefix}.expert_gating_func"),
+            reason: format!("{g} (softmax is 1)"),
+        });
     }
     Ok(spec)
 }

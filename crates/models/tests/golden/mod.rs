@@ -109,4 +109,3 @@ pub fn compare(got: &[f32], want: &[f32], vocab: usize) -> (f64, usize) {
     }
     (worst, top1)
 }
-
