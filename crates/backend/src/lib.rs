@@ -7,8 +7,8 @@
 //!
 //! Two levels of operation:
 //! - **primitive ops** ([`Backend::embedding`], [`Backend::rms_norm`], [`Backend::linear`], [`Backend::rope`],
-//!   [`Backend::paged_attention`], [`Backend::swiglu`], ...): one piece of maths each, tested one by one against a
-//!   plain f32 reference (crates/backend/tests/ops.rs);
+//!   [`Backend::paged_attention`], [`Backend::swiglu`], [`Backend::experts`], ...): one piece of maths each, tested
+//!   one by one against a plain f32 reference (crates/backend/tests/ops.rs);
 //! - **sub-layer ops** ([`Backend::attention_sublayer`], [`Backend::ffn_sublayer`], and the declared
 //!   [`Backend::recurrent_sublayer`]): `x += f(norm(x))` for one layer kind, with default bodies composed of the
 //!   primitives. The forward pass calls only these (plus embedding and the output head), so a backend that fuses
@@ -91,6 +91,9 @@ pub enum MatrixUse {
     Linear,
     Embedding,
     Both,
+    /// An expert-strided matrix ([`ExpertGateUp`]), read one expert's rows at a time: the CPU leaves it in the
+    /// memory-mapped file.
+    Experts,
 }
 
 /// The numbers of grouped-query attention.
@@ -245,21 +248,63 @@ pub enum FfnWeights<B: Backend + ?Sized> {
         /// `[hidden, ffn]`
         down: B::Matrix,
     },
-    /// Expert-routed (mixture of experts): a router picks `num_experts_used` SwiGLU experts per row and mixes their
-    /// outputs by its softmax weights (renormalised over the picked ones when `normalise_weights`), plus an
-    /// always-on shared expert when present. Declared for the MoE issue (Qwen3-Coder-30B-A3B); no backend runs it
-    /// yet ([`Error::Unsupported`]).
-    Experts {
-        norm: Norm<B::Vector>,
-        /// `[num_experts, hidden]`
-        router: B::Matrix,
-        /// `[num_experts]` of `[expert_ffn, hidden]`, `[expert_ffn, hidden]`, `[hidden, expert_ffn]`
-        gate: Vec<B::Matrix>,
-        up: Vec<B::Matrix>,
-        down: Vec<B::Matrix>,
-        num_experts_used: usize,
-        normalise_weights: bool,
-    },
+    /// Expert-routed (mixture of experts, [`ExpertWeights`]): `down_e(silu(gate_e · n) * (up_e · n))` of the experts
+    /// the router picks for each row, mixed by the router's weights, plus the shared expert when there is one.
+    Experts { norm: Norm<B::Vector>, experts: ExpertWeights<B> },
+}
+
+/// The numbers of an expert-routed FFN: softmax of the router's logits over all `num_experts`, the `num_used`
+/// largest kept (ties to the lower index), their weights renormalised to sum to 1 when `normalise_weights`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertsSpec {
+    pub num_experts: usize,
+    pub num_used: usize,
+    /// Rows of one expert's gate and up projections (`expert_feed_forward_length`).
+    pub expert_ffn: usize,
+    pub normalise_weights: bool,
+}
+
+/// The gate and up projections of every expert. An expert-strided matrix holds one projection of all experts back to
+/// back, as the GGUF 3-D tensor `[cols, rows, num_experts]` does: `[num_experts * rows, cols]`, expert `e`'s rows
+/// at `e * rows ..`. One matrix per projection (not one per expert) is what a grouped kernel reads.
+pub enum ExpertGateUp<M> {
+    /// `ffn_gate_exps` and `ffn_up_exps`: `[num_experts * expert_ffn, hidden]` each.
+    Separate { gate: M, up: M },
+    /// `ffn_gate_up_exps`: `[num_experts * 2 * expert_ffn, hidden]`, each expert's gate rows then its up rows.
+    Fused(M),
+}
+
+impl<M> ExpertGateUp<M> {
+    /// The matrices and first rows of expert `e`'s gate and up projections.
+    pub fn rows_of(&self, e: usize, expert_ffn: usize) -> [(&M, usize); 2] {
+        match self {
+            ExpertGateUp::Separate { gate, up } => [(gate, e * expert_ffn), (up, e * expert_ffn)],
+            ExpertGateUp::Fused(m) => [(m, 2 * e * expert_ffn), (m, (2 * e + 1) * expert_ffn)],
+        }
+    }
+}
+
+/// An always-on SwiGLU expert beside the routed ones (qwen2moe, qwen35moe: `*_shexp`), its output scaled by
+/// `sigmoid(gate_inp · n)` when the model has that gate.
+pub struct SharedExpert<B: Backend + ?Sized> {
+    /// `[shared_ffn, hidden]`
+    pub gate: B::Matrix,
+    pub up: B::Matrix,
+    /// `[hidden, shared_ffn]`
+    pub down: B::Matrix,
+    /// `[1, hidden]` (`ffn_gate_inp_shexp`)
+    pub gate_inp: Option<B::Matrix>,
+}
+
+/// The weights of an expert-routed FFN ([`ExpertsSpec`]).
+pub struct ExpertWeights<B: Backend + ?Sized> {
+    /// `[num_experts, hidden]` (`ffn_gate_inp`)
+    pub router: B::Matrix,
+    pub gate_up: ExpertGateUp<B::Matrix>,
+    /// `[num_experts * hidden, expert_ffn]`, expert-strided (`ffn_down_exps`).
+    pub down: B::Matrix,
+    pub shared: Option<SharedExpert<B>>,
+    pub spec: ExpertsSpec,
 }
 
 /// A recurrent-state mixer (Gated DeltaNet of the Qwen3.5/3.6 hybrids): declared for the hybrid issue, which fills
@@ -459,6 +504,21 @@ pub trait Backend {
     fn swiglu(&mut self, gate: &mut Self::Tensor, up: &Self::Tensor, rows: usize) -> Result<()>;
     /// In place: `x += y` over the first `rows` rows.
     fn add(&mut self, x: &mut Self::Tensor, y: &Self::Tensor, rows: usize) -> Result<()>;
+    /// The expert-routed FFN ([`ExpertWeights`]) of the first `rows` rows of `x` (`[rows, hidden]`) into `out`
+    /// (`[rows, hidden]`): per row the router's softmax and top-k ([`ExpertsSpec`]), then the sum over the picked
+    /// experts, in the router's order, of `weight · down_e(silu(gate_e · x) * (up_e · x))`, plus the shared expert.
+    /// Each product is a [`Backend::linear`] (the input quantized to the weight's activation format); each row's
+    /// result is independent of the other rows. Backends without it answer [`Error::Unsupported`].
+    fn experts(
+        &mut self,
+        x: &Self::Tensor,
+        rows: usize,
+        w: &ExpertWeights<Self>,
+        out: &mut Self::Tensor,
+    ) -> Result<()> {
+        let _ = (x, rows, w, out);
+        Err(Error::Unsupported { backend: self.name(), op: "experts", reason: "expert-routed FFN".into() })
+    }
 
     // --- Sub-layer ops (what the forward pass calls; override to fuse) ---
 
@@ -511,11 +571,12 @@ pub trait Backend {
                 self.linear(g, rows, &[down], &[], &mut [proj])?;
                 self.add(x, proj, rows)
             }
-            FfnWeights::Experts { .. } => Err(Error::Unsupported {
-                backend: self.name(),
-                op: "ffn_sublayer",
-                reason: "expert-routed FFN (declared, not implemented yet)".into(),
-            }),
+            FfnWeights::Experts { norm, experts } => {
+                let Workspace { xn, proj, .. } = ws;
+                self.rms_norm(x, rows, norm, xn)?;
+                self.experts(xn, rows, experts, proj)?;
+                self.add(x, proj, rows)
+            }
         }
     }
 

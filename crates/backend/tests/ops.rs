@@ -500,28 +500,6 @@ fn ffn_sublayer<B: Backend>(b: &mut B) {
     }
 }
 
-/// The declared kinds answer `Unsupported`, not a panic or a wrong number.
-fn declared_kinds<B: Backend>(b: &mut B) {
-    let mut r = rng(9);
-    let (m, _) = matrix(GgmlType::Q8_0, 32, 64, &mut r);
-    let mut mat = || b.load_matrix(&m, MatrixUse::Linear).unwrap();
-    let (router, gate, up, down) = (mat(), vec![mat()], vec![mat()], vec![mat()]);
-    let w = FfnWeights::<B>::Experts {
-        norm: Norm { weight: b.load_vector(&[1.0; 64]).unwrap(), dim: 64, eps: 1e-6, kind: NormKind::Plain },
-        router,
-        gate,
-        up,
-        down,
-        num_experts_used: 1,
-        normalise_weights: true,
-    };
-    let widths = Widths { hidden: 64, q_dim: 64, kv_dim: 64, ffn: 32 };
-    let mut ws = Workspace::new(b, widths, 1).unwrap();
-    let mut x = tensor(b, 64, &[0.5; 64]);
-    let e = b.ffn_sublayer(&mut x, 1, &w, &mut ws).expect_err("experts are declared only");
-    assert!(matches!(e, backend::Error::Unsupported { .. }), "{e}");
-}
-
 /// Writes each test once for every backend: `mod cpu { fn op() }`, `mod cuda { fn op() }`.
 macro_rules! backend_tests {
     ($($op:ident),* $(,)?) => {
@@ -549,14 +527,4 @@ macro_rules! backend_tests {
     };
 }
 
-backend_tests!(
-    embedding,
-    gather_rows_and_add,
-    rms_norm,
-    linear,
-    rope,
-    swiglu,
-    paged_attention,
-    ffn_sublayer,
-    declared_kinds
-);
+backend_tests!(embedding, gather_rows_and_add, rms_norm, linear, rope, swiglu, paged_attention, ffn_sublayer);

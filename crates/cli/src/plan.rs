@@ -106,7 +106,7 @@ fn input_for(name: &str, spec: Option<&pack::FileSpec>) -> Result<(ModelInput, b
 /// The plan input a pack manifest records for one of its files (tested equal to the file's GGUF header).
 pub fn manifest_input(s: &pack::Shapes) -> ModelInput {
     // A manifest records no weight types: an f16 cache, as every quantized file's.
-    ModelInput { shapes: s.model, weight_bytes: s.weight_bytes, kv_value_bytes: 2 }
+    ModelInput { shapes: s.model, weight_bytes: s.weight_bytes, kv_value_bytes: 2, experts: None }
 }
 
 /// Shapes and weight bytes from a GGUF header.
@@ -116,7 +116,21 @@ pub fn model_input(path: &Path) -> Result<ModelInput> {
         models::arch::config_from_gguf(&file).with_context(|| format!("reading the shapes of {}", path.display()))?;
     let weight_bytes = file.tensors.iter().map(|t| t.size_bytes).sum();
     let kv_value_bytes = models::cpu::kv_type(&file, &c).bytes() as u64;
-    Ok(ModelInput { shapes: c.shapes, weight_bytes, kv_value_bytes })
+    let experts = match c.arch.recipe().ffn {
+        models::arch::FfnKind::SwiGlu => None,
+        models::arch::FfnKind::Experts { .. } => {
+            let e = models::arch::qwen3moe::experts_spec(&file, c.arch)?;
+            // The experts' 3-D tensors (`ffn_{gate,up,down,gate_up}_exps`); the shared expert counts as dense.
+            let bytes = file.tensors.iter().filter(|t| t.dims.len() == 3).map(|t| t.size_bytes).sum();
+            Some(plan::ExpertShapes {
+                num_experts: e.num_experts,
+                num_used: e.num_used,
+                expert_ffn: e.expert_ffn,
+                bytes,
+            })
+        }
+    };
+    Ok(ModelInput { shapes: c.shapes, weight_bytes, kv_value_bytes, experts })
 }
 
 /// Threads the model will use: `0` means all cores.

@@ -1,5 +1,6 @@
 //! `splash synth`: writes a synthetic GGUF with the exact shapes and per-tensor quant types of a real model (Qwen2.5
-//! Coder 0.5B / 1.5B / 7B / 32B Q4_K_M) and random but realistic values, with a working byte-level BPE tokenizer.
+//! Coder 0.5B / 1.5B / 7B / 32B, Qwen3-30B-A3B Q4_K_M) and random but realistic values, with a working byte-level
+//! BPE tokenizer.
 //!
 //! Real model files are too large to move to a GPU machine; these stand in for them in correctness checks and
 //! benchmarks. Weights are normal with standard deviation `1/sqrt(cols)` (about what trained Qwen matrices show), norms
@@ -8,7 +9,9 @@
 //! Speed: matrices are filled from pools of blocks quantized once per (type, scale) from normal values, each block
 //! picked at random, so even the 32B shape (19 GB) is written in about a minute.
 
+use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -16,12 +19,10 @@ use gguf::{GgmlType, GgufWriter, Value, ValueType};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Which real model's shapes and tensor types to copy: qwen2.5-coder-0.5b, -1.5b, -7b or -32b.
+    /// Which real model's shapes and tensor types to copy: qwen2.5-coder-0.5b, -1.5b, -7b, -32b (qwen2) or
+    /// qwen3-30b-a3b (qwen3moe).
     #[arg(long, default_value = "qwen2.5-coder-1.5b")]
     like: String,
-    /// Architecture (only qwen2 is supported).
-    #[arg(long, default_value = "qwen2")]
-    arch: String,
     /// q4_k_m (the real file's per-tensor types), or one type for every matrix: q4_0, q4_1, q5_0, q8_0, q4_k, q6_k,
     /// f16, f32.
     #[arg(long, default_value = "q4_k_m")]
@@ -50,9 +51,20 @@ pub struct Shape {
     pub more_bits: Option<&'static [usize]>,
     /// Rows of `hidden` values are not a multiple of 256, so Q4_K_M falls back to Q5_0 / Q8_0 on them.
     pub small_row_fallback: bool,
+    /// `None`: qwen2 (Q/K/V biases, head_dim = hidden / heads). `Some`: qwen3moe, expert-routed in every layer.
+    pub moe: Option<Moe>,
 }
 
-pub const SHAPES: [Shape; 4] = [
+/// A qwen3moe model's numbers beyond the dense ones.
+#[derive(Debug, Clone, Copy)]
+pub struct Moe {
+    pub head_dim: usize,
+    pub num_experts: usize,
+    pub num_used: usize,
+    pub expert_ffn: usize,
+}
+
+pub const SHAPES: [Shape; 5] = [
     Shape {
         name: "qwen2.5-coder-0.5b",
         num_layers: 24,
@@ -63,6 +75,7 @@ pub const SHAPES: [Shape; 4] = [
         vocab: 151936,
         more_bits: Some(&[0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21]),
         small_row_fallback: true,
+        moe: None,
     },
     Shape {
         name: "qwen2.5-coder-1.5b",
@@ -74,6 +87,7 @@ pub const SHAPES: [Shape; 4] = [
         vocab: 151936,
         more_bits: Some(&[0, 1, 5, 6, 7, 8, 9, 10, 13, 16, 19, 21, 24, 27]),
         small_row_fallback: false,
+        moe: None,
     },
     Shape {
         name: "qwen2.5-coder-7b",
@@ -85,6 +99,7 @@ pub const SHAPES: [Shape; 4] = [
         vocab: 152064,
         more_bits: Some(&[0, 1, 5, 6, 7, 8, 9, 10, 13, 16, 19, 21, 24, 27]),
         small_row_fallback: false,
+        moe: None,
     },
     Shape {
         name: "qwen2.5-coder-32b",
@@ -96,6 +111,20 @@ pub const SHAPES: [Shape; 4] = [
         vocab: 152064,
         more_bits: None,
         small_row_fallback: false,
+        moe: None,
+    },
+    // Qwen3-30B-A3B (and Qwen3-Coder-30B-A3B): `ffn` is the file's feed_forward_length, which no layer uses.
+    Shape {
+        name: "qwen3-30b-a3b",
+        num_layers: 48,
+        hidden: 2048,
+        ffn: 6144,
+        num_heads: 32,
+        num_kv_heads: 4,
+        vocab: 151936,
+        more_bits: None,
+        small_row_fallback: false,
+        moe: Some(Moe { head_dim: 128, num_experts: 128, num_used: 8, expert_ffn: 768 }),
     },
 ];
 
@@ -110,6 +139,8 @@ enum Kind {
     Output,
     AttnV,
     FfnDown,
+    /// ffn_gate_inp, never quantized.
+    Router,
     Other,
 }
 
@@ -121,6 +152,9 @@ fn q4_k_m_type(s: &Shape, kind: Kind, layer: usize, num_layers: usize) -> GgmlTy
     use GgmlType::*;
     // 896 is not a multiple of 256: llama.cpp falls back from Q4_K to Q5_0 and from Q6_K to Q8_0 on such rows.
     let (q4, q6) = if s.small_row_fallback { (Q5_0, Q8_0) } else { (Q4_K, Q6_K) };
+    // llama.cpp's rules for MoE files (src/llama-quant.cpp) single out 8-expert models only (attn_k / attn_v Q8_0,
+    // attn_output Q5_K); 128 experts take the dense rules, the experts' 3-D tensors those of their 2-D kind, the
+    // router (ffn_gate_inp) and the norms stay f32.
     match kind {
         Kind::Embd => q4,
         Kind::Output => q6,
@@ -128,6 +162,7 @@ fn q4_k_m_type(s: &Shape, kind: Kind, layer: usize, num_layers: usize) -> GgmlTy
         // ffn_down rows are ffn long (a multiple of 256 in every shape), so they keep the K types.
         Kind::FfnDown if more => Q6_K,
         Kind::FfnDown => Q4_K,
+        Kind::Router => F32,
         _ => q4,
     }
 }
@@ -176,36 +211,44 @@ impl Rng {
 const POOL_BLOCKS: usize = 4096;
 
 /// Pools of quantized blocks, one per (type, standard deviation), shared by every matrix that needs one.
-type Pools = std::collections::HashMap<(GgmlType, u32), Vec<u8>>;
+type Pools = std::collections::HashMap<(GgmlType, u32), Arc<Vec<u8>>>;
 
-/// A `[rows, cols]` matrix of normal values with standard deviation `std`, encoded as `ty`.
-fn random_matrix(
+/// Bytes a matrix's writer buffers before each write.
+const WRITE_CHUNK: usize = 1 << 20;
+
+/// A matrix of `blocks` blocks of normal values with standard deviation `std`, encoded as `ty`: a function that
+/// writes its bytes when the file is written (a 30B-A3B file is larger than the memory of the machines that make
+/// it), each block picked at random from the (type, std) pool by a generator of its own seed.
+fn random_blocks(
     ty: GgmlType,
-    rows: usize,
-    cols: usize,
+    blocks: usize,
     std: f32,
     rng: &mut Rng,
     pools: &mut Pools,
-) -> Result<Vec<u8>> {
+) -> Result<impl Fn(&mut dyn Write) -> std::io::Result<()> + 'static> {
     let block_len = ty.block_len();
-    if !cols.is_multiple_of(block_len) {
-        bail!("{ty} needs rows that are a multiple of {block_len} values; this shape has {cols}");
-    }
-    let block_bytes = ty.block_bytes();
     let pool = match pools.entry((ty, std.to_bits())) {
-        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Occupied(e) => e.get().clone(),
         std::collections::hash_map::Entry::Vacant(e) => {
             let pool_vals: Vec<f32> = (0..POOL_BLOCKS * block_len).map(|_| rng.normal() * std).collect();
-            e.insert(gguf::quant::quantize(ty, &pool_vals).with_context(|| format!("quantizing to {ty}"))?)
+            let q = gguf::quant::quantize(ty, &pool_vals).with_context(|| format!("quantizing to {ty}"))?;
+            e.insert(Arc::new(q)).clone()
         }
     };
-    let num_blocks = rows * cols / block_len;
-    let mut out = Vec::with_capacity(num_blocks * block_bytes);
-    for _ in 0..num_blocks {
-        let b = (rng.next_u64() % POOL_BLOCKS as u64) as usize;
-        out.extend_from_slice(&pool[b * block_bytes..(b + 1) * block_bytes]);
-    }
-    Ok(out)
+    let (seed, block_bytes) = (rng.next_u64(), ty.block_bytes());
+    Ok(move |w: &mut dyn Write| {
+        let mut r = Rng::new(seed);
+        let mut buf = Vec::with_capacity(WRITE_CHUNK + block_bytes);
+        for _ in 0..blocks {
+            let b = (r.next_u64() % POOL_BLOCKS as u64) as usize;
+            buf.extend_from_slice(&pool[b * block_bytes..(b + 1) * block_bytes]);
+            if buf.len() >= WRITE_CHUNK {
+                w.write_all(&buf)?;
+                buf.clear();
+            }
+        }
+        w.write_all(&buf)
+    })
 }
 
 fn f32_bytes(v: impl Iterator<Item = f32>) -> Vec<u8> {
@@ -307,9 +350,6 @@ pub fn tokenizer_metadata(w: &mut GgufWriter, vocab: usize) {
 }
 
 pub fn main(a: Args) -> Result<()> {
-    if a.arch != "qwen2" {
-        bail!("only --arch qwen2 is supported");
-    }
     let s = *SHAPES.iter().find(|s| s.name == a.like).with_context(|| {
         let names: Vec<_> = SHAPES.iter().map(|s| s.name).collect();
         format!("unknown --like {:?}; known: {}", a.like, names.join(", "))
@@ -330,39 +370,58 @@ pub fn main(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// Builds the whole file in memory.
+/// Builds the file: its metadata and small vectors in memory, its matrices as writers of their bytes.
 pub fn build(s: &Shape, forced: Option<GgmlType>, layers: usize, seed: u64) -> Result<GgufWriter> {
     let num_layers = if layers == 0 { s.num_layers } else { layers.min(s.num_layers) };
-    let head_dim = s.hidden / s.num_heads;
-    let (h, ffn, kvd) = (s.hidden, s.ffn, s.num_kv_heads * head_dim);
+    let arch = if s.moe.is_some() { "qwen3moe" } else { "qwen2" };
+    let head_dim = s.moe.map_or(s.hidden / s.num_heads, |m| m.head_dim);
+    let (h, ffn, qd, kvd) = (s.hidden, s.ffn, s.num_heads * head_dim, s.num_kv_heads * head_dim);
     let mut w = GgufWriter::new();
-    w.add("general.architecture", Value::String("qwen2".into()));
+    let key = |k: &str| format!("{arch}.{k}");
+    w.add("general.architecture", Value::String(arch.into()));
     w.add("general.type", Value::String("model".into()));
     w.add("general.name", Value::String(format!("synthetic {} ({num_layers} layers)", s.name)));
-    w.add("qwen2.block_count", Value::U32(num_layers as u32));
-    w.add("qwen2.context_length", Value::U32(32768));
-    w.add("qwen2.embedding_length", Value::U32(h as u32));
-    w.add("qwen2.feed_forward_length", Value::U32(ffn as u32));
-    w.add("qwen2.attention.head_count", Value::U32(s.num_heads as u32));
-    w.add("qwen2.attention.head_count_kv", Value::U32(s.num_kv_heads as u32));
-    w.add("qwen2.rope.freq_base", Value::F32(1_000_000.0));
-    w.add("qwen2.attention.layer_norm_rms_epsilon", Value::F32(1e-6));
+    w.add(key("block_count"), Value::U32(num_layers as u32));
+    w.add(key("context_length"), Value::U32(if s.moe.is_some() { 40960 } else { 32768 }));
+    w.add(key("embedding_length"), Value::U32(h as u32));
+    w.add(key("feed_forward_length"), Value::U32(ffn as u32));
+    w.add(key("attention.head_count"), Value::U32(s.num_heads as u32));
+    w.add(key("attention.head_count_kv"), Value::U32(s.num_kv_heads as u32));
+    w.add(key("rope.freq_base"), Value::F32(1_000_000.0));
+    w.add(key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6));
+    if let Some(m) = s.moe {
+        w.add(key("attention.key_length"), Value::U32(head_dim as u32));
+        w.add(key("attention.value_length"), Value::U32(head_dim as u32));
+        w.add(key("expert_count"), Value::U32(m.num_experts as u32));
+        w.add(key("expert_used_count"), Value::U32(m.num_used as u32));
+        w.add(key("expert_feed_forward_length"), Value::U32(m.expert_ffn as u32));
+    }
     w.add("general.file_type", Value::U32(if forced.is_none() { 15 } else { 0 }));
     tokenizer_metadata(&mut w, s.vocab);
     w.add("general.quantization_version", Value::U32(2));
 
     let mut rng = Rng::new(seed);
-    let ty = |kind, layer| forced.unwrap_or_else(|| q4_k_m_type(s, kind, layer, num_layers));
+    // The router stays f32 even when one type is forced on every matrix, as llama.cpp's quantizer leaves it.
+    let ty = |kind, layer| match (forced, kind) {
+        (Some(_), Kind::Router) | (None, _) => q4_k_m_type(s, kind, layer, num_layers),
+        (Some(t), _) => t,
+    };
     let inv_sqrt = |n: usize| 1.0 / (n as f32).sqrt();
     let mut pools = Pools::new();
-    let mut mat = |w: &mut GgufWriter, name: String, ty: GgmlType, rows: usize, cols: usize, std: f32| -> Result<()> {
-        let data =
-            random_matrix(ty, rows, cols, std, &mut rng, &mut pools).with_context(|| format!("tensor {name}"))?;
-        w.add_tensor(name, &[cols as u64, rows as u64], ty, data)?;
+    // A tensor of ggml dims `dims` (`dims[0]` the row length) of normal values.
+    let mut mat = |w: &mut GgufWriter, name: String, ty: GgmlType, dims: &[usize], std: f32| -> Result<()> {
+        let block_len = ty.block_len();
+        if !dims[0].is_multiple_of(block_len) {
+            bail!("{name}: {ty} needs rows that are a multiple of {block_len} values; this shape has {}", dims[0]);
+        }
+        let blocks = dims.iter().product::<usize>() / block_len;
+        let fill = random_blocks(ty, blocks, std, &mut rng, &mut pools).with_context(|| format!("tensor {name}"))?;
+        let dims: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+        w.add_tensor_with(name, &dims, ty, fill)?;
         Ok(())
     };
     // Embedding rows of about unit norm; the output matrix makes logits of standard deviation about 3.
-    mat(&mut w, "token_embd.weight".into(), ty(Kind::Embd, 0), s.vocab, h, inv_sqrt(h))?;
+    mat(&mut w, "token_embd.weight".into(), ty(Kind::Embd, 0), &[h, s.vocab], inv_sqrt(h))?;
     let mut vrng = Rng::new(seed ^ 0x5EED);
     let mut vec_ = |w: &mut GgufWriter, name: String, n: usize, mean: f32, std: f32| -> Result<()> {
         let data = f32_bytes((0..n).map(|_| mean + std * vrng.normal()));
@@ -372,20 +431,37 @@ pub fn build(s: &Shape, forced: Option<GgmlType>, layers: usize, seed: u64) -> R
     for l in 0..num_layers {
         let n = |s: &str| format!("blk.{l}.{s}");
         vec_(&mut w, n("attn_norm.weight"), h, 1.0, 0.1)?;
-        mat(&mut w, n("attn_q.weight"), ty(Kind::Other, l), h, h, inv_sqrt(h))?;
-        vec_(&mut w, n("attn_q.bias"), h, 0.0, 0.3)?;
-        mat(&mut w, n("attn_k.weight"), ty(Kind::Other, l), kvd, h, inv_sqrt(h))?;
-        vec_(&mut w, n("attn_k.bias"), kvd, 0.0, 0.5)?;
-        mat(&mut w, n("attn_v.weight"), ty(Kind::AttnV, l), kvd, h, inv_sqrt(h))?;
-        vec_(&mut w, n("attn_v.bias"), kvd, 0.0, 0.05)?;
-        mat(&mut w, n("attn_output.weight"), ty(Kind::Other, l), h, h, inv_sqrt(h))?;
+        mat(&mut w, n("attn_q.weight"), ty(Kind::Other, l), &[h, qd], inv_sqrt(h))?;
+        mat(&mut w, n("attn_k.weight"), ty(Kind::Other, l), &[h, kvd], inv_sqrt(h))?;
+        mat(&mut w, n("attn_v.weight"), ty(Kind::AttnV, l), &[h, kvd], inv_sqrt(h))?;
+        if s.moe.is_none() {
+            vec_(&mut w, n("attn_q.bias"), qd, 0.0, 0.3)?;
+            vec_(&mut w, n("attn_k.bias"), kvd, 0.0, 0.5)?;
+            vec_(&mut w, n("attn_v.bias"), kvd, 0.0, 0.05)?;
+        } else {
+            vec_(&mut w, n("attn_q_norm.weight"), head_dim, 1.0, 0.1)?;
+            vec_(&mut w, n("attn_k_norm.weight"), head_dim, 1.0, 0.1)?;
+        }
+        mat(&mut w, n("attn_output.weight"), ty(Kind::Other, l), &[qd, h], inv_sqrt(qd))?;
         vec_(&mut w, n("ffn_norm.weight"), h, 1.0, 0.1)?;
-        mat(&mut w, n("ffn_gate.weight"), ty(Kind::Other, l), ffn, h, inv_sqrt(h))?;
-        mat(&mut w, n("ffn_up.weight"), ty(Kind::Other, l), ffn, h, inv_sqrt(h))?;
-        mat(&mut w, n("ffn_down.weight"), ty(Kind::FfnDown, l), h, ffn, inv_sqrt(ffn))?;
+        match s.moe {
+            None => {
+                mat(&mut w, n("ffn_gate.weight"), ty(Kind::Other, l), &[h, ffn], inv_sqrt(h))?;
+                mat(&mut w, n("ffn_up.weight"), ty(Kind::Other, l), &[h, ffn], inv_sqrt(h))?;
+                mat(&mut w, n("ffn_down.weight"), ty(Kind::FfnDown, l), &[ffn, h], inv_sqrt(ffn))?;
+            }
+            Some(m) => {
+                let (ne, f) = (m.num_experts, m.expert_ffn);
+                // Router logits of a few units, so that routing is decided (no near-uniform softmax).
+                mat(&mut w, n("ffn_gate_inp.weight"), ty(Kind::Router, l), &[h, ne], 2.0 * inv_sqrt(h))?;
+                mat(&mut w, n("ffn_gate_exps.weight"), ty(Kind::Other, l), &[h, f, ne], inv_sqrt(h))?;
+                mat(&mut w, n("ffn_up_exps.weight"), ty(Kind::Other, l), &[h, f, ne], inv_sqrt(h))?;
+                mat(&mut w, n("ffn_down_exps.weight"), ty(Kind::FfnDown, l), &[f, h, ne], inv_sqrt(f))?;
+            }
+        }
     }
     vec_(&mut w, "output_norm.weight".into(), h, 1.0, 0.1)?;
-    mat(&mut w, "output.weight".into(), ty(Kind::Output, 0), s.vocab, h, 3.0 * inv_sqrt(h))?;
+    mat(&mut w, "output.weight".into(), ty(Kind::Output, 0), &[h, s.vocab], 3.0 * inv_sqrt(h))?;
     Ok(w)
 }
 
@@ -421,6 +497,34 @@ mod tests {
         let logits = cpu.forward(&b).expect("forward").to_vec();
         assert_eq!(logits.len(), s.vocab);
         assert!(logits.iter().all(|v| v.is_finite()));
+        let mean = logits.iter().sum::<f32>() / logits.len() as f32;
+        let std = (logits.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / logits.len() as f32).sqrt();
+        assert!(std > 0.5 && std < 20.0, "logit spread {std}");
+    }
+
+    /// A one-layer Qwen3-30B-A3B file: qwen3moe with the real file's tensor names, 3-D expert shapes and Q4_K_M
+    /// types (layer 0 of 1 takes llama.cpp's "more bits": attn_v and ffn_down_exps Q6_K; the router f32), which the
+    /// CPU runner loads (experts left in the file) and runs to finite, spread logits.
+    #[test]
+    fn synthetic_moe_file_has_the_real_shapes_and_runs() {
+        let s = *SHAPES.iter().find(|s| s.name == "qwen3-30b-a3b").expect("shape");
+        let bytes = build(&s, None, 1, 3).expect("build").to_bytes();
+        let file = std::sync::Arc::new(gguf::GgufFile::from_bytes(bytes).expect("parse"));
+        let t = |n: &str| file.tensor(n).map(|t| (t.ty, t.dims.clone()));
+        assert_eq!(t("blk.0.ffn_gate_exps.weight"), Some((GgmlType::Q4_K, vec![2048, 768, 128])));
+        assert_eq!(t("blk.0.ffn_up_exps.weight"), Some((GgmlType::Q4_K, vec![2048, 768, 128])));
+        assert_eq!(t("blk.0.ffn_down_exps.weight"), Some((GgmlType::Q6_K, vec![768, 2048, 128])));
+        assert_eq!(t("blk.0.ffn_gate_inp.weight"), Some((GgmlType::F32, vec![2048, 128])));
+        assert_eq!(t("blk.0.attn_q.weight"), Some((GgmlType::Q4_K, vec![2048, 4096])));
+        assert_eq!(t("blk.0.attn_v.weight"), Some((GgmlType::Q6_K, vec![2048, 512])));
+        assert_eq!(t("output.weight"), Some((GgmlType::Q6_K, vec![2048, 151936])));
+
+        let mut cpu = models::cpu::CpuRunner::new(file, 2).expect("runner");
+        let ids = [1u32, 2, 3, 4, 5];
+        let b =
+            Batch { chunks: vec![SeqChunk { seq: SeqId(1), tokens: &ids, start_pos: 0, logits: LogitsWanted::Last }] };
+        let logits = cpu.forward(&b).expect("forward").to_vec();
+        assert!(logits.len() == s.vocab && logits.iter().all(|v| v.is_finite()));
         let mean = logits.iter().sum::<f32>() / logits.len() as f32;
         let std = (logits.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / logits.len() as f32).sqrt();
         assert!(std > 0.5 && std < 20.0, "logit spread {std}");

@@ -6,8 +6,38 @@ use crate::{DEFAULT_ALIGNMENT, Error, GgmlType, MAGIC, Result, Value};
 /// Builds a GGUF file (v3): metadata in insertion order, then tensors, each aligned.
 pub struct GgufWriter {
     metadata: Vec<(String, Value)>,
-    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+    tensors: Vec<(String, Vec<u64>, GgmlType, Data)>,
     alignment: u64,
+}
+
+/// A tensor's bytes: held, or written by a function when the file is (a file larger than memory).
+enum Data {
+    Bytes(Vec<u8>),
+    Fill { len: u64, fill: Box<dyn Fn(&mut dyn Write) -> std::io::Result<()>> },
+}
+
+impl Data {
+    fn len(&self) -> u64 {
+        match self {
+            Data::Bytes(b) => b.len() as u64,
+            Data::Fill { len, .. } => *len,
+        }
+    }
+}
+
+/// Counts the bytes written through it.
+struct Counted<'a, W: Write>(&'a mut W, u64);
+
+impl<W: Write> Write for Counted<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.0.write(buf)?;
+        self.1 += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 impl Default for GgufWriter {
@@ -35,11 +65,24 @@ impl GgufWriter {
 
     /// Adds a tensor. `dims` are in ggml order (`dims[0]` is the row length); `data` must be exactly its size.
     pub fn add_tensor(&mut self, name: impl Into<String>, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> Result<()> {
-        let name = name.into();
-        let row = dims.first().copied().unwrap_or(0) as usize;
-        let rows: u64 = dims.iter().skip(1).product();
-        let expected = ty.row_bytes(row).map(|r| r as u64 * rows);
-        if expected != Some(data.len() as u64) {
+        self.push(name.into(), dims, ty, Data::Bytes(data))
+    }
+
+    /// Adds a tensor whose bytes `fill` writes when the file is written, exactly the tensor's size (checked then).
+    pub fn add_tensor_with(
+        &mut self,
+        name: impl Into<String>,
+        dims: &[u64],
+        ty: GgmlType,
+        fill: impl Fn(&mut dyn Write) -> std::io::Result<()> + 'static,
+    ) -> Result<()> {
+        let len = tensor_bytes(dims, ty).unwrap_or(u64::MAX);
+        self.push(name.into(), dims, ty, Data::Fill { len, fill: Box::new(fill) })
+    }
+
+    fn push(&mut self, name: String, dims: &[u64], ty: GgmlType, data: Data) -> Result<()> {
+        let expected = tensor_bytes(dims, ty);
+        if expected != Some(data.len()) {
             return Err(Error::BadTensor {
                 name,
                 reason: format!("{} bytes given, {:?} expected for {ty} {dims:?}", data.len(), expected),
@@ -87,21 +130,38 @@ impl GgufWriter {
             }
             head.extend_from_slice(&ty.to_u32().to_le_bytes());
             head.extend_from_slice(&offset.to_le_bytes());
-            offset = align(offset + data.len() as u64);
+            offset = align(offset + data.len());
         }
         let zeros = vec![0u8; self.alignment as usize];
         let head_len = head.len() as u64;
         w.write_all(&head)?;
         w.write_all(&zeros[..(align(head_len) - head_len) as usize])?;
-        for (i, (_, _, _, data)) in self.tensors.iter().enumerate() {
-            w.write_all(data)?;
+        for (i, (name, _, _, data)) in self.tensors.iter().enumerate() {
+            match data {
+                Data::Bytes(b) => w.write_all(b)?,
+                Data::Fill { len, fill } => {
+                    let mut c = Counted(&mut *w, 0);
+                    fill(&mut c)?;
+                    if c.1 != *len {
+                        let e = format!("tensor {name}: {} bytes written, {len} declared", c.1);
+                        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e));
+                    }
+                }
+            }
             if i + 1 < self.tensors.len() {
-                let n = data.len() as u64;
+                let n = data.len();
                 w.write_all(&zeros[..(align(n) - n) as usize])?;
             }
         }
         Ok(())
     }
+}
+
+/// Bytes of a tensor of ggml dims `dims` and type `ty`; `None` if its rows are not whole blocks.
+fn tensor_bytes(dims: &[u64], ty: GgmlType) -> Option<u64> {
+    let row = dims.first().copied().unwrap_or(0) as usize;
+    let rows: u64 = dims.iter().skip(1).product();
+    ty.row_bytes(row).map(|r| r as u64 * rows)
 }
 
 fn put_string(buf: &mut Vec<u8>, s: &str) {

@@ -8,6 +8,7 @@ pub enum Arch {
     Qwen2,
     Llama,
     Qwen3,
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -16,6 +17,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Llama => "llama",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 }

@@ -4,7 +4,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     #[error(transparent)]
     Gguf(#[from] gguf::Error),
-    #[error("unsupported architecture {0:?} (supported: qwen2, llama, qwen3)")]
+    #[error("unsupported architecture {0:?} (supported: qwen2, llama, qwen3, qwen3moe)")]
     UnsupportedArch(String),
     #[error("metadata key {0:?} is missing")]
     MissingKey(String),

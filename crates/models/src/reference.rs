@@ -1,6 +1,6 @@
 //! The f32 reference forward pass: the oracle that every backend's correctness is measured against.
 //!
-//! A plain transformer over any GGUF file an `arch/` reader accepts (qwen2, llama, qwen3): weights are dequantized
+//! A plain transformer over any GGUF file an `arch/` reader accepts (qwen2, llama, qwen3, qwen3moe): weights are dequantized
 //! with `gguf::quant` (the scalar decoders that are bit-identical with ggml's), activations stay f32 (the norms, RoPE
 //! angles and softmax sums in f64) and the KV cache is f32, one growing vector per sequence and layer. It shares
 //! nothing with the backends' kernels (no quantized activations, no packed layouts, no paged cache): written from
@@ -21,10 +21,13 @@ use std::sync::Arc;
 use backend::cpu::ops::RopeStyle;
 use gguf::{GgmlType, GgufFile};
 
+use crate::arch::FfnKind;
+use crate::arch::qwen3moe::ExpertNames;
 use crate::weights::{tensor, vector};
 use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId};
 
 /// A `[rows, cols]` matrix left in the file in its stored type.
+#[derive(Clone, Copy)]
 struct Matrix {
     ty: GgmlType,
     rows: usize,
@@ -36,13 +39,23 @@ struct Matrix {
 
 impl Matrix {
     fn load(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Self> {
-        let t = tensor(file, name, &[cols as u64, rows as u64])?;
+        Self::view(file, name, &[cols as u64, rows as u64], rows, cols)
+    }
+
+    /// The tensor of ggml dims `dims` seen as `[rows, cols]` (a 3-D expert tensor as its experts stacked).
+    fn view(file: &GgufFile, name: &str, dims: &[u64], rows: usize, cols: usize) -> Result<Self> {
+        let t = tensor(file, name, dims)?;
         let row_bytes = t.ty.row_bytes(cols).filter(|_| gguf::quant::is_supported(t.ty));
         let row_bytes = row_bytes.ok_or_else(|| Error::UnsupportedType { name: name.into(), ty: t.ty })?;
         if row_bytes * rows != t.size_bytes as usize {
             return Err(Error::BadShape { name: name.into(), found: t.dims.clone(), expected: vec![cols as u64] });
         }
         Ok(Matrix { ty: t.ty, rows, cols, start: (file.data_offset + t.offset) as usize, row_bytes })
+    }
+
+    /// Rows `r0..r0 + rows` as a matrix of their own (one expert of a stacked tensor).
+    fn rows(&self, r0: usize, rows: usize) -> Matrix {
+        Matrix { rows, start: self.start + r0 * self.row_bytes, ..*self }
     }
 
     /// Rows `r0..r0 + out.len() / cols` as f32.
@@ -62,9 +75,63 @@ struct Layer {
     qk_norm: Option<[Vec<f32>; 2]>,
     wo: Matrix,
     ffn_norm: Vec<f32>,
-    gate: Matrix,
-    up: Matrix,
-    down: Matrix,
+    ffn: Ffn,
+}
+
+enum Ffn {
+    SwiGlu { gate: Matrix, up: Matrix, down: Matrix },
+    Experts(Experts),
+}
+
+/// An expert-routed FFN: every expert's gate, up (`[ffn, hidden]`) and down (`[hidden, ffn]`), and the shared
+/// expert with its sigmoid gate (`[hidden]`), if any.
+struct Experts {
+    spec: backend::ExpertsSpec,
+    router: Matrix,
+    experts: Vec<[Matrix; 3]>,
+    shared: Option<([Matrix; 3], Option<Vec<f32>>)>,
+}
+
+impl Experts {
+    fn load(f: &GgufFile, cfg: &ModelConfig, names: &ExpertNames, i: usize) -> Result<Self> {
+        let spec = crate::arch::qwen3moe::experts_spec(f, cfg.arch)?;
+        let (h, ne, ff) = (cfg.hidden_size as u64, spec.num_experts, spec.expert_ffn);
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        let stack = |s: &str, rows: usize, cols: usize| {
+            Matrix::view(f, &n(s), &[cols as u64, rows as u64, ne as u64], ne * rows, cols)
+        };
+        let down = stack(names.down, h as usize, ff)?;
+        let gate_up = match f.tensor(&n(names.gate_up)) {
+            Some(_) => (stack(names.gate_up, 2 * ff, h as usize)?, None),
+            None => (stack(names.gate, ff, h as usize)?, Some(stack(names.up, ff, h as usize)?)),
+        };
+        let experts = (0..ne)
+            .map(|e| {
+                let [g, u] = match &gate_up {
+                    (fused, None) => [fused.rows(2 * e * ff, ff), fused.rows((2 * e + 1) * ff, ff)],
+                    (g, Some(u)) => [g.rows(e * ff, ff), u.rows(e * ff, ff)],
+                };
+                [g, u, down.rows(e * h as usize, h as usize)]
+            })
+            .collect();
+        let shared = match f.tensor(&n(names.shared_gate)) {
+            None => None,
+            Some(t) => {
+                let sf = t.dims.get(1).copied().unwrap_or(0) as usize;
+                let gate = match f.tensor(&n(names.shared_gate_inp)) {
+                    None => None,
+                    Some(t) => Some(vector(f, &n(names.shared_gate_inp), t.dims.iter().product::<u64>() as usize)?),
+                };
+                let m = [
+                    Matrix::load(f, &n(names.shared_gate), sf, h as usize)?,
+                    Matrix::load(f, &n(names.shared_up), sf, h as usize)?,
+                    Matrix::load(f, &n(names.shared_down), h as usize, sf)?,
+                ];
+                Some((m, gate))
+            }
+        };
+        Ok(Experts { spec, router: Matrix::load(f, &n(names.router), ne, h as usize)?, experts, shared })
+    }
 }
 
 /// One sequence's keys and values: per layer, `[len, kv_dim]` each.
@@ -126,9 +193,14 @@ impl Reference {
                     qk_norm,
                     wo: Matrix::load(f, &n("attn_output.weight"), h, qd)?,
                     ffn_norm: vector(f, &n("ffn_norm.weight"), h)?,
-                    gate: Matrix::load(f, &n("ffn_gate.weight"), ffn, h)?,
-                    up: Matrix::load(f, &n("ffn_up.weight"), ffn, h)?,
-                    down: Matrix::load(f, &n("ffn_down.weight"), h, ffn)?,
+                    ffn: match cfg.arch.recipe().ffn {
+                        FfnKind::SwiGlu => Ffn::SwiGlu {
+                            gate: Matrix::load(f, &n("ffn_gate.weight"), ffn, h)?,
+                            up: Matrix::load(f, &n("ffn_up.weight"), ffn, h)?,
+                            down: Matrix::load(f, &n("ffn_down.weight"), h, ffn)?,
+                        },
+                        FfnKind::Experts { names } => Ffn::Experts(Experts::load(f, &cfg, names, i)?),
+                    },
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -245,10 +317,72 @@ impl Reference {
         });
     }
 
+    /// `out = down · (silu(gate · x) * (up · x))` for the `m` rows of `x`.
+    fn swiglu(&self, [gate, up, down]: [&Matrix; 3], x: &[f32], m: usize, out: &mut [f32]) {
+        let (mut g, mut u) = (vec![0f32; m * gate.rows], vec![0f32; m * gate.rows]);
+        self.linear(gate, x, m, &mut g);
+        self.linear(up, x, m, &mut u);
+        for (a, &b) in g.iter_mut().zip(&u) {
+            *a = (*a as f64 / (1.0 + (-*a as f64).exp()) * b as f64) as f32;
+        }
+        self.linear(down, &g, m, &mut out[..m * down.rows]);
+    }
+
+    /// The expert-routed FFN of the `m` rows of `x`: softmax over the router's logits (f64), the top `num_used`
+    /// (ties to the lower index), renormalised when the file says so; each expert over the rows that picked it.
+    fn experts(&self, e: &Experts, x: &[f32], m: usize, out: &mut [f32]) {
+        let (h, ne, k) = (self.cfg.hidden_size, e.spec.num_experts, e.spec.num_used);
+        let mut logits = vec![0f32; m * ne];
+        self.linear(&e.router, x, m, &mut logits);
+        let mut acc = vec![0f64; m * h];
+        // Per expert, the rows that picked it and their weights.
+        let mut picked: Vec<Vec<(usize, f64)>> = vec![Vec::new(); ne];
+        for (t, row) in logits.chunks_exact(ne).enumerate() {
+            let max = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+            let p: Vec<f64> = row.iter().map(|&l| (l as f64 - max).exp()).collect();
+            let sum: f64 = p.iter().sum();
+            let mut idx: Vec<usize> = (0..ne).collect();
+            idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let top = &idx[..k];
+            let norm = if e.spec.normalise_weights { top.iter().map(|&i| p[i]).sum() } else { sum };
+            for &i in top {
+                picked[i].push((t, p[i] / norm));
+            }
+        }
+        let mut y = Vec::new();
+        for (ex, rows) in e.experts.iter().zip(&picked).filter(|(_, r)| !r.is_empty()) {
+            let xs: Vec<f32> = rows.iter().flat_map(|&(t, _)| x[t * h..(t + 1) * h].iter().copied()).collect();
+            y.resize(rows.len() * h, 0.0);
+            self.swiglu([&ex[0], &ex[1], &ex[2]], &xs, rows.len(), &mut y);
+            for (i, &(t, w)) in rows.iter().enumerate() {
+                for (a, &v) in acc[t * h..(t + 1) * h].iter_mut().zip(&y[i * h..(i + 1) * h]) {
+                    *a += w * v as f64;
+                }
+            }
+        }
+        if let Some(([g, u, d], gate)) = &e.shared {
+            y.resize(m * h, 0.0);
+            self.swiglu([g, u, d], x, m, &mut y);
+            for t in 0..m {
+                let xt = &x[t * h..(t + 1) * h];
+                let s = gate.as_ref().map_or(1.0, |w| {
+                    let z: f64 = w.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    1.0 / (1.0 + (-z).exp())
+                });
+                for (a, &v) in acc[t * h..(t + 1) * h].iter_mut().zip(&y[t * h..(t + 1) * h]) {
+                    *a += s * v as f64;
+                }
+            }
+        }
+        for (o, a) in out[..m * h].iter_mut().zip(acc) {
+            *o = a as f32;
+        }
+    }
+
     fn run(&mut self, batch: &Batch<'_>) -> Result<()> {
         batch.validate(&self.cfg, |s| self.seq_len(s))?;
         let cfg = self.cfg.clone();
-        let (h, qd, kvd, ffn) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_size);
+        let (h, qd, kvd) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
         let m = batch.num_tokens();
         let rows: Vec<(SeqId, usize)> =
             batch.chunks.iter().flat_map(|c| (0..c.tokens.len()).map(move |i| (c.seq, c.start_pos + i))).collect();
@@ -266,8 +400,7 @@ impl Reference {
         }
         let (mut xn, mut q, mut k, mut v) =
             (vec![0f32; m * h], vec![0f32; m * qd], vec![0f32; m * kvd], vec![0f32; m * kvd]);
-        let (mut att, mut proj, mut g, mut u) =
-            (vec![0f32; m * qd], vec![0f32; m * h], vec![0f32; m * ffn], vec![0f32; m * ffn]);
+        let (mut att, mut proj) = (vec![0f32; m * qd], vec![0f32; m * h]);
         for (li, l) in self.layers.iter().enumerate() {
             rms_norm(&x, &l.attn_norm, cfg.rms_eps, &mut xn);
             self.linear(&l.wq, &xn, m, &mut q);
@@ -301,12 +434,10 @@ impl Reference {
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
 
             rms_norm(&x, &l.ffn_norm, cfg.rms_eps, &mut xn);
-            self.linear(&l.gate, &xn, m, &mut g);
-            self.linear(&l.up, &xn, m, &mut u);
-            for (a, &b) in g.iter_mut().zip(&u) {
-                *a = (*a as f64 / (1.0 + (-*a as f64).exp()) * b as f64) as f32;
+            match &l.ffn {
+                Ffn::SwiGlu { gate, up, down } => self.swiglu([gate, up, down], &xn, m, &mut proj),
+                Ffn::Experts(e) => self.experts(e, &xn, m, &mut proj),
             }
-            self.linear(&l.down, &g, m, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
         }
 

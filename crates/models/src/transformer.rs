@@ -7,11 +7,12 @@
 //! blocks a sequence owns is the runner's (`kv_cache`); this module only passes them to the backend.
 
 use backend::{
-    AttentionSpec, AttentionWeights, AttnRows, AttnShape, Backend, FfnWeights, LayerWeights, MatrixUse, MixerWeights,
-    Norm, RopeSpec, Widths, Workspace,
+    AttentionSpec, AttentionWeights, AttnRows, AttnShape, Backend, ExpertGateUp, ExpertWeights, FfnWeights,
+    LayerWeights, MatrixUse, MixerWeights, Norm, RopeSpec, SharedExpert, Widths, Workspace,
 };
 
-use crate::arch::{FfnKind, MixerKind};
+use crate::arch::MixerKind;
+use crate::weights::Ffn;
 use crate::{ModelConfig, Result, Weights};
 
 /// A model's weights on a backend, and the activation buffers of its forward pass.
@@ -47,6 +48,26 @@ fn vector<B: Backend>(b: &mut B, v: &Option<Vec<f32>>) -> Result<Option<B::Vecto
     })
 }
 
+/// The host's expert weights ([`Ffn::Experts`]) on the backend: the experts' matrices as [`MatrixUse::Experts`].
+fn experts<B: Backend>(b: &mut B, e: &ExpertWeights<backend::cpu::CpuBackend>) -> Result<ExpertWeights<B>> {
+    let mut ex = |m| b.load_matrix(m, MatrixUse::Experts);
+    let gate_up = match &e.gate_up {
+        ExpertGateUp::Separate { gate, up } => ExpertGateUp::Separate { gate: ex(gate)?, up: ex(up)? },
+        ExpertGateUp::Fused(m) => ExpertGateUp::Fused(ex(m)?),
+    };
+    let down = ex(&e.down)?;
+    let shared = match &e.shared {
+        None => None,
+        Some(s) => Some(SharedExpert {
+            gate: b.load_matrix(&s.gate, MatrixUse::Linear)?,
+            up: b.load_matrix(&s.up, MatrixUse::Linear)?,
+            down: b.load_matrix(&s.down, MatrixUse::Linear)?,
+            gate_inp: s.gate_inp.as_ref().map(|g| b.load_matrix(g, MatrixUse::Linear)).transpose()?,
+        }),
+    };
+    Ok(ExpertWeights { router: b.load_matrix(&e.router, MatrixUse::Linear)?, gate_up, down, shared, spec: e.spec })
+}
+
 impl<B: Backend> Transformer<B> {
     /// Loads the host weights (`Weights::load`) onto the backend as the architecture's recipe lays them out.
     pub fn new(b: &mut B, cfg: &ModelConfig, w: &Weights) -> Result<Self> {
@@ -69,12 +90,15 @@ impl<B: Backend> Transformer<B> {
                 k_norm: qk(b, &l.k_norm)?,
                 wo: b.load_matrix(&l.wo, MatrixUse::Linear)?,
             });
-            let FfnKind::SwiGlu = recipe.ffn;
-            let ffn = FfnWeights::SwiGlu {
-                norm: norm(b, cfg, &l.ffn_norm)?,
-                gate: b.load_matrix(&l.w_gate, MatrixUse::Linear)?,
-                up: b.load_matrix(&l.w_up, MatrixUse::Linear)?,
-                down: b.load_matrix(&l.w_down, MatrixUse::Linear)?,
+            let ffn_norm = norm(b, cfg, &l.ffn_norm)?;
+            let ffn = match &l.ffn {
+                Ffn::SwiGlu { gate, up, down } => FfnWeights::SwiGlu {
+                    norm: ffn_norm,
+                    gate: b.load_matrix(gate, MatrixUse::Linear)?,
+                    up: b.load_matrix(up, MatrixUse::Linear)?,
+                    down: b.load_matrix(down, MatrixUse::Linear)?,
+                },
+                Ffn::Experts(e) => FfnWeights::Experts { norm: ffn_norm, experts: experts(b, e)? },
             };
             layers.push(LayerWeights { mixer, ffn });
         }

@@ -4,10 +4,13 @@
 
 use std::sync::Arc;
 
-use backend::cpu::QMatrix;
 use backend::cpu::matmul::Bytes;
+use backend::cpu::{CpuBackend, QMatrix};
+use backend::{ExpertGateUp, ExpertWeights, SharedExpert};
 use gguf::GgufFile;
 
+use crate::arch::qwen3moe::{ExpertNames, experts_spec};
+use crate::arch::{FfnKind, MixerKind};
 use crate::{Error, ModelConfig, Result};
 
 pub struct LayerWeights {
@@ -27,12 +30,25 @@ pub struct LayerWeights {
     /// [hidden, q_dim]
     pub wo: QMatrix,
     pub ffn_norm: Vec<f32>,
-    /// [ffn, hidden]
-    pub w_gate: QMatrix,
-    /// [ffn, hidden]
-    pub w_up: QMatrix,
-    /// [hidden, ffn]
-    pub w_down: QMatrix,
+    pub ffn: Ffn,
+}
+
+/// A layer's feed-forward weights, of the recipe's kind.
+pub enum Ffn {
+    /// [ffn, hidden], [ffn, hidden], [hidden, ffn]
+    SwiGlu { gate: QMatrix, up: QMatrix, down: QMatrix },
+    /// The host form of the backend's expert weights (the CPU backend's matrices are the file's).
+    Experts(ExpertWeights<CpuBackend>),
+}
+
+impl LayerWeights {
+    /// The dense FFN's gate, up and down; `None` for an expert-routed layer.
+    pub fn dense_ffn(&self) -> Option<[&QMatrix; 3]> {
+        match &self.ffn {
+            Ffn::SwiGlu { gate, up, down } => Some([gate, up, down]),
+            Ffn::Experts(_) => None,
+        }
+    }
 }
 
 pub struct Weights {
@@ -49,7 +65,7 @@ impl Weights {
     pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Self> {
         let recipe = cfg.arch.recipe();
         let n = recipe.names;
-        let crate::arch::MixerKind::Attention { qkv_bias, qk_norm } = recipe.mixer;
+        let MixerKind::Attention { qkv_bias, qk_norm } = recipe.mixer;
         let h = cfg.hidden_size;
         let token_embd = matrix(file, n.token_embd, cfg.vocab_size, h)?;
         let output = if cfg.tied_embeddings { token_embd.clone() } else { matrix(file, n.output, cfg.vocab_size, h)? };
@@ -73,9 +89,14 @@ impl Weights {
                     k_norm: qk_norm(n.attn_k_norm)?,
                     wo: matrix(file, &weight(n.attn_output), h, cfg.q_dim())?,
                     ffn_norm: vector(file, &weight(n.ffn_norm), h)?,
-                    w_gate: matrix(file, &weight(n.ffn_gate), cfg.ffn_size, h)?,
-                    w_up: matrix(file, &weight(n.ffn_up), cfg.ffn_size, h)?,
-                    w_down: matrix(file, &weight(n.ffn_down), h, cfg.ffn_size)?,
+                    ffn: match recipe.ffn {
+                        FfnKind::SwiGlu => Ffn::SwiGlu {
+                            gate: matrix(file, &weight(n.ffn_gate), cfg.ffn_size, h)?,
+                            up: matrix(file, &weight(n.ffn_up), cfg.ffn_size, h)?,
+                            down: matrix(file, &weight(n.ffn_down), h, cfg.ffn_size)?,
+                        },
+                        FfnKind::Experts { names } => Ffn::Experts(experts(file, cfg, names, i)?),
+                    },
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -84,7 +105,20 @@ impl Weights {
 
     /// Every matrix of the model, for size accounting.
     pub fn matrices(&self) -> impl Iterator<Item = &QMatrix> {
-        let per_layer = self.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        let per_layer = self.layers.iter().flat_map(|l| {
+            let ffn: Vec<&QMatrix> = match &l.ffn {
+                Ffn::SwiGlu { gate, up, down } => vec![gate, up, down],
+                Ffn::Experts(e) => {
+                    let gate_up = match &e.gate_up {
+                        ExpertGateUp::Separate { gate, up } => vec![gate, up],
+                        ExpertGateUp::Fused(m) => vec![m],
+                    };
+                    let shared = e.shared.iter().flat_map(|s| [&s.gate, &s.up, &s.down].into_iter().chain(&s.gate_inp));
+                    [&e.router, &e.down].into_iter().chain(gate_up).chain(shared).collect()
+                }
+            };
+            [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().chain(ffn)
+        });
         [&self.token_embd, &self.output].into_iter().chain(per_layer)
     }
 }
@@ -97,9 +131,54 @@ pub(crate) fn tensor<'a>(file: &'a GgufFile, name: &str, dims: &[u64]) -> Result
     Ok(t)
 }
 
+/// Layer `i`'s expert-routed FFN: the router, the experts' 3-D tensors as expert-strided matrices
+/// (`[num_experts * rows, cols]`, ggml dims `[cols, rows, num_experts]`), and the shared expert when the file has one.
+fn experts(file: &Arc<GgufFile>, cfg: &ModelConfig, n: &ExpertNames, i: usize) -> Result<ExpertWeights<CpuBackend>> {
+    let spec = experts_spec(file, cfg.arch)?;
+    let (h, ne, f) = (cfg.hidden_size, spec.num_experts, spec.expert_ffn);
+    let name = |s: &str| format!("blk.{i}.{s}.weight");
+    let stack = |s: &str, rows: usize, cols: usize| view(file, &name(s), &[cols, rows, ne], ne * rows, cols);
+    let gate_up = if file.tensor(&name(n.gate_up)).is_some() {
+        ExpertGateUp::Fused(stack(n.gate_up, 2 * f, h)?)
+    } else {
+        ExpertGateUp::Separate { gate: stack(n.gate, f, h)?, up: stack(n.up, f, h)? }
+    };
+    let shared = match file.tensor(&name(n.shared_gate)) {
+        None => None,
+        Some(t) => {
+            let sf = t.dims.get(1).copied().unwrap_or(0) as usize;
+            // The gate is a vector in the converter's files (`[hidden]`), a one-row matrix in others.
+            let gate_inp = match file.tensor(&name(n.shared_gate_inp)).map(|t| t.dims.len()) {
+                None => None,
+                Some(1) => Some(view(file, &name(n.shared_gate_inp), &[h], 1, h)?),
+                Some(_) => Some(matrix(file, &name(n.shared_gate_inp), 1, h)?),
+            };
+            Some(SharedExpert {
+                gate: matrix(file, &name(n.shared_gate), sf, h)?,
+                up: matrix(file, &name(n.shared_up), sf, h)?,
+                down: matrix(file, &name(n.shared_down), h, sf)?,
+                gate_inp,
+            })
+        }
+    };
+    Ok(ExpertWeights {
+        router: matrix(file, &name(n.router), ne, h)?,
+        gate_up,
+        down: stack(n.down, h, f)?,
+        shared,
+        spec,
+    })
+}
+
 /// A `[rows, cols]` matrix (ggml dims `[cols, rows]`) left in the file.
 fn matrix(file: &Arc<GgufFile>, name: &str, rows: usize, cols: usize) -> Result<QMatrix> {
-    let t = tensor(file, name, &[cols as u64, rows as u64])?;
+    view(file, name, &[cols, rows], rows, cols)
+}
+
+/// The tensor of ggml dims `dims` seen as a `[rows, cols]` matrix, left in the file.
+fn view(file: &Arc<GgufFile>, name: &str, dims: &[usize], rows: usize, cols: usize) -> Result<QMatrix> {
+    let dims: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+    let t = tensor(file, name, &dims)?;
     if backend::cpu::quant::act_format(t.ty).is_none() {
         return Err(Error::UnsupportedType { name: name.into(), ty: t.ty });
     }

@@ -151,12 +151,37 @@ pub struct ModelInput {
     /// Bytes of one cached key or value: 2 (f16), or 4 for the f32 cache of an unquantized file
     /// (`backend::KvType::for_weights`).
     pub kv_value_bytes: u64,
+    /// The expert-routed FFN of a mixture-of-experts model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<ExpertShapes>,
+}
+
+/// The experts of a mixture-of-experts model: their part of the weights and the numbers that size its activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ExpertShapes {
+    pub num_experts: usize,
+    /// Experts each token runs.
+    pub num_used: usize,
+    /// Rows of one expert's gate and up projections.
+    pub expert_ffn: usize,
+    /// Bytes of the experts' tensors, within [`ModelInput::weight_bytes`] (memory-mapped on the CPU, not copied).
+    pub bytes: u64,
 }
 
 impl ModelInput {
     /// KV cache per token at this model's KV type.
     pub fn kv_bytes_per_token(&self) -> u64 {
         self.shapes.kv_values_per_token() * self.kv_value_bytes
+    }
+
+    /// Activations per batch row ([`ModelShapes::activation_bytes_per_token`]), plus an expert-routed FFN's: per
+    /// picked expert the gathered input, gate | up, SwiGLU and output rows (f32) and its quantized input, and the
+    /// router's logits.
+    pub fn activation_bytes_per_token(&self) -> u64 {
+        let dense = self.shapes.activation_bytes_per_token();
+        let Some(e) = self.experts else { return dense };
+        let (h, f) = (self.shapes.hidden_size, e.expert_ffn);
+        dense + (e.num_used * (4 * (2 * h + 3 * f) + h.max(f)) + 4 * e.num_experts) as u64
     }
 }
 
@@ -349,11 +374,19 @@ impl fmt::Display for Plan {
 }
 
 /// Workspace bytes of one model for `num_seqs` sequences, `batch` tokens per step, `context` tokens per sequence.
-fn workspaces(m: &ModelShapes, num_seqs: u64, batch: u64, context: u64, threads: u64, spec: u64) -> [(String, u64); 5] {
+fn workspaces(
+    input: &ModelInput,
+    num_seqs: u64,
+    batch: u64,
+    context: u64,
+    threads: u64,
+    spec: u64,
+) -> [(String, u64); 5] {
+    let m = &input.shapes;
     let vocab = m.vocab_size as u64;
     let logits_rows = batch.min(num_seqs * spec);
     [
-        (format!("activations ({batch}-token chunk)"), batch * m.activation_bytes_per_token()),
+        (format!("activations ({batch}-token chunk)"), batch * input.activation_bytes_per_token()),
         (format!("attention scores ({threads} threads)"), threads * m.num_heads as u64 * context * 4),
         (format!("logits ({logits_rows} rows)"), logits_rows * vocab * 4),
         (format!("sampler ({num_seqs} sequences)"), num_seqs * vocab * 8),
@@ -391,18 +424,26 @@ pub fn plan(input: &PlanInput) -> Result<Plan, PlanError> {
             ),
             bytes: margin,
         }];
-        items.push(Item { label: "target weights".into(), bytes: input.target.weight_bytes });
+        match &input.target.experts {
+            None => items.push(Item { label: "target weights".into(), bytes: input.target.weight_bytes }),
+            Some(e) => {
+                let rest = input.target.weight_bytes.saturating_sub(e.bytes);
+                items.push(Item { label: "target weights (all but the experts)".into(), bytes: rest });
+                let label = format!("target experts ({} of {} per token)", e.num_used, e.num_experts);
+                items.push(Item { label, bytes: e.bytes });
+            }
+        }
         if let Some(d) = &input.draft {
             items.push(Item { label: "draft weights".into(), bytes: d.weight_bytes });
         }
         let batch = batch_cap.min(context) as u64;
         let threads = input.num_threads.max(1) as u64;
         let spec = if input.draft.is_some() { NUM_SPECULATIVE_TOKENS as u64 + 1 } else { 1 };
-        for (label, bytes) in workspaces(&input.target.shapes, num_seqs as u64, batch, context as u64, threads, spec) {
+        for (label, bytes) in workspaces(&input.target, num_seqs as u64, batch, context as u64, threads, spec) {
             items.push(Item { label: format!("target {label}"), bytes });
         }
         if let Some(d) = &input.draft {
-            for (label, bytes) in workspaces(&d.shapes, num_seqs as u64, batch, context as u64, threads, 1) {
+            for (label, bytes) in workspaces(d, num_seqs as u64, batch, context as u64, threads, 1) {
                 items.push(Item { label: format!("draft {label}"), bytes });
             }
         }

@@ -20,6 +20,7 @@ fn qwen_1_5b() -> ModelInput {
         },
         weight_bytes: 1_117_320_768,
         kv_value_bytes: 2,
+        experts: None,
     }
 }
 
@@ -38,6 +39,7 @@ fn qwen_0_5b() -> ModelInput {
         },
         weight_bytes: 491_400_064,
         kv_value_bytes: 2,
+        experts: None,
     }
 }
 
@@ -56,6 +58,7 @@ fn qwen_32b() -> ModelInput {
         },
         weight_bytes: 19_851_336_384,
         kv_value_bytes: 2,
+        experts: None,
     }
 }
 
@@ -333,4 +336,37 @@ fn the_prefix_cache_cap_bounds_the_pool_issue_22() {
     assert_no_overcommit(&small, &s);
     let all = plan(&input(qwen_0_5b(), None, 2)).unwrap();
     assert_eq!(s.num_kv_pages, all.num_kv_pages);
+}
+
+/// Qwen3-30B-A3B Q4_K_M (the synthetic file of `splash synth --like qwen3-30b-a3b`: its header's shapes and bytes).
+fn qwen3_30b_a3b() -> ModelInput {
+    ModelInput {
+        shapes: ModelShapes {
+            num_layers: 48,
+            hidden_size: 2048,
+            ffn_size: 6144,
+            num_heads: 32,
+            num_kv_heads: 4,
+            head_dim: 128,
+            vocab_size: 151_936,
+            max_context: 40_960,
+        },
+        weight_bytes: 18_550_716_416,
+        experts: Some(ExpertShapes { num_experts: 128, num_used: 8, expert_ffn: 768, bytes: 17_553_162_240 }),
+    }
+}
+
+/// The MoE model fits a 24 GiB machine (its experts memory-mapped, counted once), the breakdown names the experts,
+/// and a chunk's activations count the picked experts' rows.
+#[test]
+fn moe_counts_its_experts_and_fits_24_gib() {
+    let i = input(qwen3_30b_a3b(), Some(qwen_0_5b()), 24);
+    let p = plan(&i).expect("fits");
+    assert_no_overcommit(&i, &p);
+    let text = p.to_string();
+    assert!(text.contains("target experts (8 of 128 per token)"), "{text}");
+    assert!(text.contains("target weights (all but the experts)"), "{text}");
+    let m = qwen3_30b_a3b();
+    let dense = m.shapes.activation_bytes_per_token();
+    assert!(m.activation_bytes_per_token() > dense + 8 * 4 * (2 * 2048 + 3 * 768), "{text}");
 }

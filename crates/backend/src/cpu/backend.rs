@@ -3,9 +3,13 @@
 //! other backends are tested against.
 
 use super::attention::{self, SeqAttn};
+use super::experts;
 use super::ops::{self, Rope};
 use super::{QMatrix, ThreadPool, matmul};
-use crate::{AttnRows, AttnShape, Backend, Error, KvLayout, KvType, MatrixUse, Norm, NormKind, Result, RopeSpec};
+use crate::{
+    AttnRows, AttnShape, Backend, Error, ExpertGateUp, ExpertWeights, KvLayout, KvType, MatrixUse, Norm, NormKind,
+    Result, RopeSpec,
+};
 
 /// `[rows, cols]` f32 values in host memory.
 #[derive(Debug, Clone, Default)]
@@ -189,10 +193,11 @@ impl Backend for CpuBackend {
             return Err(Error::Unsupported { backend: "cpu", op: "load_matrix", reason: format!("type {}", m.ty) });
         }
         // Rows looked up one at a time stay in the file's layout; matrices only multiplied get the layout this
-        // machine's kernels read faster (Q4_K on AVX-512: `quant::q4k_pairs`).
+        // machine's kernels read faster (Q4_K on AVX-512: `quant::q4k_pairs`). Experts stay in the mapped file: a
+        // 30B-A3B model's experts are most of its bytes, and a token reads a few of them.
         Ok(match usage {
             MatrixUse::Linear => m.repacked(&self.pool).unwrap_or_else(|| m.clone()),
-            MatrixUse::Embedding | MatrixUse::Both => m.clone(),
+            MatrixUse::Embedding | MatrixUse::Both | MatrixUse::Experts => m.clone(),
         })
     }
 
@@ -419,9 +424,64 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn experts(&mut self, x: &CpuTensor, rows: usize, w: &ExpertWeights<Self>, out: &mut CpuTensor) -> Result<()> {
+        check_rows("experts", x, rows)?;
+        check_rows("experts", out, rows)?;
+        check_experts(w, x.cols).map_err(|reason| shape_err("experts", reason))?;
+        if out.cols != x.cols {
+            return Err(shape_err("experts", format!("rows of {} into rows of {}", x.cols, out.cols)));
+        }
+        experts::experts(&self.pool, x.rows(rows), rows, w, out.rows_mut(rows));
+        Ok(())
+    }
+
     fn add(&mut self, x: &mut CpuTensor, y: &CpuTensor, rows: usize) -> Result<()> {
         check_pair("add", x, y, rows)?;
         ops::add(x.rows_mut(rows), y.rows(rows));
         Ok(())
     }
+}
+
+/// Checks an expert-routed FFN's matrices against its numbers and the input width `h`.
+fn check_experts(w: &ExpertWeights<CpuBackend>, h: usize) -> std::result::Result<(), String> {
+    let s = &w.spec;
+    let (ne, f) = (s.num_experts, s.expert_ffn);
+    let want = |m: &QMatrix, rows: usize, cols: usize, what: &str| {
+        want_plain(m, rows, cols, what)?;
+        // Each expert's slice starts on a whole unit of the matrix's layout.
+        let unit = m.layout.unit_rows();
+        if !(rows / ne.max(1)).is_multiple_of(unit) {
+            return Err(format!("{what}: experts of {} rows in a layout of {unit}-row units", rows / ne.max(1)));
+        }
+        Ok(())
+    };
+    if s.num_used == 0 || s.num_used > ne || f == 0 {
+        return Err(format!("{s:?}"));
+    }
+    want(&w.router, ne, h, "the router")?;
+    match &w.gate_up {
+        ExpertGateUp::Separate { gate, up } => {
+            want(gate, ne * f, h, "the experts' gate")?;
+            want(up, ne * f, h, "the experts' up")?;
+        }
+        ExpertGateUp::Fused(m) => want(m, ne * 2 * f, h, "the experts' gate_up")?,
+    }
+    want(&w.down, ne * h, f, "the experts' down")?;
+    if let Some(sh) = &w.shared {
+        let sf = sh.gate.rows;
+        want_plain(&sh.gate, sf, h, "the shared gate")?;
+        want_plain(&sh.up, sf, h, "the shared up")?;
+        want_plain(&sh.down, h, sf, "the shared down")?;
+        if let Some(g) = &sh.gate_inp {
+            want_plain(g, 1, h, "the shared expert's gate")?;
+        }
+    }
+    Ok(())
+}
+
+fn want_plain(m: &QMatrix, rows: usize, cols: usize, what: &str) -> std::result::Result<(), String> {
+    if m.rows != rows || m.cols != cols {
+        return Err(format!("{what} is {m:?}, not {rows}x{cols}"));
+    }
+    Ok(())
 }

@@ -150,13 +150,13 @@ impl QMatrix {
 
 /// A raw output pointer shared by threads that write disjoint elements.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(super) struct OutPtr(pub(super) *mut f32);
 // SAFETY: every thread writes a disjoint set of indices (its own weight rows), see `matmul`.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 /// Input rows per kernel call: keeps the quantized input block in L2 while a chunk of weight rows streams past it.
-const M_BLOCK: usize = 64;
+pub(super) const M_BLOCK: usize = 64;
 
 /// `outs[i][t * ws[i].rows + r] = x[t] · ws[i][r]` for every matrix `i`, input row `t < m` and weight row `r`.
 ///

@@ -5,6 +5,7 @@
 mod llama;
 mod qwen2;
 mod qwen3;
+pub mod qwen3moe;
 
 use backend::{NormKind, RopeStyle};
 use gguf::GgufFile;
@@ -53,6 +54,8 @@ pub enum MixerKind {
 pub enum FfnKind {
     /// `down · (silu(gate · x) * (up · x))`
     SwiGlu,
+    /// Expert-routed SwiGLU experts, with a shared expert where the file has one (`qwen3moe`).
+    Experts { names: &'static qwen3moe::ExpertNames },
 }
 
 /// The GGUF names of a llama-family model's tensors: `blk.{i}.{layer name}.weight` (biases `.bias`), and the
@@ -100,6 +103,7 @@ impl Arch {
             Arch::Qwen2 => &qwen2::RECIPE,
             Arch::Llama => &llama::RECIPE,
             Arch::Qwen3 => &qwen3::RECIPE,
+            Arch::Qwen3Moe => &qwen3moe::RECIPE,
         }
     }
 }
@@ -107,7 +111,7 @@ impl Arch {
 /// Reads the model configuration of any supported architecture.
 pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     let name = file.get_str("general.architecture")?.ok_or_else(|| Error::MissingKey("general.architecture".into()))?;
-    let recipe = [Arch::Qwen2, Arch::Llama, Arch::Qwen3]
+    let recipe = [Arch::Qwen2, Arch::Llama, Arch::Qwen3, Arch::Qwen3Moe]
         .into_iter()
         .find(|a| a.name() == name)
         .ok_or_else(|| Error::UnsupportedArch(name.into()))?

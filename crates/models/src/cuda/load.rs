@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use backend::cpu::QMatrix;
 use backend::cuda::{Blas, DevBuf, Gpu};
 use gguf::{GgmlType, GgufFile};
 
@@ -44,12 +45,16 @@ impl CudaRunner {
                 return Err(Error::Backend(format!("the CUDA backend does not support {} matrices yet", m.ty)));
             }
         }
-        for l in &weights.layers {
-            for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+        // Expert-routed layers have no CUDA kernels yet: refused here, so every loop below sees a dense FFN.
+        let dense: Vec<[&QMatrix; 3]> = (weights.layers.iter())
+            .map(|l| l.dense_ffn().ok_or_else(|| Error::Backend("the CUDA backend does not run MoE layers yet".into())))
+            .collect::<Result<_>>()?;
+        for (l, &[w_gate, w_up, w_down]) in weights.layers.iter().zip(&dense) {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo, w_gate, w_up, w_down] {
                 add(&mut mats, m.ty, m.cols);
             }
-            if l.w_gate.ty == l.w_up.ty {
-                add(&mut gu, l.w_gate.ty, l.w_gate.cols);
+            if w_gate.ty == w_up.ty {
+                add(&mut gu, w_gate.ty, w_gate.cols);
             }
         }
         add(&mut mats, weights.output.ty, weights.output.cols);
@@ -77,8 +82,8 @@ impl CudaRunner {
                 v.push(e);
             }
         };
-        for l in &weights.layers {
-            let all = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down];
+        for (l, &[w_gate, w_up, w_down]) in weights.layers.iter().zip(&dense) {
+            let all = [&l.wq, &l.wk, &l.wv, &l.wo, w_gate, w_up, w_down];
             let on = q8_on
                 && all.iter().all(|m| q8_ok(m.ty, m.cols))
                 && [&l.wq, &l.wk, &l.wv].iter().all(|m| m.cols == cfg.hidden_size);
@@ -90,13 +95,13 @@ impl CudaRunner {
             if !q8k.qkv.contains(&t) {
                 q8k.qkv.push(t);
             }
-            for m in [&l.wo, &l.w_down] {
+            for m in [&l.wo, w_down] {
                 add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
             }
-            if l.w_gate.ty == l.w_up.ty {
-                add3(&mut q8k.gu, (l.w_gate.ty, l.w_gate.cols, q8_threads(l.w_gate.cols, l.w_gate.rows, it, 32)));
+            if w_gate.ty == w_up.ty {
+                add3(&mut q8k.gu, (w_gate.ty, w_gate.cols, q8_threads(w_gate.cols, w_gate.rows, it, 32)));
             } else {
-                for m in [&l.w_gate, &l.w_up] {
+                for m in [w_gate, w_up] {
                     add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
                 }
             }
@@ -124,7 +129,7 @@ impl CudaRunner {
         let embd = up_mat(&weights.token_embd)?;
         let output = if cfg.tied_embeddings { None } else { Some(up_mat(&weights.output)?) };
         let mut layers = Vec::with_capacity(cfg.num_layers);
-        for l in &weights.layers {
+        for (l, &[w_gate, w_up, w_down]) in weights.layers.iter().zip(&dense) {
             let opt = |v: &Option<Vec<f32>>| -> Result<Option<DevBuf>> {
                 v.as_ref().map(|v| gpu.upload(v)).transpose().map_err(Error::from)
             };
@@ -140,9 +145,9 @@ impl CudaRunner {
                 k_norm: opt(&l.k_norm)?,
                 wo: up_mat(&l.wo)?,
                 ffn_norm: gpu.upload(&l.ffn_norm)?,
-                gate: up_mat(&l.w_gate)?,
-                up: up_mat(&l.w_up)?,
-                down: up_mat(&l.w_down)?,
+                gate: up_mat(w_gate)?,
+                up: up_mat(w_up)?,
+                down: up_mat(w_down)?,
             });
         }
         let output_norm = gpu.upload(&weights.output_norm)?;
