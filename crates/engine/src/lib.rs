@@ -961,7 +961,10 @@ impl<R: Runner> Engine<R> {
                 })
                 .collect();
             let timings = p.propose(&mut drafts, &plan)?;
-            for (&j, d) in mine.iter().zip(drafts) {
+            for (&j, mut d) in mine.iter().zip(drafts) {
+                // At most what was asked; a token without weights counts as proposed deterministically.
+                d.out.truncate(d.k);
+                d.weights.resize(d.out.len(), None);
                 let prop = &mut props[j].1;
                 prop.tokens = d.out;
                 prop.weights = d.weights;

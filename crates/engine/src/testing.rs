@@ -148,6 +148,9 @@ pub fn seconds(clock: &SimClock) -> f64 {
     clock.load(Ordering::Relaxed) as f64 * 1e-9
 }
 
+/// Seconds a pass of that many rows costs.
+type CostFn = Box<dyn Fn(usize) -> f64 + Send>;
+
 /// The scripted fake model; see the module docs.
 pub struct FakeRunner {
     cfg: ModelConfig,
@@ -156,7 +159,7 @@ pub struct FakeRunner {
     /// Each pass sleeps this long (a slow model for the service's tests).
     pub delay: Duration,
     /// Each pass of `rows` tokens costs `cost(rows)` seconds on the clock.
-    cost: Option<(Box<dyn Fn(usize) -> f64 + Send>, SimClock)>,
+    cost: Option<(CostFn, SimClock)>,
     /// The pass with this number (1-based) fails, or panics.
     pub fail_at_pass: Option<u64>,
     pub panic_at_pass: Option<u64>,

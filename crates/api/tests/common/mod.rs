@@ -87,16 +87,21 @@ pub fn harness(options: Options) -> Harness {
     let script = Arc::new(Mutex::new(Script::default()));
     let eos = a.tokenizer.eos().expect("eos");
     let reply = script.clone();
-    // The reply is a function of the position after the prompt (verification rows included).
-    let mut runner =
-        FakeRunner::replying(testing::tiny_config(a.tokenizer.vocab_size(), options.max_context), move |i| {
-            let s = reply.lock().unwrap();
-            match s.reply.get(i) {
-                Some(&t) => t,
-                None if s.no_eos => s.reply.last().copied().unwrap_or(eos),
-                None => eos,
-            }
-        });
+    // The reply is a function of the position after the prompt (verification rows included); rows are zeros but
+    // the reply's token, which the log-probability tests' closed form assumes.
+    let vocab = a.tokenizer.vocab_size();
+    let rows: testing::Script = Box::new(move |h, prompt_len| {
+        let s = reply.lock().unwrap();
+        let next = match s.reply.get(h.len() - prompt_len) {
+            Some(&t) => t,
+            None if s.no_eos => s.reply.last().copied().unwrap_or(eos),
+            None => eos,
+        };
+        let mut row = vec![0.0; vocab];
+        row[next as usize] = 10.0;
+        row
+    });
+    let mut runner = FakeRunner::with_script(testing::tiny_config(vocab, options.max_context), rows);
     runner.delay = options.delay;
     let seen = runner.shared();
     let engine = Engine::new(runner, a.tokenizer.clone(), EngineConfig::default());
