@@ -8,33 +8,23 @@
 //! - the built-in `smollm2-135m` pack with the wheel source offline falls back to the hub (served from the real
 //!   cached file when there is one) and `splash ls` then reports it ready.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
+#[path = "../../pack/tests/common/mod.rs"]
+mod common;
+
+use common::{RequestLog, sha};
 
 const SIZE: usize = 4_000_000;
 
 fn content() -> Vec<u8> {
-    let mut x: u32 = 987_654_321;
-    (0..SIZE)
-        .map(|_| {
-            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (x >> 24) as u8
-        })
-        .collect()
+    common::content(SIZE)
 }
-
-fn sha(b: &[u8]) -> String {
-    hex::encode(Sha256::digest(b))
-}
-
-/// `(path, Range header)` of every request the hub saw.
-type RequestLog = Arc<Mutex<Vec<(String, Option<String>)>>>;
 
 /// The hub: `stall.gguf` sends its first third on the first request and then holds the connection open (the client
 /// is killed there); `bad.gguf` has one flipped byte; `smol.gguf` serves `smol` (the real model file) if given.
@@ -49,22 +39,7 @@ fn hub(smol: Option<PathBuf>) -> (String, RequestLog) {
         let mut stall_calls = 0;
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-            let mut first = String::new();
-            if reader.read_line(&mut first).is_err() {
-                continue;
-            }
-            let path = first.split_whitespace().nth(1).unwrap_or("").to_string();
-            let mut range = None;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("range:") {
-                    range = Some(v.trim().to_string());
-                }
-            }
+            let Some((path, range)) = common::read_request(&stream) else { continue };
             log2.lock().expect("log").push((path.clone(), range.clone()));
             let start: usize = range
                 .as_deref()

@@ -273,8 +273,12 @@ impl FakeRunner {
                 LogitsWanted::Last => n - 1..n,
                 LogitsWanted::All => 0..n,
             };
+            // The prompt ends with the first chunk that wants logits (a long prompt comes in several chunks).
             let first_logits = held.prompt_len.is_none() && !rows.is_empty();
-            let prompt_len = *held.prompt_len.get_or_insert(base + n);
+            if first_logits {
+                held.prompt_len = Some(base + n);
+            }
+            let prompt_len = held.prompt_len.unwrap_or(base + n);
             let tokens = held.tokens.clone();
             if first_logits {
                 state.prompts.push(tokens.clone());

@@ -5,28 +5,15 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
-use sha2::{Digest, Sha256};
-
 mod common;
+
+use common::{RequestLog, sha};
 
 const SIZE: usize = 300_000;
 
 fn content() -> Vec<u8> {
-    let mut x: u32 = 12345;
-    (0..SIZE)
-        .map(|_| {
-            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-            (x >> 16) as u8
-        })
-        .collect()
+    common::content(SIZE)
 }
-
-fn sha(b: &[u8]) -> String {
-    hex::encode(Sha256::digest(b))
-}
-
-/// `(path, Range header)` of every request the hub saw.
-type RequestLog = Arc<Mutex<Vec<(String, Option<String>)>>>;
 
 /// Serves forever on a free port; returns the endpoint and the request log.
 fn hub() -> (String, RequestLog) {

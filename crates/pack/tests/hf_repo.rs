@@ -12,14 +12,13 @@ use sha2::{Digest, Sha256};
 
 mod common;
 
+use common::RequestLog;
+
 const SIZE: usize = 200_000;
 
 fn content() -> Vec<u8> {
-    (0..SIZE).map(|i| (i * 7 % 251) as u8).collect()
+    common::content(SIZE)
 }
-
-/// `(path, Range header)` of every request the hub saw.
-type RequestLog = Arc<Mutex<Vec<(String, Option<String>)>>>;
 
 /// Serves the API and the files; returns the endpoint and the request log.
 fn hub() -> (String, RequestLog) {
