@@ -8,6 +8,8 @@ pub enum Arch {
     Qwen2,
     Llama,
     Qwen3,
+    /// The Qwen3.5/3.6 dense hybrids (Gated DeltaNet + gated attention).
+    Qwen35,
 }
 
 impl Arch {
@@ -16,6 +18,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Llama => "llama",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen35 => "qwen35",
         }
     }
 }
