@@ -9,7 +9,7 @@
 //! - **primitive ops** ([`Backend::embedding`], [`Backend::rms_norm`], [`Backend::linear`], [`Backend::rope`],
 //!   [`Backend::paged_attention`], [`Backend::swiglu`], ...): one piece of maths each, tested one by one against a
 //!   plain f32 reference (crates/backend/tests/ops.rs);
-//! - **sub-layer ops** ([`Backend::attention_sublayer`], [`Backend::ffn_sublayer`], and the declared
+//! - **sub-layer ops** ([`Backend::attention_sublayer`], [`Backend::ffn_sublayer`],
 //!   [`Backend::recurrent_sublayer`]): `x += f(norm(x))` for one layer kind, with default bodies composed of the
 //!   primitives. The forward pass calls only these (plus embedding and the output head), so a backend that fuses
 //!   (the CUDA one: Q/K/V matrix-vector + bias + RoPE + KV write in one kernel, gate/up + SwiGLU + activation
@@ -519,8 +519,10 @@ pub trait Backend {
         }
     }
 
-    /// `x += mixer(norm(x))` of a recurrent-state layer, reading and updating each sequence's state (`states[i]`
-    /// for `seqs[i]`). Declared for the hybrid issue.
+    /// `x += mixer(norm(x))` of a Gated DeltaNet layer ([`RecurrentWeights`]) for the rows of `seqs` (in order),
+    /// reading and advancing each sequence's state (`states[i]` for `seqs[i]`, at least
+    /// [`RecurrentSpec::state_len`] values) once per row. The CPU backend runs it (cpu/deltanet.rs); the default
+    /// is [`Error::Unsupported`].
     #[allow(clippy::too_many_arguments)]
     fn recurrent_sublayer(
         &mut self,
@@ -535,7 +537,7 @@ pub trait Backend {
         Err(Error::Unsupported {
             backend: self.name(),
             op: "recurrent_sublayer",
-            reason: "recurrent-state layers (declared, not implemented yet)".into(),
+            reason: "Gated DeltaNet layers (not implemented on this backend yet)".into(),
         })
     }
 

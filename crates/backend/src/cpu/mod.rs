@@ -3,6 +3,7 @@
 
 pub mod attention;
 mod backend;
+pub mod deltanet;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
