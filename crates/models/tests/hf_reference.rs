@@ -11,6 +11,8 @@
 
 mod golden;
 
+use std::sync::Arc;
+
 use backend::KvType;
 use golden::{compare, configs, greedy, one, open, prefill};
 use models::cpu::CpuRunner;
