@@ -9,7 +9,7 @@
 //! - **primitive ops** ([`Backend::embedding`], [`Backend::rms_norm`], [`Backend::linear`], [`Backend::rope`],
 //!   [`Backend::paged_attention`], [`Backend::swiglu`], [`Backend::experts`], ...): one piece of maths each, tested
 //!   one by one against a plain f32 reference (crates/backend/tests/ops.rs);
-//! - **sub-layer ops** ([`Backend::attention_sublayer`], [`Backend::ffn_sublayer`], and the declared
+//! - **sub-layer ops** ([`Backend::attention_sublayer`], [`Backend::ffn_sublayer`],
 //!   [`Backend::recurrent_sublayer`]): `x += f(norm(x))` for one layer kind, with default bodies composed of the
 //!   primitives. The forward pass calls only these (plus embedding and the output head), so a backend that fuses
 //!   (the CUDA one: Q/K/V matrix-vector + bias + RoPE + KV write in one kernel, gate/up + SwiGLU + activation
@@ -307,24 +307,69 @@ pub struct ExpertWeights<B: Backend + ?Sized> {
     pub spec: ExpertsSpec,
 }
 
-/// A recurrent-state mixer (Gated DeltaNet of the Qwen3.5/3.6 hybrids): declared for the hybrid issue, which fills
-/// in its weights and numbers; no backend runs it yet ([`Error::Unsupported`]). Its per-sequence state is a tensor
-/// of the backend's, owned by the runner beside the sequence's KV blocks.
+/// A Gated DeltaNet mixer (the linear-attention layers of the Qwen3.5/3.6 hybrids), in the GGUF's layout (value
+/// heads in the converter's tiled order: value head `h` reads key head `h % num_k_heads`). Per token, with
+/// `n = norm(x)`: `qkv = silu(conv1d(W_qkv·n))` over the last `conv_kernel` inputs of each channel; `q`, `k`
+/// L2-normalised per key head, `q` scaled by `1/√d_k`; `β = sigmoid(W_β·n)`, `g = a · softplus(W_α·n + dt_bias)`;
+/// per value head the `d_k × d_v` state `S ← exp(g)·S`, `S ← S + k ⊗ β(v − Sᵀk)`, `o = Sᵀq`; then
+/// `x += W_out · (rms_norm(o) · silu(W_z·n))` per value head. Its per-sequence state (the conv's last inputs and
+/// every head's `S`, f32) is the runner's, beside the sequence's KV blocks ([`RecurrentSpec::state_len`]).
 pub struct RecurrentWeights<B: Backend + ?Sized> {
     pub norm: Norm<B::Vector>,
-    /// `[in_dim, hidden]`: the fused input projection (queries, keys, values, gates).
-    pub in_proj: B::Matrix,
+    /// `[conv_dim, hidden]`: queries, keys, values (the conv's channels, in that order).
+    pub qkv: B::Matrix,
+    /// `[value_dim, hidden]`: the output gate.
+    pub z: B::Matrix,
+    /// `[num_v_heads, hidden]` each: the update strength and the decay's input.
+    pub beta: B::Matrix,
+    pub alpha: B::Matrix,
+    /// `[conv_dim * conv_kernel]`: each channel's taps, oldest input first.
+    pub conv: B::Vector,
+    /// `[num_v_heads]` each: `dt_bias`, and `a = −exp(A_log)` (stored so by the converter).
+    pub dt_bias: B::Vector,
+    pub a: B::Vector,
+    /// `[head_v_dim]`: the plain RMSNorm of each head's output before the gate.
+    pub out_norm: Norm<B::Vector>,
     /// `[hidden, value_dim]`
-    pub out_proj: B::Matrix,
+    pub out: B::Matrix,
 }
 
-/// The numbers of a recurrent-state mixer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The numbers of a Gated DeltaNet mixer.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RecurrentSpec {
-    pub num_heads: usize,
+    pub num_k_heads: usize,
+    pub num_v_heads: usize,
     pub head_k_dim: usize,
     pub head_v_dim: usize,
     pub conv_kernel: usize,
+    /// Added to the sum of squares in the L2 normalisation of queries and keys.
+    pub l2_eps: f32,
+}
+
+impl RecurrentSpec {
+    pub fn key_dim(&self) -> usize {
+        self.num_k_heads * self.head_k_dim
+    }
+
+    pub fn value_dim(&self) -> usize {
+        self.num_v_heads * self.head_v_dim
+    }
+
+    /// Channels of the conv: queries, keys and values.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// f32 values of one sequence's state in one layer: the conv's last `conv_kernel - 1` inputs
+    /// (`[conv_kernel - 1, conv_dim]`, oldest first), then every value head's `[head_k_dim, head_v_dim]` matrix.
+    pub fn state_len(&self) -> usize {
+        self.conv_state_len() + self.num_v_heads * self.head_k_dim * self.head_v_dim
+    }
+
+    /// The conv part of [`RecurrentSpec::state_len`].
+    pub fn conv_state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim()
+    }
 }
 
 /// The token mixer of a layer.
@@ -580,8 +625,10 @@ pub trait Backend {
         }
     }
 
-    /// `x += mixer(norm(x))` of a recurrent-state layer, reading and updating each sequence's state (`states[i]`
-    /// for `seqs[i]`). Declared for the hybrid issue.
+    /// `x += mixer(norm(x))` of a Gated DeltaNet layer ([`RecurrentWeights`]) for the rows of `seqs` (in order),
+    /// reading and advancing each sequence's state (`states[i]` for `seqs[i]`, at least
+    /// [`RecurrentSpec::state_len`] values) once per row. The CPU backend runs it (cpu/deltanet.rs); the default
+    /// is [`Error::Unsupported`].
     #[allow(clippy::too_many_arguments)]
     fn recurrent_sublayer(
         &mut self,
@@ -596,7 +643,7 @@ pub trait Backend {
         Err(Error::Unsupported {
             backend: self.name(),
             op: "recurrent_sublayer",
-            reason: "recurrent-state layers (declared, not implemented yet)".into(),
+            reason: "Gated DeltaNet layers (not implemented on this backend yet)".into(),
         })
     }
 

@@ -9,6 +9,8 @@ pub enum Arch {
     Llama,
     Qwen3,
     Qwen3Moe,
+    /// The Qwen3.5/3.6 dense hybrids (Gated DeltaNet + gated attention).
+    Qwen35,
 }
 
 impl Arch {
@@ -18,6 +20,7 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Qwen35 => "qwen35",
         }
     }
 }

@@ -4,7 +4,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     #[error(transparent)]
     Gguf(#[from] gguf::Error),
-    #[error("unsupported architecture {0:?} (supported: qwen2, llama, qwen3, qwen3moe)")]
+    #[error("unsupported architecture {0:?} (supported: qwen2, llama, qwen3, qwen3moe, qwen35)")]
     UnsupportedArch(String),
     #[error("metadata key {0:?} is missing")]
     MissingKey(String),
@@ -31,6 +31,8 @@ pub enum Error {
     DuplicateSeq(u64),
     #[error("token id {0} is outside the vocabulary")]
     BadToken(u32),
+    #[error("sequence {seq}: a recurrent state cannot be cut back from {len} to {to} tokens (no checkpoint there)")]
+    StateRollback { seq: u64, len: usize, to: usize },
     #[error("the KV cache is full: {needed} more blocks needed, {available} available")]
     KvCacheFull { needed: usize, available: usize },
 }

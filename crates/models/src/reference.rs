@@ -21,9 +21,11 @@ use std::sync::Arc;
 use backend::cpu::ops::RopeStyle;
 use gguf::{GgmlType, GgufFile};
 
+use backend::RecurrentSpec;
+
 use crate::arch::FfnKind;
 use crate::arch::qwen3moe::ExpertNames;
-use crate::weights::{tensor, vector};
+use crate::weights::{tensor, values, vector};
 use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId};
 
 /// A `[rows, cols]` matrix left in the file in its stored type.
@@ -68,12 +70,7 @@ impl Matrix {
 
 struct Layer {
     attn_norm: Vec<f32>,
-    wq: Matrix,
-    wk: Matrix,
-    wv: Matrix,
-    bias: Option<[Vec<f32>; 3]>,
-    qk_norm: Option<[Vec<f32>; 2]>,
-    wo: Matrix,
+    mixer: Mixer,
     ffn_norm: Vec<f32>,
     ffn: Ffn,
 }
@@ -134,11 +131,47 @@ impl Experts {
     }
 }
 
-/// One sequence's keys and values: per layer, `[len, kv_dim]` each.
+enum Mixer {
+    Attention(Attention),
+    DeltaNet(DeltaNet),
+}
+
+struct Attention {
+    /// `[q_dim, hidden]`, or `[2 * q_dim, hidden]` with each head's output gate after its query (`gated`).
+    wq: Matrix,
+    wk: Matrix,
+    wv: Matrix,
+    bias: Option<[Vec<f32>; 3]>,
+    qk_norm: Option<[Vec<f32>; 2]>,
+    wo: Matrix,
+    gated: bool,
+}
+
+/// A Gated DeltaNet layer (`backend::RecurrentWeights` says the maths).
+struct DeltaNet {
+    spec: RecurrentSpec,
+    qkv: Matrix,
+    z: Matrix,
+    beta: Matrix,
+    alpha: Matrix,
+    /// `[conv_dim, conv_kernel]`
+    conv: Vec<f32>,
+    dt_bias: Vec<f32>,
+    a: Vec<f32>,
+    norm: Vec<f32>,
+    norm_eps: f32,
+    out: Matrix,
+}
+
+/// One sequence's keys and values (per layer, `[len, kv_dim]` each; empty for recurrent layers) and recurrent state
+/// (per layer, `RecurrentSpec::state_len` f32; empty for attention layers).
 struct SeqKv {
     len: usize,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    state: Vec<Vec<f32>>,
+    /// Set when `truncate` cut a sequence with recurrent state back: its state is that of this length, not `len`.
+    state_len: Option<usize>,
 }
 
 /// The f32 reference model (see the module documentation).
@@ -156,43 +189,144 @@ pub struct Reference {
     logits: Vec<f32>,
 }
 
+impl Attention {
+    fn load(f: &GgufFile, cfg: &ModelConfig, i: usize, gated: bool) -> Result<Self> {
+        let (h, qd, kvd, hd) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let bias = if cfg.qkv_bias {
+            Some([
+                vector(f, &n("attn_q.bias"), qd)?,
+                vector(f, &n("attn_k.bias"), kvd)?,
+                vector(f, &n("attn_v.bias"), kvd)?,
+            ])
+        } else {
+            None
+        };
+        let qk_norm = if cfg.qk_norm {
+            Some([vector(f, &n("attn_q_norm.weight"), hd)?, vector(f, &n("attn_k_norm.weight"), hd)?])
+        } else {
+            None
+        };
+        Ok(Attention {
+            wq: Matrix::load(f, &n("attn_q.weight"), if gated { 2 * qd } else { qd }, h)?,
+            wk: Matrix::load(f, &n("attn_k.weight"), kvd, h)?,
+            wv: Matrix::load(f, &n("attn_v.weight"), kvd, h)?,
+            bias,
+            qk_norm,
+            wo: Matrix::load(f, &n("attn_output.weight"), h, qd)?,
+            gated,
+        })
+    }
+}
+
+impl DeltaNet {
+    fn load(f: &GgufFile, i: usize, spec: RecurrentSpec, cfg: &ModelConfig) -> Result<Self> {
+        let h = cfg.hidden_size;
+        use crate::arch::qwen35::DeltaNetNames as N;
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let (nv, vd, cd) = (spec.num_v_heads, spec.value_dim(), spec.conv_dim());
+        Ok(DeltaNet {
+            spec,
+            qkv: Matrix::load(f, &n(N::QKV), cd, h)?,
+            z: Matrix::load(f, &n(N::Z), vd, h)?,
+            beta: Matrix::load(f, &n(N::BETA), nv, h)?,
+            alpha: Matrix::load(f, &n(N::ALPHA), nv, h)?,
+            conv: values(f, &n(N::CONV), &[spec.conv_kernel as u64, cd as u64])?,
+            dt_bias: vector(f, &n(N::DT_BIAS), nv)?,
+            a: vector(f, &n(N::A), nv)?,
+            norm: vector(f, &n(N::NORM), spec.head_v_dim)?,
+            norm_eps: cfg.rms_eps,
+            out: Matrix::load(f, &n(N::OUT), h, vd)?,
+        })
+    }
+
+    /// One token of one sequence: `qkv` (`[conv_dim]`, the projection before the conv), `z` (`[value_dim]`), `b`
+    /// and `a` (`[num_v_heads]`) in, the gated output (`[value_dim]`) out; `state` advanced by the token. Sums and
+    /// the state update in f64, the state stored as f32 (as the engine keeps it).
+    fn step(&self, state: &mut [f32], qkv: &[f32], z: &[f32], b: &[f32], a: &[f32], out: &mut [f32]) {
+        let s = &self.spec;
+        let (kw, cd, dk, dv) = (s.conv_kernel, s.conv_dim(), s.head_k_dim, s.head_v_dim);
+        let (conv_state, mats) = state.split_at_mut(s.conv_state_len());
+        // Causal depthwise conv over the last `kw` inputs of each channel (the state holds the `kw - 1` before).
+        let mut x = vec![0f64; cd];
+        for (c, xc) in x.iter_mut().enumerate() {
+            let w = &self.conv[c * kw..(c + 1) * kw];
+            let mut acc = w[kw - 1] as f64 * qkv[c] as f64;
+            for j in 0..kw - 1 {
+                acc += w[j] as f64 * conv_state[j * cd + c] as f64;
+            }
+            *xc = acc / (1.0 + (-acc).exp());
+        }
+        conv_state.copy_within(cd.., 0);
+        conv_state[(kw - 2) * cd..].copy_from_slice(qkv);
+
+        let l2 = |v: &mut [f64]| {
+            let inv = 1.0 / (v.iter().map(|x| x * x).sum::<f64>() + s.l2_eps as f64).sqrt();
+            v.iter_mut().for_each(|x| *x *= inv);
+        };
+        let (q, rest) = x.split_at_mut(s.key_dim());
+        let (k, v) = rest.split_at_mut(s.key_dim());
+        for (qh, kh) in q.chunks_exact_mut(dk).zip(k.chunks_exact_mut(dk)) {
+            l2(qh);
+            l2(kh);
+            qh.iter_mut().for_each(|x| *x /= (dk as f64).sqrt());
+        }
+        for h in 0..s.num_v_heads {
+            let kh = h % s.num_k_heads;
+            let (qh, kv) = (&q[kh * dk..][..dk], &k[kh * dk..][..dk]);
+            let vh = &v[h * dv..][..dv];
+            let beta = 1.0 / (1.0 + (-(b[h] as f64)).exp());
+            let xa = a[h] as f64 + self.dt_bias[h] as f64;
+            let softplus = if xa > 20.0 { xa } else { xa.exp().ln_1p() };
+            let decay = (self.a[h] as f64 * softplus).exp();
+            let m = &mut mats[h * dk * dv..][..dk * dv];
+            let mut sm: Vec<f64> = m.iter().map(|&x| x as f64 * decay).collect();
+            for j in 0..dv {
+                let mem: f64 = (0..dk).map(|i| sm[i * dv + j] * kv[i]).sum();
+                let delta = (vh[j] - mem) * beta;
+                for i in 0..dk {
+                    sm[i * dv + j] += kv[i] * delta;
+                }
+            }
+            for (d, &x) in m.iter_mut().zip(&sm) {
+                *d = x as f32;
+            }
+            // Read the output from the stored (f32) state, as a kernel that keeps it in f32 does.
+            let o: Vec<f64> = (0..dv).map(|j| (0..dk).map(|i| m[i * dv + j] as f64 * qh[i]).sum()).collect();
+            let ms = o.iter().map(|x| x * x).sum::<f64>() / dv as f64;
+            let inv = 1.0 / (ms + self.norm_eps as f64).sqrt();
+            for j in 0..dv {
+                let zj = z[h * dv + j] as f64;
+                out[h * dv + j] = (o[j] * inv * self.norm[j] as f64 * zj / (1.0 + (-zj).exp())) as f32;
+            }
+        }
+    }
+}
+
 impl Reference {
     /// Reads the model from a parsed GGUF file; `threads == 0` uses every core.
     pub fn new(file: Arc<GgufFile>, threads: usize) -> Result<Self> {
         let cfg = crate::arch::config_from_gguf(&file)?;
-        let (h, qd, kvd, hd, ffn) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim, cfg.ffn_size);
+        let (h, ffn) = (cfg.hidden_size, cfg.ffn_size);
         let f = &*file;
         let token_embd = Matrix::load(f, "token_embd.weight", cfg.vocab_size, h)?;
         let output = match f.tensor("output.weight") {
             Some(_) => Matrix::load(f, "output.weight", cfg.vocab_size, h)?,
             None => Matrix::load(f, "token_embd.weight", cfg.vocab_size, h)?,
         };
+        let hybrid = crate::arch::qwen35::hybrid_from_gguf(f, &cfg)?;
+        let ffn_norm_name = cfg.arch.recipe().names.ffn_norm;
         let layers = (0..cfg.num_layers)
             .map(|i| {
                 let n = |s: &str| format!("blk.{i}.{s}");
-                let bias = if cfg.qkv_bias {
-                    Some([
-                        vector(f, &n("attn_q.bias"), qd)?,
-                        vector(f, &n("attn_k.bias"), kvd)?,
-                        vector(f, &n("attn_v.bias"), kvd)?,
-                    ])
-                } else {
-                    None
-                };
-                let qk_norm = if cfg.qk_norm {
-                    Some([vector(f, &n("attn_q_norm.weight"), hd)?, vector(f, &n("attn_k_norm.weight"), hd)?])
-                } else {
-                    None
+                let mixer = match &hybrid {
+                    Some(hy) if hy.recurrent[i] => Mixer::DeltaNet(DeltaNet::load(f, i, hy.spec, &cfg)?),
+                    _ => Mixer::Attention(Attention::load(f, &cfg, i, hybrid.is_some())?),
                 };
                 Ok(Layer {
                     attn_norm: vector(f, &n("attn_norm.weight"), h)?,
-                    wq: Matrix::load(f, &n("attn_q.weight"), qd, h)?,
-                    wk: Matrix::load(f, &n("attn_k.weight"), kvd, h)?,
-                    wv: Matrix::load(f, &n("attn_v.weight"), kvd, h)?,
-                    bias,
-                    qk_norm,
-                    wo: Matrix::load(f, &n("attn_output.weight"), h, qd)?,
-                    ffn_norm: vector(f, &n("ffn_norm.weight"), h)?,
+                    mixer,
+                    ffn_norm: vector(f, &n(&format!("{ffn_norm_name}.weight")), h)?,
                     ffn: match cfg.arch.recipe().ffn {
                         FfnKind::SwiGlu => Ffn::SwiGlu {
                             gate: Matrix::load(f, &n("ffn_gate.weight"), ffn, h)?,
@@ -379,10 +513,97 @@ impl Reference {
         }
     }
 
+    /// One attention layer over the batch's rows (`xn` normalised), appending their keys and values to each
+    /// sequence's cache: `out = Wo · attention` (`[m, hidden]`).
+    fn attention_layer(&mut self, a: &Attention, li: usize, xn: &[f32], rows: &[(SeqId, usize)], out: &mut [f32]) {
+        let cfg = &self.cfg;
+        let (m, qd, kvd, hd) = (rows.len(), cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let (mut q, mut k, mut v) = (vec![0f32; m * qd], vec![0f32; m * kvd], vec![0f32; m * kvd]);
+        let mut gate = Vec::new();
+        if a.gated {
+            // Each head's query, then its output gate.
+            let mut qg = vec![0f32; m * 2 * qd];
+            self.linear(&a.wq, xn, m, &mut qg);
+            gate = vec![0f32; m * qd];
+            for ((pair, qh), gh) in qg.chunks_exact(2 * hd).zip(q.chunks_exact_mut(hd)).zip(gate.chunks_exact_mut(hd)) {
+                qh.copy_from_slice(&pair[..hd]);
+                gh.copy_from_slice(&pair[hd..]);
+            }
+        } else {
+            self.linear(&a.wq, xn, m, &mut q);
+        }
+        self.linear(&a.wk, xn, m, &mut k);
+        self.linear(&a.wv, xn, m, &mut v);
+        if let Some([bq, bk, bv]) = &a.bias {
+            for (y, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
+                for row in y.chunks_exact_mut(b.len()) {
+                    row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+                }
+            }
+        }
+        if let Some([qn, kn]) = &a.qk_norm {
+            for (y, w) in [(&mut q, qn), (&mut k, kn)] {
+                let tmp = y.clone();
+                rms_norm(&tmp, w, cfg.rms_eps, y);
+            }
+        }
+        for (t, &(_, pos)) in rows.iter().enumerate() {
+            self.rope(&mut q[t * qd..(t + 1) * qd], pos);
+            self.rope(&mut k[t * kvd..(t + 1) * kvd], pos);
+        }
+        // Rows arrive in position order within each sequence, so appending keeps the cache in order.
+        for (t, &(seq, _)) in rows.iter().enumerate() {
+            let kv = self.seqs.get_mut(&seq).expect("INVARIANT: inserted by run");
+            kv.k[li].extend_from_slice(&k[t * kvd..(t + 1) * kvd]);
+            kv.v[li].extend_from_slice(&v[t * kvd..(t + 1) * kvd]);
+        }
+        let mut att = vec![0f32; m * qd];
+        self.attention(&q, rows, li, &mut att);
+        if a.gated {
+            for (o, &g) in att.iter_mut().zip(&gate) {
+                *o = (*o as f64 / (1.0 + (-(g as f64)).exp())) as f32;
+            }
+        }
+        self.linear(&a.wo, &att, m, out);
+    }
+
+    /// One Gated DeltaNet layer over the batch's rows, token by token within each sequence (the recurrence as
+    /// written: this is the oracle of the chunked forms): `out = W_out · gated output` (`[m, hidden]`).
+    fn deltanet_layer(&mut self, d: &DeltaNet, li: usize, xn: &[f32], rows: &[(SeqId, usize)], out: &mut [f32]) {
+        let s = d.spec;
+        let (m, cd, vd, nv) = (rows.len(), s.conv_dim(), s.value_dim(), s.num_v_heads);
+        let (mut qkv, mut z) = (vec![0f32; m * cd], vec![0f32; m * vd]);
+        let (mut b, mut a) = (vec![0f32; m * nv], vec![0f32; m * nv]);
+        self.linear(&d.qkv, xn, m, &mut qkv);
+        self.linear(&d.z, xn, m, &mut z);
+        self.linear(&d.beta, xn, m, &mut b);
+        self.linear(&d.alpha, xn, m, &mut a);
+        let mut o = vec![0f32; m * vd];
+        for (t, &(seq, _)) in rows.iter().enumerate() {
+            let state = &mut self.seqs.get_mut(&seq).expect("INVARIANT: inserted by run").state[li];
+            d.step(
+                state,
+                &qkv[t * cd..][..cd],
+                &z[t * vd..][..vd],
+                &b[t * nv..][..nv],
+                &a[t * nv..][..nv],
+                &mut o[t * vd..][..vd],
+            );
+        }
+        self.linear(&d.out, &o, m, out);
+    }
+
     fn run(&mut self, batch: &Batch<'_>) -> Result<()> {
         batch.validate(&self.cfg, |s| self.seq_len(s))?;
+        for c in &batch.chunks {
+            if let Some(kv) = self.seqs.get(&c.seq)
+                && let Some(len) = kv.state_len
+            {
+                return Err(Error::StateRollback { seq: c.seq.0, len, to: kv.len });
+            }
+        }
         let cfg = self.cfg.clone();
-        let (h, qd, kvd) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
+        let h = cfg.hidden_size;
         let m = batch.num_tokens();
         let rows: Vec<(SeqId, usize)> =
             batch.chunks.iter().flat_map(|c| (0..c.tokens.len()).map(move |i| (c.seq, c.start_pos + i))).collect();
@@ -391,46 +612,31 @@ impl Reference {
             self.token_embd.rows_f32(&self.file, *tok as usize, &mut x[t * h..(t + 1) * h]);
         }
         for c in &batch.chunks {
+            let layers = &self.layers;
             let kv = self.seqs.entry(c.seq).or_insert_with(|| SeqKv {
                 len: 0,
                 k: vec![Vec::new(); cfg.num_layers],
                 v: vec![Vec::new(); cfg.num_layers],
+                state: layers
+                    .iter()
+                    .map(|l| match &l.mixer {
+                        Mixer::DeltaNet(d) => vec![0f32; d.spec.state_len()],
+                        Mixer::Attention(_) => Vec::new(),
+                    })
+                    .collect(),
+                state_len: None,
             });
             kv.len += c.tokens.len();
         }
-        let (mut xn, mut q, mut k, mut v) =
-            (vec![0f32; m * h], vec![0f32; m * qd], vec![0f32; m * kvd], vec![0f32; m * kvd]);
-        let (mut att, mut proj) = (vec![0f32; m * qd], vec![0f32; m * h]);
-        for (li, l) in self.layers.iter().enumerate() {
+        let (mut xn, mut proj) = (vec![0f32; m * h], vec![0f32; m * h]);
+        // The layers are moved out while they run, so that a layer can update the sequences' caches.
+        let layers = std::mem::take(&mut self.layers);
+        for (li, l) in layers.iter().enumerate() {
             rms_norm(&x, &l.attn_norm, cfg.rms_eps, &mut xn);
-            self.linear(&l.wq, &xn, m, &mut q);
-            self.linear(&l.wk, &xn, m, &mut k);
-            self.linear(&l.wv, &xn, m, &mut v);
-            if let Some([bq, bk, bv]) = &l.bias {
-                for (y, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
-                    for row in y.chunks_exact_mut(b.len()) {
-                        row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-                    }
-                }
+            match &l.mixer {
+                Mixer::Attention(a) => self.attention_layer(a, li, &xn, &rows, &mut proj),
+                Mixer::DeltaNet(d) => self.deltanet_layer(d, li, &xn, &rows, &mut proj),
             }
-            if let Some([qn, kn]) = &l.qk_norm {
-                for (y, w) in [(&mut q, qn), (&mut k, kn)] {
-                    let tmp = y.clone();
-                    rms_norm(&tmp, w, cfg.rms_eps, y);
-                }
-            }
-            for (t, &(_, pos)) in rows.iter().enumerate() {
-                self.rope(&mut q[t * qd..(t + 1) * qd], pos);
-                self.rope(&mut k[t * kvd..(t + 1) * kvd], pos);
-            }
-            // Rows arrive in position order within each sequence, so appending keeps the cache in order.
-            for (t, &(seq, _)) in rows.iter().enumerate() {
-                let kv = self.seqs.get_mut(&seq).expect("INVARIANT: inserted above");
-                kv.k[li].extend_from_slice(&k[t * kvd..(t + 1) * kvd]);
-                kv.v[li].extend_from_slice(&v[t * kvd..(t + 1) * kvd]);
-            }
-            self.attention(&q, &rows, li, &mut att);
-            self.linear(&l.wo, &att, m, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
 
             rms_norm(&x, &l.ffn_norm, cfg.rms_eps, &mut xn);
@@ -440,6 +646,7 @@ impl Reference {
             }
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
         }
+        self.layers = layers;
 
         let mut want = Vec::new();
         let mut t0 = 0;
@@ -574,6 +781,10 @@ impl Runner for Reference {
     fn truncate(&mut self, seq: SeqId, len: usize) {
         let kvd = self.cfg.kv_dim();
         if let Some(s) = self.seqs.get_mut(&seq) {
+            // A recurrent state cannot be cut back; the next forward of the sequence says so.
+            if len < s.len && s.state.iter().any(|st| !st.is_empty()) {
+                s.state_len.get_or_insert(s.len);
+            }
             s.len = s.len.min(len);
             for buf in s.k.iter_mut().chain(s.v.iter_mut()) {
                 buf.truncate(s.len * kvd);

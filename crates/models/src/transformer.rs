@@ -74,7 +74,8 @@ impl<B: Backend> Transformer<B> {
         let recipe = cfg.arch.recipe();
         let mut layers = Vec::with_capacity(w.layers.len());
         for l in &w.layers {
-            let MixerKind::Attention { .. } = recipe.mixer;
+            // `Weights::load` refuses hybrids until the backends run their recurrent layers.
+            debug_assert!(matches!(recipe.mixer, MixerKind::Attention { .. }));
             let qk = |b: &mut B, v: &Option<Vec<f32>>| -> Result<Option<Norm<B::Vector>>> {
                 v.as_deref().map(|v| norm(b, cfg, v)).transpose()
             };

@@ -65,7 +65,12 @@ impl Weights {
     pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Self> {
         let recipe = cfg.arch.recipe();
         let n = recipe.names;
-        let MixerKind::Attention { qkv_bias, qk_norm } = recipe.mixer;
+        let MixerKind::Attention { qkv_bias, qk_norm } = recipe.mixer else {
+            return Err(Error::UnsupportedArch(format!(
+                "{} on a backend (its Gated DeltaNet layers run in models::reference only so far)",
+                cfg.arch.name()
+            )));
+        };
         let h = cfg.hidden_size;
         let token_embd = matrix(file, n.token_embd, cfg.vocab_size, h)?;
         let output = if cfg.tied_embeddings { token_embd.clone() } else { matrix(file, n.output, cfg.vocab_size, h)? };
@@ -191,8 +196,13 @@ fn view(file: &Arc<GgufFile>, name: &str, dims: &[usize], rows: usize, cols: usi
 
 /// A vector of `n` values, converted to f32.
 pub(crate) fn vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>> {
-    let t = tensor(file, name, &[n as u64])?;
-    let mut out = vec![0f32; n];
+    values(file, name, &[n as u64])
+}
+
+/// A small tensor of ggml dims `dims` (a conv kernel), converted to f32 in its stored order.
+pub(crate) fn values(file: &GgufFile, name: &str, dims: &[u64]) -> Result<Vec<f32>> {
+    let t = tensor(file, name, dims)?;
+    let mut out = vec![0f32; dims.iter().product::<u64>() as usize];
     gguf::quant::dequantize(t.ty, file.tensor_data(t), &mut out)
         .map_err(|_| Error::UnsupportedType { name: name.into(), ty: t.ty })?;
     Ok(out)

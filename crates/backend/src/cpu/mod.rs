@@ -3,6 +3,7 @@
 
 pub mod attention;
 mod backend;
+pub mod deltanet;
 pub mod experts;
 pub mod matmul;
 pub mod ops;

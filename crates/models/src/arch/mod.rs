@@ -5,6 +5,7 @@
 mod llama;
 mod qwen2;
 mod qwen3;
+pub mod qwen35;
 pub mod qwen3moe;
 
 use backend::{NormKind, RopeStyle};
@@ -47,6 +48,9 @@ impl Recipe {
 pub enum MixerKind {
     /// Grouped-query self-attention with RoPE, optionally with Q/K/V biases and per-head Q/K norms.
     Attention { qkv_bias: bool, qk_norm: bool },
+    /// Gated DeltaNet layers and gated attention layers (per-head Q/K norms, a sigmoid output gate from the query
+    /// projection), laid out by [`qwen35::hybrid_from_gguf`].
+    Hybrid,
 }
 
 /// A layer's feed-forward network.
@@ -104,6 +108,7 @@ impl Arch {
             Arch::Llama => &llama::RECIPE,
             Arch::Qwen3 => &qwen3::RECIPE,
             Arch::Qwen3Moe => &qwen3moe::RECIPE,
+            Arch::Qwen35 => &qwen35::RECIPE,
         }
     }
 }
@@ -111,7 +116,7 @@ impl Arch {
 /// Reads the model configuration of any supported architecture.
 pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     let name = file.get_str("general.architecture")?.ok_or_else(|| Error::MissingKey("general.architecture".into()))?;
-    let recipe = [Arch::Qwen2, Arch::Llama, Arch::Qwen3, Arch::Qwen3Moe]
+    let recipe = [Arch::Qwen2, Arch::Llama, Arch::Qwen3, Arch::Qwen3Moe, Arch::Qwen35]
         .into_iter()
         .find(|a| a.name() == name)
         .ok_or_else(|| Error::UnsupportedArch(name.into()))?
@@ -134,7 +139,12 @@ fn read_config(file: &GgufFile, recipe: &Recipe) -> Result<ModelConfig> {
         Ok(v as usize)
     };
     let opt = |k: &str| -> Result<Option<usize>> { Ok(file.get_u64(&format!("{prefix}.{k}"))?.map(|v| v as usize)) };
-    let num_layers = req("block_count")?;
+    // The MTP blocks (`nextn`) follow the trunk's layers and count in `block_count`.
+    let nextn = opt("nextn_predict_layers")?.unwrap_or(0);
+    let num_layers = req("block_count")?.checked_sub(nextn).filter(|&n| n > 0).ok_or_else(|| Error::BadKey {
+        key: format!("{prefix}.nextn_predict_layers"),
+        reason: format!("{nextn} MTP layers leave no trunk"),
+    })?;
     let hidden_size = req("embedding_length")?;
     let ffn_size = req("feed_forward_length")?;
     let num_heads = req("attention.head_count")?;
@@ -161,7 +171,10 @@ fn read_config(file: &GgufFile, recipe: &Recipe) -> Result<ModelConfig> {
             ),
         });
     }
-    let MixerKind::Attention { qkv_bias, qk_norm } = recipe.mixer;
+    let (qkv_bias, qk_norm) = match recipe.mixer {
+        MixerKind::Attention { qkv_bias, qk_norm } => (qkv_bias, qk_norm),
+        MixerKind::Hybrid => (false, true),
+    };
     Ok(ModelConfig {
         arch: recipe.arch,
         shapes: ModelShapes {
