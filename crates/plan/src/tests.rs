@@ -352,6 +352,7 @@ fn qwen3_30b_a3b() -> ModelInput {
             max_context: 40_960,
         },
         weight_bytes: 18_550_716_416,
+        kv_value_bytes: 2,
         experts: Some(ExpertShapes { num_experts: 128, num_used: 8, expert_ffn: 768, bytes: 17_553_162_240 }),
     }
 }
