@@ -21,6 +21,9 @@ use tokenizer::Tokenizer;
 struct Model {
     tokenizer: Arc<Tokenizer>,
     templates: [ChatTemplate; 2],
+    /// Control-token texts without a `|` (Qwen2.5's `</s>`), which the oracle cannot tell from content: inputs that
+    /// hold one are skipped here (tests/roles.rs and the tokenizer's prompt tests cover every control-token text).
+    unpiped: Vec<String>,
 }
 
 fn model() -> &'static Model {
@@ -32,13 +35,15 @@ fn model() -> &'static Model {
         });
         let file = gguf::GgufFile::open(std::path::Path::new(&path)).expect("the model file (SPLASH_FUZZ_MODEL)");
         let tokenizer = Tokenizer::from_gguf(&file).expect("tokenizer");
-        for id in 0..tokenizer.vocab_size() as u32 {
-            let text = tokenizer.token_str(id).unwrap_or("");
-            assert!(!tokenizer.is_control(id) || text.contains('|'), "the oracle cannot defang {text:?}");
-        }
+        let unpiped = (0..tokenizer.vocab_size() as u32)
+            .filter(|&id| tokenizer.is_control(id))
+            .filter_map(|id| tokenizer.token_str(id))
+            .filter(|text| !text.contains('|'))
+            .map(str::to_owned)
+            .collect();
         let own = ChatTemplate::from_gguf(&file).expect("template");
         let qwen3 = own.with_source(include_str!("../../tests/fixtures/qwen3_chat_template.jinja")).expect("qwen3");
-        Model { tokenizer: Arc::new(tokenizer), templates: [own, qwen3] }
+        Model { tokenizer: Arc::new(tokenizer), templates: [own, qwen3], unpiped }
     })
 }
 
@@ -68,6 +73,9 @@ fuzz_target!(|data: &[u8]| {
     let m = model();
     let (tok, template) = (&m.tokenizer, &m.templates[usize::from(pick & 1)]);
     let parts: Vec<String> = rest.split(|&b| b == 0).map(|p| String::from_utf8_lossy(p).into_owned()).collect();
+    if parts.iter().any(|p| m.unpiped.iter().any(|t| p.contains(t.as_str()))) {
+        return;
+    }
     let (Some(real), Some(defanged)) =
         (input(request(&parts, &|s| s.to_owned())), input(request(&parts, &|s| s.replace('|', "!"))))
     else {
