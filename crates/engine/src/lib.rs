@@ -2,13 +2,13 @@
 //!
 //! Each step schedules, for every live sequence, the tokens it has not computed yet (the whole prompt chunk by
 //! chunk, then one token per step), runs them as one batch, samples where logits came back, and turns new tokens into
-//! text and events. Prefill and decode fall out of that one rule. Decoding sequences are scheduled first, and while
-//! any sequence decodes, prompts get at most `max_prefill_tokens_while_decoding` tokens per step, so a long prompt
-//! never stalls streams already running; among prompts the one with the fewest tokens left goes first, so a short
-//! request arriving during a long prefill starts streaming at once.
+//! text and events. Prefill and decode fall out of that one rule. Who runs and how many of their tokens is the
+//! scheduler's (`scheduler.rs`: admission by KV memory, the step's token budget, chunked prefill, preemption); the
+//! step itself (`step.rs`) is schedule → execute → update; speculation's choices are `speculate.rs`'s.
 
 mod request;
 pub mod sampler;
+mod scheduler;
 mod sequence;
 pub mod service;
 pub mod spec;
@@ -22,6 +22,7 @@ use std::time::Instant;
 use models::{Batch, LogitsWanted, Runner, SeqChunk, SeqId};
 use tokenizer::{Detokenizer, Tokenizer};
 
+use scheduler::Scheduler;
 use sequence::Sequence;
 
 pub use models::KvUsage;
@@ -29,6 +30,7 @@ pub use models::kv_cache::BLOCK_TOKENS as KV_BLOCK_TOKENS;
 pub use request::{Event, FinishReason, GenerateRequest, RequestId, TokenConstraint, TokenLogprobs, Usage};
 pub use sampler::{Sampler, SamplingParams};
 pub use spec::SpecConfig;
+pub use step::StepTimes;
 pub use stop::StopStrings;
 
 use spec::{Acceptance, CostModel, NgramAcceptance, PassCosts};
@@ -129,7 +131,11 @@ pub struct Engine<R: Runner> {
     draft: Option<R>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
+    /// Running sequences (holding KV), in admission order.
     seqs: Vec<Sequence>,
+    /// The requests waiting for KV memory, and admission.
+    scheduler: Scheduler,
+    step_times: StepTimes,
     next_id: u64,
     /// Pass costs as calibrated (or set), and as kept current by the passes since.
     costs: PassCosts,
@@ -153,6 +159,8 @@ impl<R: Runner> Engine<R> {
             tokenizer,
             config,
             seqs: Vec::new(),
+            scheduler: Scheduler::new(),
+            step_times: StepTimes::default(),
             next_id: 0,
             costs: PassCosts::assumed(),
             cost_model: CostModel::new(&PassCosts::assumed(), 0.0),
@@ -343,7 +351,8 @@ impl<R: Runner> Engine<R> {
         Ok(())
     }
 
-    /// Validates and admits a request. KV for the longest cached prefix of the prompt is reused.
+    /// Validates a request and queues it: the scheduler admits it when its prompt fits the KV memory, reusing the KV
+    /// of the longest cached prefix of its prompt.
     pub fn add_request(&mut self, req: GenerateRequest) -> Result<RequestId> {
         let cfg = self.runner.config();
         if req.prompt.is_empty() {
@@ -366,25 +375,22 @@ impl<R: Runner> Engine<R> {
         req.sampling.validate().map_err(Error::InvalidRequest)?;
         let id = RequestId(self.next_id);
         self.next_id += 1;
-        let seq = SeqId(id.0);
-        // At least the last prompt token is computed: its logits give the first output token.
-        let reusable = &req.prompt[..req.prompt.len() - 1];
-        let num_cached = self.runner.attach_prefix(seq, reusable);
         let spec = &self.config.spec;
         let uses_draft =
             spec.max_draft_tokens > 0 && spec.draft_model && req.constraint.as_ref().is_none_or(|c| c.is_dormant());
-        let draft_offset = if spec.draft_window == 0 { 0 } else { reusable.len().saturating_sub(spec.draft_window) };
-        let num_draft = match self.draft.as_mut() {
-            Some(d) if uses_draft => draft_offset + d.attach_prefix(seq, &reusable[draft_offset..]),
-            _ => 0,
-        };
-        self.seqs.push(Sequence {
+        // The draft sees the end of the prompt before its last token (which the target computes in any case).
+        let reusable = req.prompt.len() - 1;
+        let draft_offset = if spec.draft_window == 0 { 0 } else { reusable.saturating_sub(spec.draft_window) };
+        self.scheduler.waiting.push_back(Sequence {
             id,
             num_prompt_tokens: req.prompt.len(),
+            prefill_len: req.prompt.len(),
             tokens: req.prompt,
-            num_computed_tokens: num_cached,
-            num_cached_tokens: num_cached,
-            num_draft_tokens: num_draft,
+            num_computed_tokens: 0,
+            admitted_step: 0,
+            was_admitted: false,
+            num_cached_tokens: 0,
+            num_draft_tokens: 0,
             draft_offset,
             uses_draft: uses_draft && self.draft.is_some(),
             max_tokens: req.max_tokens,
@@ -416,17 +422,43 @@ impl<R: Runner> Engine<R> {
         }
     }
 
-    /// Prompt tokens of a running request whose KV came from the prefix cache (None for an unknown request).
+    /// Prompt tokens of a running request whose KV came from the prefix cache (None for an unknown request, or one
+    /// not admitted yet).
     pub fn cached_tokens(&self, id: RequestId) -> Option<usize> {
-        self.seqs.iter().find(|s| s.id == id).map(|s| s.num_cached_tokens)
+        self.seqs
+            .iter()
+            .chain(&self.scheduler.waiting)
+            .find(|s| s.id == id && s.was_admitted)
+            .map(|s| s.num_cached_tokens)
     }
 
-    /// Cancels a request and frees its sequence at once; returns its `Finished` event (None for an unknown or
-    /// finished request). No further events come for it.
+    /// Requests admitted for the first time since the last call, with their prompt tokens served from the prefix
+    /// cache (what a service reports once a request runs).
+    pub fn take_admitted(&mut self) -> Vec<(RequestId, usize)> {
+        self.scheduler.take_admitted()
+    }
+
+    /// Caps the number of requests running at once (the scheduler admits fewer when KV memory runs short).
+    pub fn set_max_running(&mut self, n: usize) {
+        self.scheduler.max_running = n.max(1);
+    }
+
+    /// Where the steps' time went so far.
+    pub fn step_times(&self) -> StepTimes {
+        self.step_times
+    }
+
+    /// Cancels a request, running or waiting, and frees its sequence at once; returns its `Finished` event (None for
+    /// an unknown or finished request). No further events come for it.
     pub fn abort(&mut self, id: RequestId) -> Option<Event> {
-        let i = self.seqs.iter().position(|s| s.id == id)?;
-        let mut s = self.seqs.remove(i);
-        self.release(&s);
+        let mut s = if let Some(i) = self.seqs.iter().position(|s| s.id == id) {
+            let s = self.seqs.remove(i);
+            self.release(&s);
+            s
+        } else {
+            let i = self.scheduler.waiting.iter().position(|s| s.id == id)?;
+            self.scheduler.waiting.remove(i).expect("INVARIANT: found above")
+        };
         let text = s.stops.flush();
         Some(Event::Finished { reason: FinishReason::Aborted, text, usage: s.usage(), matched_stop: None })
     }
@@ -439,11 +471,17 @@ impl<R: Runner> Engine<R> {
     }
 
     pub fn has_work(&self) -> bool {
-        !self.seqs.is_empty()
+        !self.seqs.is_empty() || !self.scheduler.waiting.is_empty()
     }
 
+    /// Requests running or waiting for memory.
     pub fn num_requests(&self) -> usize {
-        self.seqs.len()
+        self.seqs.len() + self.scheduler.waiting.len()
+    }
+
+    /// Requests waiting for KV memory (new, or preempted to be recomputed).
+    pub fn num_waiting(&self) -> usize {
+        self.scheduler.waiting.len()
     }
 
     /// Runs one request to completion (CLI use), calling `on_text` with each piece of released text.
@@ -455,7 +493,7 @@ impl<R: Runner> Engine<R> {
         let id = self.add_request(req)?;
         let mut out = Vec::new();
         loop {
-            if !self.seqs.iter().any(|s| s.id == id) {
+            if !self.seqs.iter().chain(&self.scheduler.waiting).any(|s| s.id == id) {
                 return Err(Error::InvalidRequest(format!("request {id} is no longer running")));
             }
             for (rid, ev) in self.step()? {

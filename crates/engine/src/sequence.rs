@@ -17,6 +17,12 @@ pub(crate) struct Sequence {
     pub(crate) num_prompt_tokens: usize,
     /// Tokens whose KV the runner holds.
     pub(crate) num_computed_tokens: usize,
+    /// Tokens computed as a prompt (chunk by chunk, no drafts) before the sequence decodes: its prompt, or after a
+    /// preemption every token it had.
+    pub(crate) prefill_len: usize,
+    /// The scheduler's step count when the sequence was (last) admitted, and whether it ever was.
+    pub(crate) admitted_step: u64,
+    pub(crate) was_admitted: bool,
     /// Prompt tokens whose KV came from the prefix cache.
     pub(crate) num_cached_tokens: usize,
     /// Tokens whose KV the draft runner holds (when this sequence uses the draft model).
@@ -52,7 +58,7 @@ impl Sequence {
     }
 
     pub(crate) fn is_prefill(&self) -> bool {
-        self.num_computed_tokens < self.num_prompt_tokens
+        self.num_computed_tokens < self.prefill_len
     }
 
     pub(crate) fn usage(&self) -> Usage {

@@ -5,6 +5,7 @@ use models::{Batch, LogitsWanted, Runner, SeqChunk, SeqId};
 
 use crate::sequence::Sequence;
 use crate::spec::{self, Method};
+use crate::step::Verified;
 use crate::{Engine, Result, runner_argmax, unix_now};
 
 /// What a decoding sequence sends to the target this step: the method and its draft tokens (with the draft's
@@ -466,5 +467,67 @@ impl<R: Runner> Engine<R> {
             self.seqs[i].num_draft_tokens = b;
         }
         Ok(())
+    }
+
+    /// What sequence `i`'s proposers learn from how its drafts fared: acceptance per proposer and by confidence,
+    /// the n-gram shadow, the draft probes' gap, and the counters.
+    pub(crate) fn learn(&mut self, i: usize, prop: &Proposal, v: &Verified, was_decoding: bool) {
+        let s = &mut self.seqs[i];
+        let (emitted, accepted, rejected) = (v.emitted, v.accepted, v.rejected);
+        let k = prop.tokens.len();
+        // Padding (to time the pass, see `explore`) is no proposer's: the proposer's drafts are the first
+        // `k - pad`, and a rejection within the padding rejected none of them.
+        let k = k - prop.pad;
+        let rejected = rejected && accepted < k;
+        let accepted = accepted.min(k);
+        if prop.method == Some(Method::Draft) && (prop.guided || (prop.probe && s.sampler.params.is_greedy())) {
+            s.guided.update(emitted.min(k + 1), k);
+        }
+        if prop.guided {
+            for &c in &prop.conf[..accepted] {
+                self.confidence.update(c, true);
+            }
+            if let Some(&c) = prop.conf.get(accepted).filter(|_| rejected) {
+                self.confidence.update(c, false);
+            }
+        }
+        if !prop.shadow.is_empty() {
+            let out = &s.tokens[s.tokens.len() - emitted..];
+            let matched = prop.shadow.iter().zip(out).take_while(|(a, b)| a == b).count();
+            s.ngram.update(prop.ngram_match, prop.shadow.len().min(emitted), matched);
+        }
+        if was_decoding {
+            s.draft_idle = if prop.method == Some(Method::Draft) { 0 } else { s.draft_idle + 1 };
+        }
+        if let Some(method) = prop.method {
+            match method {
+                Method::Ngram => {
+                    s.ngram.update(prop.ngram_match, k, accepted);
+                    self.stats.ngram_proposed += k as u64;
+                    self.stats.ngram_accepted += accepted as u64;
+                }
+                Method::Draft => {
+                    s.draft.update(k, accepted);
+                    if prop.probe {
+                        if accepted == k {
+                            // The draft fits again: judge it afresh rather than by the yields that stopped it.
+                            s.guided = spec::GuidedYield::default();
+                        }
+                        // Probe again soon only where drafting could pay at all: a draft whose passes cost so
+                        // much that even a well-fitting one loses is probed ever more rarely.
+                        let costs =
+                            if s.sampler.params.is_seeded_sampling() { &self.costs } else { self.cost_model.costs() };
+                        let pays = costs.best_depth(Method::Draft, 0.9, self.config.spec.max_draft_tokens) > 0;
+                        s.draft_probe_gap = if accepted == k && pays {
+                            DRAFT_PROBE_GAP_MIN
+                        } else {
+                            (2 * s.draft_probe_gap).min(DRAFT_PROBE_GAP_MAX)
+                        };
+                    }
+                    self.stats.draft_proposed += k as u64;
+                    self.stats.draft_accepted += accepted as u64;
+                }
+            }
+        }
     }
 }
