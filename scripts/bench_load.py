@@ -120,16 +120,41 @@ def start(cmd, url, what, log_path):
     return proc
 
 
+def engine_times(url, key):
+    """Splash's /status split of the engine thread's time (seconds by phase), or None (llama-server has none)."""
+    try:
+        req = urllib.request.Request(url + "/status", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            e = json.load(r)["engine"]
+        return dict(e["step_seconds"], steps=e["num_steps"], preemptions=e["preemptions"])
+    except Exception:
+        return None
+
+
 def bench(name, url, key, a):
     post(url, key, {"model": "m", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})  # warm-up
     rows = []
     for round_no, n in enumerate(int(x) for x in a.streams.split(",")):
+        before = engine_times(url, key)
         r = run_round(url, key, round_no + 1, n, a)
+        after = engine_times(url, key)
         r["server"] = name
+        if before and after:
+            # Where the engine thread's time went during the round; the rest of the wall time it was idle (waiting
+            # for requests: HTTP parsing, templating, tokenising happen on the server's other threads).
+            r["engine_s"] = {k: after[k] - before[k] for k in after}
         rows.append(r)
         print(f"{name:>12} {n:>7} {r['failed']:>6} {r['tokens']:>7} {r['wall_s']:>7.1f} {r['tok_s']:>8.1f} "
               f"{r['ttft_p50_s']:>9.2f} {r['ttft_p90_s']:>9.2f} {r['ttft_max_s']:>9.2f} {r['decode_tok_s_median']:>10.1f}"
               + (f"  errors: {r['errors']}" if r["errors"] else ""), flush=True)
+        if "engine_s" in r:
+            t = r["engine_s"]
+            steps = max(t["steps"], 1)
+            phases = ["schedule", "draft", "runner", "update", "dispatch"]
+            busy = sum(t[k] for k in phases)
+            print(f"{'':>12} engine thread per step ({t['steps']} steps, {t['preemptions']} preemptions): "
+                  + ", ".join(f"{k} {1e3 * t[k] / steps:.2f} ms" for k in phases)
+                  + f"; idle {100 * max(0.0, 1 - busy / r['wall_s']):.0f}% of the wall time", flush=True)
     return rows
 
 
