@@ -11,6 +11,7 @@ max, the median request's decode rate, and Splash's aggregate over llama-server'
     python3 scripts/bench_load.py --gguf ~/.cache/splash/models/qwen2.5-coder-1.5b-q4_k_m.gguf --streams 1,16,64 \\
         --prompt-tokens 1000 --max-tokens 256 --llama-server /path/to/llama-server
     python3 scripts/bench_load.py --model qwen2.5-coder-0.5b --streams 1,4 --prompt-tokens 200 --max-tokens 64
+    python3 scripts/bench_load.py --model qwen2.5-coder-1.5b --streams 1,8 --prompt-tokens 0 --max-tokens 128  # CPU
 
 Without --llama-server (and --llama-url) only Splash runs. The same prompts go to both servers.
 """
@@ -36,11 +37,14 @@ TASKS = ["a linked list", "a binary heap", "an LRU cache", "a trie", "a ring buf
 
 
 def prompt(round_no, i, num_tokens):
-    """A prompt no other request shares from its first token on: a numbered note of random words, then a task."""
+    """A prompt no other request shares from its first token on: a numbered note of random words, then a task
+    (`num_tokens` 0: the task alone, the short prompts the CPU's 8-stream measurements used)."""
+    task = f"Write a complete, well commented Python implementation of {TASKS[i % len(TASKS)]} with tests."
+    if num_tokens == 0:
+        return task
     rng = random.Random(round_no * 100_003 + i)
     words = " ".join(rng.choice(WORDS) for _ in range(int(num_tokens / 1.3)))
-    return (f"Note {round_no}-{i}: {words}\n\nIgnore the note above. Write a complete, well commented Python "
-            f"implementation of {TASKS[i % len(TASKS)]} with tests.")
+    return f"Note {round_no}-{i}: {words}\n\nIgnore the note above. {task}"
 
 
 def post(url, key, body):
