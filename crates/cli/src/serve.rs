@@ -260,8 +260,7 @@ pub fn main(a: Args) -> Result<()> {
     // may fill it while streams decode; a CPU's grows with every token, so prompts keep the default share.
     let on_gpu = matches!(runner, crate::load::AnyRunner::Cuda(_));
     let default = EngineConfig::default();
-    let prefill_while_decoding =
-        if on_gpu { plan.max_batch_tokens } else { default.max_prefill_tokens_while_decoding };
+    let prefill_while_decoding = if on_gpu { plan.max_batch_tokens } else { default.max_prefill_tokens_while_decoding };
     let mut engine = Engine::new(
         runner,
         tokenizer.clone(),
