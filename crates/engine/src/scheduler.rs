@@ -273,8 +273,15 @@ impl Scheduler {
             }
             let mut proposal = std::mem::take(&mut proposals[i]);
             if decoding {
+                // Drafts only where their rows fit the budget and the blocks left (a full pool drafts nothing).
                 let k = blocks.fit(s.num_computed_tokens + n, proposal.tokens.len().min(budget));
-                proposal.tokens.truncate(k);
+                if k < proposal.tokens.len() {
+                    proposal.tokens.truncate(k);
+                    proposal.weights.truncate(k);
+                    if k == 0 {
+                        proposal.method = None;
+                    }
+                }
                 blocks.take(s.num_computed_tokens + n, k);
                 budget -= k;
             }
