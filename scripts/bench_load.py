@@ -1,124 +1,230 @@
 #!/usr/bin/env python3
-"""Aggregate decode throughput of `splash serve` with N concurrent requests, against one request alone.
+"""HTTP load: concurrent streaming Chat Completions with fresh prompts against `splash serve` and `llama-server`.
 
-Starts `splash serve` on a free loopback port (or uses --url), then for each N in --streams sends N identical-length
-greedy Chat Completions requests at once (different prompts, so nothing is shared), waits for all, and reports
-aggregate generated tokens per second (sum of usage.completion_tokens over the wall time from the first send to the
-last reply, prompts' prefill included), the aggregate decode rate (tokens streamed while every request decodes: from
-the last stream's first token to the first stream's last token), per-request tok/s, and the ratios to N = 1. Uses
-only the standard library.
+For each server (started here on a free loopback port, on the same model file, one after the other; or already
+running with --url / --llama-url) and each concurrency N in --streams, sends N greedy streaming requests at once,
+each with a prompt of its own (about --prompt-tokens tokens of text that no other request shares, so the prefix cache
+gives nothing), and reports per round: requests that failed, completion tokens, aggregate tokens/s (all completion
+tokens over the wall time from the first send to the last reply, prefill included), time to first token p50 / p90 /
+max, the median request's decode rate, and Splash's aggregate over llama-server's. Uses only the standard library.
 
-    python3 scripts/bench_load.py --model qwen2.5-coder-1.5b --streams 1,8 --max-tokens 128 [--serve-args "--spec-mode off"]
+    python3 scripts/bench_load.py --gguf ~/.cache/splash/models/qwen2.5-coder-1.5b-q4_k_m.gguf --streams 1,16,64 \\
+        --prompt-tokens 1000 --max-tokens 256 --llama-server /path/to/llama-server
+    python3 scripts/bench_load.py --model qwen2.5-coder-0.5b --streams 1,4 --prompt-tokens 200 --max-tokens 64
+    python3 scripts/bench_load.py --model qwen2.5-coder-1.5b --streams 1,8 --prompt-tokens 0 --max-tokens 128  # CPU
+
+Without --llama-server (and --llama-url) only Splash runs. The same prompts go to both servers.
 """
 
 import argparse
 import concurrent.futures
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
-TOPICS = ["a linked list", "a binary heap", "an LRU cache", "a trie", "a ring buffer", "a bloom filter",
-          "a union-find", "an interval tree", "a skip list", "a B-tree", "a hash map", "a deque",
-          "a segment tree", "a Fenwick tree", "a graph with BFS", "a red-black tree"]
+WORDS = ("buffer parser token stream cache vector graph queue thread socket handler module schema request reply "
+         "channel batch kernel tensor layer index shard replica commit branch merge review config option value "
+         "record field column table query plan cursor lock mutex signal event timer clock budget window frame "
+         "packet header payload digest cipher entropy sample matrix column scalar offset stride block page").split()
+TASKS = ["a linked list", "a binary heap", "an LRU cache", "a trie", "a ring buffer", "a bloom filter",
+         "a union-find", "an interval tree", "a skip list", "a B-tree", "a hash map", "a deque",
+         "a segment tree", "a Fenwick tree", "a graph with BFS", "a red-black tree"]
 
 
-def post(url, body, key):
-    """Streams one request; returns (completion tokens, seconds, arrival time of every text delta)."""
+def prompt(round_no, i, num_tokens):
+    """A prompt no other request shares from its first token on: a numbered note of random words, then a task
+    (`num_tokens` 0: the task alone, the short prompts the CPU's 8-stream measurements used)."""
+    task = f"Write a complete, well commented Python implementation of {TASKS[i % len(TASKS)]} with tests."
+    if num_tokens == 0:
+        return task
+    rng = random.Random(round_no * 100_003 + i)
+    words = " ".join(rng.choice(WORDS) for _ in range(int(num_tokens / 1.3)))
+    return f"Note {round_no}-{i}: {words}\n\nIgnore the note above. {task}"
+
+
+def post(url, key, body):
+    """Streams one request: (completion tokens, seconds, time to first token or None, error or None)."""
     body = dict(body, stream=True, stream_options={"include_usage": True})
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
     t0 = time.time()
-    stamps, tokens = [], 0
-    with urllib.request.urlopen(req, timeout=3600) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
-                stamps.append(time.time())
-    return tokens, time.time() - t0, stamps
+    first, deltas, tokens = None, 0, None
+    try:
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                    first = first or time.time() - t0
+                    deltas += 1
+    except Exception as e:  # a failed request is counted, never retried
+        return 0, time.time() - t0, first, f"{type(e).__name__}: {e}"
+    # Both servers send one delta per token; the usage, where sent, is exact.
+    return tokens if tokens is not None else deltas, time.time() - t0, first, None
 
 
-def run_round(url, key, n, max_tokens):
-    bodies = [{
-        "model": "splash",
-        "messages": [{"role": "user", "content": f"Write a complete, well commented Python implementation of "
-                                                 f"{TOPICS[i % len(TOPICS)]} with tests."}],
-        "max_tokens": max_tokens, "temperature": 0,
-    } for i in range(n)]
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def run_round(url, key, round_no, n, a):
+    bodies = [{"model": "m", "messages": [{"role": "user", "content": prompt(round_no, i, a.prompt_tokens)}],
+               "max_tokens": a.max_tokens, "temperature": 0} for i in range(n)]
     t0 = time.time()
     with concurrent.futures.ThreadPoolExecutor(n) as ex:
-        results = list(ex.map(lambda b: post(url, b, key), bodies))
+        results = list(ex.map(lambda b: post(url, key, b), bodies))
     wall = time.time() - t0
-    tokens = [t for t, _, _ in results]
-    per = [t / s for t, s, _ in results]
-    # The window in which every stream decodes: from the last stream's first token to the first stream's last one
-    # (no prompt is being prefilled then). Text deltas stand for tokens (the server sends one per token).
-    start = max(st[0] for _, _, st in results if st)
-    end = min(st[-1] for _, _, st in results if st)
-    in_window = sum(sum(1 for x in st if start < x <= end) for _, _, st in results)
-    decode = in_window / (end - start) if end > start else float("nan")
-    return {"streams": n, "wall_s": wall, "tokens": sum(tokens), "aggregate_tok_s": sum(tokens) / wall,
-            "decode_window_s": end - start, "aggregate_decode_tok_s": decode, "per_request_tok_s": per}
+    ok = [r for r in results if r[3] is None]
+    ttft = [r[2] for r in ok if r[2] is not None]
+    decode = [(t - 1) / (s - f) for t, s, f, _ in ok if f is not None and t > 1 and s > f]
+    return {"streams": n, "failed": len(results) - len(ok), "errors": sorted({r[3] for r in results if r[3]})[:3],
+            "tokens": sum(r[0] for r in ok), "wall_s": wall, "tok_s": sum(r[0] for r in ok) / wall,
+            "ttft_p50_s": pct(ttft, 0.5), "ttft_p90_s": pct(ttft, 0.9), "ttft_max_s": max(ttft, default=float("nan")),
+            "decode_tok_s_median": pct(decode, 0.5)}
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_http(url, proc, what, timeout_s=900):
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited before it was ready (code {proc.returncode}); its log: {proc.args_log}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    sys.exit(f"{what} was not ready after {timeout_s} s")
+
+
+def start(cmd, url, what, log_path):
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc.args_log = log_path
+    wait_http(url, proc, what)
+    return proc
+
+
+def engine_times(url, key):
+    """Splash's /status split of the engine thread's time (seconds by phase), or None (llama-server has none)."""
+    try:
+        req = urllib.request.Request(url + "/status", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            e = json.load(r)["engine"]
+        return dict(e["step_seconds"], steps=e["num_steps"], preemptions=e["preemptions"])
+    except Exception:
+        return None
+
+
+def bench(name, url, key, a):
+    post(url, key, {"model": "m", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})  # warm-up
+    rows = []
+    for round_no, n in enumerate(int(x) for x in a.streams.split(",")):
+        before = engine_times(url, key)
+        r = run_round(url, key, round_no + 1, n, a)
+        after = engine_times(url, key)
+        r["server"] = name
+        if before and after:
+            # Where the engine thread's time went during the round; the rest of the wall time it was idle (waiting
+            # for requests: HTTP parsing, templating, tokenising happen on the server's other threads).
+            r["engine_s"] = {k: after[k] - before[k] for k in after}
+        rows.append(r)
+        print(f"{name:>12} {n:>7} {r['failed']:>6} {r['tokens']:>7} {r['wall_s']:>7.1f} {r['tok_s']:>8.1f} "
+              f"{r['ttft_p50_s']:>9.2f} {r['ttft_p90_s']:>9.2f} {r['ttft_max_s']:>9.2f} {r['decode_tok_s_median']:>10.1f}"
+              + (f"  errors: {r['errors']}" if r["errors"] else ""), flush=True)
+        if "engine_s" in r:
+            t = r["engine_s"]
+            steps = max(t["steps"], 1)
+            phases = ["schedule", "draft", "runner", "update", "dispatch"]
+            busy = sum(t[k] for k in phases)
+            print(f"{'':>12} engine thread per step ({t['steps']} steps, {t['preemptions']} preemptions): "
+                  + ", ".join(f"{k} {1e3 * t[k] / steps:.2f} ms" for k in phases)
+                  + f"; idle {100 * max(0.0, 1 - busy / r['wall_s']):.0f}% of the wall time", flush=True)
+    return rows
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--streams", default="1,8")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--gguf", help="the model file both servers load")
+    ap.add_argument("--model", help="what `splash serve --model` gets (default: --gguf)")
+    ap.add_argument("--streams", default="1,16,64")
+    ap.add_argument("--prompt-tokens", type=int, default=1000)
+    ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--splash", default="target/release/splash")
-    ap.add_argument("--url", help="use a running server instead of starting one")
-    ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--serve-args", default="", help="extra `splash serve` arguments, e.g. \"--spec-mode off\"")
+    ap.add_argument("--serve-args", default="", help="extra `splash serve` arguments")
+    ap.add_argument("--url", help="a running Splash server instead of starting one")
+    ap.add_argument("--llama-server", help="the llama-server binary to compare with")
+    ap.add_argument("--llama-args", default="", help="extra llama-server arguments (default: -np <most streams>, "
+                                                     "a context for that many requests, -ngl 999)")
+    ap.add_argument("--llama-url", help="a running llama-server instead of starting one")
     ap.add_argument("--json-out")
     a = ap.parse_args()
+    model = a.model or a.gguf
+    if not (model or a.url):
+        sys.exit("give --gguf (or --model, or --url)")
     key = "bench-load"
-    server = None
-    url = a.url
-    if not url:
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        cmd = [a.splash, "serve", "--model", a.model, "--port", str(port), "--api-key", key]
-        if a.threads:
-            cmd += ["-t", str(a.threads)]
-        cmd += a.serve_args.split()
-        server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for line in server.stdout:
-            if line.startswith("Ready"):
-                break
-        else:
-            sys.exit("splash serve exited before it was ready")
-        url = f"http://127.0.0.1:{port}"
-    try:
-        run_round(url, key, 1, 8)  # warm-up
-        rows = [run_round(url, key, int(n), a.max_tokens) for n in a.streams.split(",")]
-    finally:
-        if server:
-            server.terminate()
-            server.wait()
-    base = rows[0]["aggregate_tok_s"]
-    base_decode = rows[0]["aggregate_decode_tok_s"]
-    print(f"{a.model}: {a.max_tokens} max tokens per request, greedy {a.serve_args}")
-    print(f"{'streams':>7} {'tokens':>7} {'wall s':>7} {'aggregate tok/s':>16} {'x one stream':>13} "
-          f"{'decode-only tok/s':>18} {'x one stream':>13} {'per request tok/s':>18}")
-    for r in rows:
-        per = sorted(r["per_request_tok_s"])[len(r["per_request_tok_s"]) // 2]
-        print(f"{r['streams']:>7} {r['tokens']:>7} {r['wall_s']:>7.1f} {r['aggregate_tok_s']:>16.1f} "
-              f"{r['aggregate_tok_s'] / base:>13.2f} {r['aggregate_decode_tok_s']:>18.1f} "
-              f"{r['aggregate_decode_tok_s'] / base_decode:>13.2f} {per:>18.1f}")
+    most = max(int(x) for x in a.streams.split(","))
+    print(f"{a.prompt_tokens}-token fresh prompts, {a.max_tokens} new tokens, greedy; machine {os.uname().nodename}")
+    print(f"{'server':>12} {'streams':>7} {'failed':>6} {'tokens':>7} {'wall s':>7} {'tok/s':>8} "
+          f"{'TTFT p50':>9} {'TTFT p90':>9} {'TTFT max':>9} {'decode/req':>10}")
+    rows = []
+    servers = [("splash", a.url)]
+    if a.llama_server or a.llama_url:
+        servers.append(("llama-server", a.llama_url))
+    for name, url in servers:
+        proc = None
+        if not url:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            if name == "splash":
+                cmd = [a.splash, "serve", "--model", model, "--port", str(port), "--api-key", key]
+                cmd += a.serve_args.split()
+            else:
+                if not a.gguf:
+                    sys.exit("llama-server needs --gguf")
+                ctx = most * (a.prompt_tokens + a.max_tokens + 256)
+                extra = a.llama_args.split() or ["-np", str(most), "-c", str(ctx), "-ngl", "999"]
+                cmd = [a.llama_server, "-m", a.gguf, "--port", str(port), "--api-key", key] + extra
+            proc = start(cmd, url, name, f"/tmp/bench_load_{name}.log")
+        try:
+            rows += bench(name, url, key, a)
+        finally:
+            if proc:
+                proc.terminate()
+                proc.wait()
+    by = {(r["server"], r["streams"]): r for r in rows}
+    for n in (int(x) for x in a.streams.split(",")):
+        s, l = by.get(("splash", n)), by.get(("llama-server", n))
+        if s and l and l["tok_s"] > 0:
+            print(f"{n:>3} streams: Splash {s['tok_s'] / l['tok_s']:.2f}x llama-server's tokens/s; TTFT p50 "
+                  f"{s['ttft_p50_s']:.2f} vs {l['ttft_p50_s']:.2f} s, p90 {s['ttft_p90_s']:.2f} vs {l['ttft_p90_s']:.2f} s")
+    one = by.get(("splash", 1))
+    for n in (int(x) for x in a.streams.split(",")):
+        if one and n > 1 and ("splash", n) in by and one["tok_s"] > 0:
+            print(f"Splash at {n} streams: {by[('splash', n)]['tok_s'] / one['tok_s']:.2f}x one stream")
     if a.json_out:
         with open(a.json_out, "w") as f:
-            json.dump({"model": a.model, "max_tokens": a.max_tokens, "serve_args": a.serve_args, "rounds": rows,
+            json.dump({"model": model, "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens,
+                       "serve_args": a.serve_args, "llama_args": a.llama_args, "rounds": rows,
                        "machine": os.uname().nodename}, f, indent=1)
 
 

@@ -77,6 +77,12 @@ pub async fn status(State(state): State<Arc<AppState>>) -> Json<Value> {
             "busy_s": s.busy_s,
             // Aggregate over all sequences while the engine was stepping (prefill time included).
             "generated_tokens_per_busy_second": if s.busy_s > 0.0 { s.num_generated_tokens as f64 / s.busy_s } else { 0.0 },
+            // Where the engine thread's time went: the step's phases, then sending events to the streams.
+            "step_seconds": {
+                "schedule": s.steps.schedule_s, "draft": s.steps.draft_s, "runner": s.steps.runner_s,
+                "update": s.steps.update_s, "dispatch": s.dispatch_s,
+            },
+            "preemptions": s.steps.preemptions,
         },
         "speculation": {
             "acceptance_rate": s.spec.acceptance_rate(),
@@ -112,7 +118,7 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     metric(
         "requests_waiting",
         "gauge",
-        "Requests queued for a free sequence slot.",
+        "Requests waiting to be admitted (for KV memory or a free sequence slot).",
         &[("", s.num_waiting.to_string())],
     );
     metric("requests_running", "gauge", "Requests generating.", &[("", s.num_running.to_string())]);
@@ -138,6 +144,25 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
                 .map(|(outcome, n)| (format!("{{proposer=\"{}\",outcome=\"{outcome}\"}}", p.name), n.to_string()))
         })
         .collect();
+    metric(
+        "engine_step_seconds_total",
+        "counter",
+        "The engine thread's time by phase: scheduling, draft passes, the target runner, sampling and \
+         detokenising (update), sending events to the streams (dispatch).",
+        &[
+            ("{phase=\"schedule\"}", format!("{:.6}", s.steps.schedule_s)),
+            ("{phase=\"draft\"}", format!("{:.6}", s.steps.draft_s)),
+            ("{phase=\"runner\"}", format!("{:.6}", s.steps.runner_s)),
+            ("{phase=\"update\"}", format!("{:.6}", s.steps.update_s)),
+            ("{phase=\"dispatch\"}", format!("{:.6}", s.dispatch_s)),
+        ],
+    );
+    metric(
+        "engine_preemptions_total",
+        "counter",
+        "Sequences preempted for lack of KV memory (released, to be recomputed).",
+        &[("", s.steps.preemptions.to_string())],
+    );
     metric(
         "spec_draft_tokens_total",
         "counter",

@@ -279,10 +279,19 @@ pub fn main(a: Args) -> Result<()> {
     if template.is_none() {
         eprintln!("warning: {} has no chat template; chat requests will be refused", a.model);
     }
+    // The step's budget is the device's: a GPU's step costs hardly more at thousands of tokens than at one, so prompts
+    // may fill it while streams decode; a CPU's grows with every token, so prompts keep the default share.
+    let on_gpu = matches!(runner, crate::load::AnyRunner::Cuda(_));
+    let default = EngineConfig::default();
+    let prefill_while_decoding = if on_gpu { plan.max_batch_tokens } else { default.max_prefill_tokens_while_decoding };
     let mut engine = Engine::new(
         runner,
         tokenizer.clone(),
-        EngineConfig { max_batch_tokens: plan.max_batch_tokens, ..EngineConfig::default() },
+        EngineConfig {
+            max_batch_tokens: plan.max_batch_tokens,
+            max_prefill_tokens_while_decoding: prefill_while_decoding,
+            ..default
+        },
     );
     let (draft, warning) = crate::spec::setup(&mut engine, &a.model, &a.spec, a.threads, a.device, false)?;
     if let Some(w) = warning {
@@ -316,7 +325,9 @@ pub fn main(a: Args) -> Result<()> {
     }
     let load_s = t0.elapsed().as_secs_f64();
     let service = ServiceConfig {
-        max_running: plan.max_sequences,
+        // A ceiling: the engine admits requests by the KV memory their prompts need, so more than the plan's
+        // full-context sequences run when prompts are shorter.
+        max_running: a.max_sequences.unwrap_or(plan.device.default_max_sequences()).max(plan.max_sequences),
         max_waiting: a.max_queue,
         max_context: Some(plan.max_context),
     };

@@ -180,7 +180,9 @@ fn serve_uses_the_plan() {
     assert_eq!(plan["max_context"], 4096, "{status}");
     assert_eq!(plan["breakdown"]["budget_bytes"], GIB);
     assert_eq!(status["limits"]["max_context_tokens"], 4096);
-    assert_eq!(status["limits"]["max_running_requests"], plan["max_sequences"]);
+    // The CPU's default ceiling, above the plan's 6 full-context sequences: the engine admits by the KV memory prompts
+    // need, so shorter ones run more at once.
+    assert_eq!(status["limits"]["max_running_requests"], 8);
     assert_eq!(models["data"][0]["context_length"], 4096, "{models}");
 }
 

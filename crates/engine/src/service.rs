@@ -2,15 +2,16 @@
 //! requests through a cloneable [`EngineHandle`] and read each request's events from its own [`RequestStream`].
 //!
 //! In: [`GenerateRequest`]s from any thread or task. Out: per request, the engine's [`Event`]s in order over a tokio
-//! channel, ending with `Event::Finished` (or one `Err` if the request could not run to the end). Requests beyond
-//! [`ServiceConfig::max_running`] wait in a bounded queue; past [`ServiceConfig::max_waiting`] a submit fails at once
+//! channel, ending with `Event::Finished` (or one `Err` if the request could not run to the end). Every request goes to
+//! the engine, whose scheduler admits it when its prompt fits the KV memory (and fewer than
+//! [`ServiceConfig::max_running`] run); until then it waits, and past [`ServiceConfig::max_waiting`] waiting a submit fails at once
 //! with [`ServiceError::QueueFull`] (an HTTP adapter answers 429 with `Retry-After`). Dropping a stream (the client
 //! went away) aborts its request before the next step, freeing its sequence. The thread blocks while there is no work
 //! and wakes on the next submit; it exits when every handle is gone.
 //!
 //! Knows nothing about HTTP or chat protocols: those adapters live in the `api` crate.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -25,9 +26,10 @@ use crate::{Engine, Event, FinishReason, GenerateRequest, RequestId};
 /// Limits of the service.
 #[derive(Debug, Clone)]
 pub struct ServiceConfig {
-    /// Most requests admitted into the engine at once (one sequence each).
+    /// Most requests running in the engine at once (one sequence each): a ceiling, below which the engine admits
+    /// requests as their prompts fit the KV memory.
     pub max_running: usize,
-    /// Most requests waiting for a free slot; one more is refused with [`ServiceError::QueueFull`].
+    /// Most requests waiting to run; one more is refused with [`ServiceError::QueueFull`].
     pub max_waiting: usize,
     /// Most tokens of prompt and output together; `None` = the model's context. Never more than the model's.
     pub max_context: Option<usize>,
@@ -76,13 +78,14 @@ struct Shared {
     num_failed: AtomicU64,
     num_steps: AtomicU64,
     num_generated_tokens: AtomicU64,
-    /// Time spent inside `Engine::step`, in microseconds.
+    /// Time spent inside `Engine::step`, and sending its events to the streams, in microseconds.
     busy_us: AtomicU64,
+    dispatch_us: AtomicU64,
     alive: AtomicBool,
     /// Set by [`EngineHandle::cancel_all`]: new requests are refused with [`ServiceError::Cancelled`].
     closing: AtomicBool,
-    /// Speculation counters and KV-cache occupancy after the last step.
-    engine_state: std::sync::Mutex<(crate::SpecStats, models::KvUsage)>,
+    /// Speculation counters, KV-cache occupancy and step times after the last step.
+    engine_state: std::sync::Mutex<(crate::SpecStats, models::KvUsage, crate::StepTimes)>,
 }
 
 /// A snapshot of the service's counters.
@@ -99,8 +102,12 @@ pub struct ServiceStats {
     pub num_failed: u64,
     pub num_steps: u64,
     pub num_generated_tokens: u64,
-    /// Time the engine spent stepping (the rest it was idle or admitting).
+    /// Time the engine spent stepping (the rest it was idle, admitting or dispatching events).
     pub busy_s: f64,
+    /// Time the engine thread spent sending steps' events to the request streams.
+    pub dispatch_s: f64,
+    /// Where the steps' time went.
+    pub steps: crate::StepTimes,
     pub max_running: usize,
     pub max_waiting: usize,
     pub alive: bool,
@@ -164,14 +171,9 @@ impl EngineHandle {
         let shared = Arc::new(Shared { alive: AtomicBool::new(true), ..Default::default() });
         let (commands, receiver) = mpsc::channel();
         let max_running = config.max_running.max(1);
-        let worker = Worker {
-            engine,
-            commands: receiver,
-            shared: shared.clone(),
-            max_running,
-            waiting: VecDeque::new(),
-            running: HashMap::new(),
-        };
+        let mut engine = engine;
+        engine.set_max_running(max_running);
+        let worker = Worker { engine, commands: receiver, shared: shared.clone(), requests: HashMap::new() };
         std::thread::Builder::new().name("splash-engine".into()).spawn(move || worker.run())?;
         Ok(EngineHandle { commands, shared, limits, max_running, max_waiting: config.max_waiting })
     }
@@ -262,11 +264,13 @@ impl EngineHandle {
             num_steps: s.num_steps.load(Ordering::Relaxed),
             num_generated_tokens: s.num_generated_tokens.load(Ordering::Relaxed),
             busy_s: s.busy_us.load(Ordering::Relaxed) as f64 / 1e6,
+            dispatch_s: s.dispatch_us.load(Ordering::Relaxed) as f64 / 1e6,
             max_running: self.max_running,
             max_waiting: self.max_waiting,
             alive: s.alive.load(Ordering::Relaxed),
             spec: s.engine_state.lock().map(|g| g.0).unwrap_or_default(),
             kv: s.engine_state.lock().map(|g| g.1).unwrap_or_default(),
+            steps: s.engine_state.lock().map(|g| g.2).unwrap_or_default(),
         }
     }
 }
@@ -320,14 +324,20 @@ impl futures_core::Stream for RequestStream {
     }
 }
 
+/// A request the engine holds, as the service tracks it.
+struct Live {
+    events: tokio_mpsc::UnboundedSender<StreamItem>,
+    /// Until the engine admits the request (it waits for KV memory until then): where its cached prompt tokens go.
+    unadmitted: Option<Arc<AtomicUsize>>,
+}
+
 /// The engine thread's state.
 struct Worker<R: Runner> {
     engine: Engine<R>,
     commands: mpsc::Receiver<Command>,
     shared: Arc<Shared>,
-    max_running: usize,
-    waiting: VecDeque<Pending>,
-    running: HashMap<RequestId, tokio_mpsc::UnboundedSender<StreamItem>>,
+    /// Every request handed to the engine, admitted or waiting there.
+    requests: HashMap<RequestId, Live>,
 }
 
 impl<R: Runner> Worker<R> {
@@ -337,7 +347,6 @@ impl<R: Runner> Worker<R> {
                 return;
             }
             self.drop_cancelled();
-            self.admit();
             if !self.engine.has_work() {
                 // Aborts free blocks outside a step: the gauges show it before the thread goes idle.
                 self.publish_state();
@@ -348,17 +357,23 @@ impl<R: Runner> Worker<R> {
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| self.engine.step()));
             let busy_us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
             self.shared.busy_us.fetch_add(busy_us, Ordering::Relaxed);
+            if result.is_ok() {
+                self.note_admitted();
+            }
             self.publish_state();
             match result {
                 Ok(Ok(events)) => {
-                    let num_running = self.running.len();
+                    let num_requests = self.requests.len();
+                    let t1 = std::time::Instant::now();
                     self.dispatch(events);
-                    if self.running.len() < num_running {
+                    let dispatch_us = u64::try_from(t1.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    self.shared.dispatch_us.fetch_add(dispatch_us, Ordering::Relaxed);
+                    if self.requests.len() < num_requests {
                         self.publish_state();
                     }
                 }
                 Ok(Err(e)) => {
-                    self.fail_running(ServiceError::Engine(e.to_string()));
+                    self.fail_all(ServiceError::Engine(e.to_string()), true);
                     self.publish_state();
                 }
                 Err(panic) => {
@@ -369,29 +384,23 @@ impl<R: Runner> Worker<R> {
                         .unwrap_or_else(|| "panic".into());
                     self.shared.alive.store(false, Ordering::Release);
                     // The engine may be in any state now: do not touch it, only tell everyone.
-                    let error = ServiceError::Engine(format!("the engine stopped: {message}"));
-                    for (_, tx) in self.running.drain() {
-                        let _ = tx.send(Err(error.clone()));
-                        self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
-                        self.shared.num_failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                    self.fail_waiting(error);
+                    self.fail_all(ServiceError::Engine(format!("the engine stopped: {message}")), false);
                     return;
                 }
             }
         }
     }
 
-    /// Speculation counters and KV-cache occupancy, for `/status` and `/metrics`.
+    /// Speculation counters, KV-cache occupancy and step times, for `/status` and `/metrics`.
     fn publish_state(&self) {
         if let Ok(mut g) = self.shared.engine_state.lock() {
-            *g = (self.engine.spec_stats(), self.engine.runner().kv_usage());
+            *g = (self.engine.spec_stats(), self.engine.runner().kv_usage(), self.engine.step_times());
         }
     }
 
     /// Takes new commands: blocks while there is nothing else to do. Returns false when the service is over.
     fn receive(&mut self) -> bool {
-        if self.running.is_empty() && self.waiting.is_empty() {
+        if self.requests.is_empty() {
             // Idle: do the runners' background work in small steps, looking for requests in between.
             loop {
                 match self.commands.try_recv() {
@@ -419,7 +428,7 @@ impl<R: Runner> Worker<R> {
                 Ok(command) => self.handle(command),
                 Err(mpsc::TryRecvError::Empty) => return true,
                 // Every handle is gone; finish what is queued (its streams may still be read).
-                Err(mpsc::TryRecvError::Disconnected) => return !(self.running.is_empty() && self.waiting.is_empty()),
+                Err(mpsc::TryRecvError::Disconnected) => return !self.requests.is_empty(),
             }
         }
     }
@@ -431,7 +440,7 @@ impl<R: Runner> Worker<R> {
                 self.shared.num_waiting.fetch_sub(1, Ordering::AcqRel);
                 self.shared.num_aborted.fetch_add(1, Ordering::Relaxed);
             }
-            Command::Submit(pending) => self.waiting.push_back(pending),
+            Command::Submit(pending) => self.submit(pending),
             Command::CancelAll => self.cancel_all(),
             Command::Flush { deadline, done } => {
                 let mut complete = false;
@@ -446,60 +455,65 @@ impl<R: Runner> Worker<R> {
         }
     }
 
+    /// Hands a request to the engine, which queues it until its prompt fits the KV memory.
+    fn submit(&mut self, Pending { request, events, cached_tokens }: Pending) {
+        match self.engine.add_request(request) {
+            Ok(id) => {
+                self.requests.insert(id, Live { events, unadmitted: Some(cached_tokens) });
+            }
+            Err(e) => {
+                let error = match e {
+                    crate::Error::InvalidRequest(m) => ServiceError::InvalidRequest(m),
+                    crate::Error::Model(m) => ServiceError::Engine(m.to_string()),
+                };
+                let _ = events.send(Err(error));
+                self.shared.num_waiting.fetch_sub(1, Ordering::AcqRel);
+                self.shared.num_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Moves the requests the engine admitted in the last step from the waiting to the running count, and makes
+    /// their cached prompt tokens known.
+    fn note_admitted(&mut self) {
+        for (id, cached) in self.engine.take_admitted() {
+            if let Some(c) = self.requests.get_mut(&id).and_then(|r| r.unadmitted.take()) {
+                c.store(cached, Ordering::Release);
+                self.shared.num_waiting.fetch_sub(1, Ordering::AcqRel);
+                self.shared.num_running.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Stops tracking a request (ended or aborted): the waiting or running count drops by one.
+    fn forget(&mut self, id: RequestId) -> Option<tokio_mpsc::UnboundedSender<StreamItem>> {
+        let live = self.requests.remove(&id)?;
+        let count = if live.unadmitted.is_some() { &self.shared.num_waiting } else { &self.shared.num_running };
+        count.fetch_sub(1, Ordering::AcqRel);
+        Some(live.events)
+    }
+
     /// Ends every request with [`ServiceError::Cancelled`], freeing its sequence.
     fn cancel_all(&mut self) {
-        for (id, tx) in self.running.drain() {
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        for id in ids {
             self.engine.abort(id);
-            let _ = tx.send(Err(ServiceError::Cancelled));
-            self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
-            self.shared.num_aborted.fetch_add(1, Ordering::Relaxed);
-        }
-        for pending in self.waiting.drain(..) {
-            let _ = pending.events.send(Err(ServiceError::Cancelled));
-            self.shared.num_waiting.fetch_sub(1, Ordering::AcqRel);
-            self.shared.num_aborted.fetch_add(1, Ordering::Relaxed);
+            if let Some(tx) = self.forget(id) {
+                let _ = tx.send(Err(ServiceError::Cancelled));
+                self.shared.num_aborted.fetch_add(1, Ordering::Relaxed);
+            }
         }
         self.publish_state();
     }
 
-    /// Forgets waiting requests and aborts running ones whose stream was dropped.
+    /// Aborts the requests whose stream was dropped.
     fn drop_cancelled(&mut self) {
-        let before = self.waiting.len();
-        self.waiting.retain(|p| !p.events.is_closed());
-        let num_dropped = before - self.waiting.len();
-        if num_dropped > 0 {
-            self.shared.num_waiting.fetch_sub(num_dropped, Ordering::AcqRel);
-            self.shared.num_aborted.fetch_add(num_dropped as u64, Ordering::Relaxed);
-        }
-        let closed: Vec<RequestId> = self.running.iter().filter(|(_, tx)| tx.is_closed()).map(|(id, _)| *id).collect();
+        let closed: Vec<RequestId> =
+            self.requests.iter().filter(|(_, r)| r.events.is_closed()).map(|(id, _)| *id).collect();
         for id in closed {
             self.engine.abort(id);
-            self.running.remove(&id);
-            self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
+            self.forget(id);
             self.shared.num_aborted.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Moves waiting requests into the engine while there is room.
-    fn admit(&mut self) {
-        while self.running.len() < self.max_running {
-            let Some(Pending { request, events, cached_tokens }) = self.waiting.pop_front() else { break };
-            self.shared.num_waiting.fetch_sub(1, Ordering::AcqRel);
-            match self.engine.add_request(request) {
-                Ok(id) => {
-                    cached_tokens.store(self.engine.cached_tokens(id).unwrap_or(0), Ordering::Release);
-                    self.running.insert(id, events);
-                    self.shared.num_running.fetch_add(1, Ordering::AcqRel);
-                }
-                Err(e) => {
-                    let error = match e {
-                        crate::Error::InvalidRequest(m) => ServiceError::InvalidRequest(m),
-                        crate::Error::Model(m) => ServiceError::Engine(m.to_string()),
-                    };
-                    let _ = events.send(Err(error));
-                    self.shared.num_failed.fetch_add(1, Ordering::Relaxed);
-                }
-            }
         }
     }
 
@@ -516,36 +530,31 @@ impl<R: Runner> Worker<R> {
             }
             if finished {
                 // Counters first, so a caller that saw `Finished` sees the sequence gone.
-                let Some(tx) = self.running.remove(&id) else { continue };
-                self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
+                let Some(tx) = self.forget(id) else { continue };
                 let _ = tx.send(Ok(event));
                 continue;
             }
-            let Some(tx) = self.running.get(&id) else { continue };
-            if tx.send(Ok(event)).is_err() {
+            let Some(r) = self.requests.get(&id) else { continue };
+            if r.events.send(Ok(event)).is_err() {
                 self.engine.abort(id);
-                self.running.remove(&id);
-                self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
+                self.forget(id);
                 self.shared.num_aborted.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
-    /// Ends every running request with `error` (the step failed; the engine's state for them is unchanged).
-    fn fail_running(&mut self, error: ServiceError) {
-        for (id, tx) in self.running.drain() {
-            self.engine.abort(id);
-            let _ = tx.send(Err(error.clone()));
-            self.shared.num_running.fetch_sub(1, Ordering::AcqRel);
-            self.shared.num_failed.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn fail_waiting(&mut self, error: ServiceError) {
-        for pending in self.waiting.drain(..) {
-            let _ = pending.events.send(Err(error.clone()));
-            self.shared.num_waiting.fetch_sub(1, Ordering::AcqRel);
-            self.shared.num_failed.fetch_add(1, Ordering::Relaxed);
+    /// Ends every request with `error`: a step failed (`abort`: free them in the engine, whose state for them is
+    /// unchanged) or the engine panicked (it may be in any state: not touched).
+    fn fail_all(&mut self, error: ServiceError, abort: bool) {
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        for id in ids {
+            if abort {
+                self.engine.abort(id);
+            }
+            if let Some(tx) = self.forget(id) {
+                let _ = tx.send(Err(error.clone()));
+                self.shared.num_failed.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 }

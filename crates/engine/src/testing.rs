@@ -6,7 +6,8 @@
 //! records what it was asked: every batch, every release, which forward method ran, which sequences it holds and
 //! each sequence's prompt. The record is shared ([`FakeRunner::state`] and [`FakeRunner::shared`]), so a test can
 //! still read it once the engine has moved onto its own thread. Optionally each pass sleeps, costs simulated
-//! seconds on a clock, fails or panics at a given pass, and keeps hidden rows ([`Runner::set_hidden_layers`]).
+//! seconds on a clock, fails or panics at a given pass, keeps hidden rows ([`Runner::set_hidden_layers`]), and holds
+//! its KV in a pool of blocks ([`FakeRunner::with_pool`]: the real block table, prefix cache included).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -14,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gguf::{GgufFile, GgufWriter, Value, ValueType};
+use models::kv_cache::BlockTable;
 use models::{Batch, LogitsWanted, ModelConfig, Runner, SeqId};
 use tokenizer::Tokenizer;
 
@@ -169,6 +171,8 @@ pub struct FakeRunner {
     pub idle_left: Arc<AtomicUsize>,
     hidden_layers: Vec<usize>,
     hidden: Vec<f32>,
+    /// A KV pool of so many blocks (the real block table, prefix cache included); None: no limit.
+    pool: Option<BlockTable>,
     out: Vec<f32>,
 }
 
@@ -197,8 +201,16 @@ impl FakeRunner {
             idle_left: Arc::default(),
             hidden_layers: Vec::new(),
             hidden: Vec::new(),
+            pool: None,
             out: Vec::new(),
         }
+    }
+
+    /// A runner whose KV holds `num_blocks` blocks of `block_tokens` positions (its prefix cache reuses full blocks
+    /// of released sequences), and fails a batch they cannot hold.
+    pub fn with_pool(mut self, num_blocks: usize, block_tokens: usize) -> Self {
+        self.pool = Some(BlockTable::with_block_tokens(num_blocks, block_tokens));
+        self
     }
 
     /// Each pass of `rows` tokens advances `clock` by `cost(rows)` seconds.
@@ -257,6 +269,17 @@ impl FakeRunner {
             panic!("empty chunk for sequence {}", c.seq);
         }
         batch.validate(&self.cfg, |s| state.live.get(&s).map_or(0, |h| h.tokens.len()))?;
+        if let Some(pool) = self.pool.as_mut() {
+            let needed: usize =
+                batch.chunks.iter().map(|c| pool.blocks_needed(c.seq, c.start_pos + c.tokens.len())).sum();
+            if needed > pool.num_available() {
+                return Err(models::Error::KvCacheFull { needed, available: pool.num_available() });
+            }
+            for c in &batch.chunks {
+                pool.reserve(c.seq, c.start_pos + c.tokens.len()).expect("INVARIANT: checked above");
+                pool.commit(c.seq, c.tokens);
+            }
+        }
         if let Some((cost, clock)) = &self.cost {
             clock.fetch_add((cost(batch.num_tokens()) * 1e9).round() as u64, Ordering::Relaxed);
         }
@@ -350,16 +373,25 @@ impl Runner for FakeRunner {
         if let Some(h) = self.state().live.get_mut(&seq) {
             h.tokens.truncate(len);
         }
+        if let Some(pool) = self.pool.as_mut() {
+            pool.truncate(seq, len);
+        }
     }
 
     fn release(&mut self, seq: SeqId) {
-        let mut s = self.state();
+        let mut s = self.state.lock().expect("INVARIANT: no test panics while holding the fake's state");
         s.live.remove(&seq);
         s.released.push(seq);
+        if let Some(pool) = self.pool.as_mut() {
+            pool.release(seq);
+        }
     }
 
     fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
-        let n = self.cached_prefix.min(tokens.len());
+        let n = match self.pool.as_mut() {
+            Some(pool) => pool.attach_prefix(seq, tokens),
+            None => self.cached_prefix.min(tokens.len()),
+        };
         if n > 0 {
             self.state().live.insert(seq, Held { tokens: tokens[..n].to_vec(), prompt_len: None });
         }
@@ -377,6 +409,9 @@ impl Runner for FakeRunner {
     }
 
     fn kv_usage(&self) -> models::KvUsage {
+        if let Some(pool) = self.pool.as_ref() {
+            return pool.usage();
+        }
         models::KvUsage { used_blocks: self.state().live.len(), ..Default::default() }
     }
 }

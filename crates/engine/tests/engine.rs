@@ -646,6 +646,162 @@ fn a_zero_token_budget_still_makes_progress() {
     assert_all_released(&e, &[RequestId(0)]);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Scheduling by KV memory (a pool of blocks in the fake runner).
+
+/// Runs `requests` together on `engine` and each alone on a fresh engine from `fresh`: the outcomes, in order.
+fn together_and_alone(
+    mut engine: Engine<FakeRunner>,
+    fresh: impl Fn() -> Engine<FakeRunner>,
+    requests: impl Fn() -> Vec<GenerateRequest>,
+) -> (Engine<FakeRunner>, Vec<Outcome>, Vec<Outcome>) {
+    let ids: Vec<RequestId> = requests().into_iter().map(|r| engine.add_request(r).expect("valid")).collect();
+    let mut together = run_to_end(&mut engine);
+    let together: Vec<Outcome> = ids.iter().map(|id| together.remove(id).expect("every request ends")).collect();
+    let alone = requests()
+        .into_iter()
+        .map(|r| {
+            let mut e = fresh();
+            let id = e.add_request(r).expect("valid");
+            run_to_end(&mut e).remove(&id).expect("the request ends")
+        })
+        .collect();
+    (engine, together, alone)
+}
+
+#[test]
+fn admission_stops_at_memory_not_at_a_count() {
+    // 10 blocks of 16 positions. A 40-token prompt needs 3 blocks (with its first output token): three fit beside one
+    // another (9 blocks), the fourth waits. 10-token prompts need 1 each: ten are admitted at once.
+    let mut e = engine_with(fake(1024, letters_script).with_pool(10, 16), 512);
+    let long: Vec<RequestId> =
+        (0..5).map(|i| e.add_request(greedy(vec![b'a' as u32 + i; 40], 4)).expect("valid")).collect();
+    let mut out = BTreeMap::new();
+    record(&mut out, 0, e.step().expect("step"));
+    assert_eq!(e.runner().state().batches[0].len(), 3, "three prompts of three blocks fit in ten");
+    assert_eq!(e.num_waiting(), 2);
+    let mut step = 1;
+    while e.has_work() {
+        record(&mut out, step, e.step().expect("step"));
+        step += 1;
+    }
+    for (i, id) in long.iter().enumerate() {
+        assert_eq!(out[id].tokens, expected_letters(&vec![b'a' as u32 + i as u32; 40], 4));
+        assert_eq!(out[id].finish.map(|f| f.0), Some(FinishReason::Length));
+    }
+    assert!(e.runner().state().live.is_empty());
+
+    let mut e = engine_with(fake(1024, letters_script).with_pool(10, 16), 512);
+    for i in 0..12 {
+        e.add_request(greedy(vec![b'a' as u32 + i; 10], 2)).expect("valid");
+    }
+    e.step().expect("step");
+    assert_eq!(e.runner().state().batches[0].len(), 10, "one block each: ten fit in ten");
+    assert_eq!(e.num_waiting(), 2);
+    run_to_end(&mut e);
+    assert!(e.runner().state().live.is_empty());
+}
+
+#[test]
+fn preemption_recomputes_and_the_output_is_unchanged() {
+    // Three requests that each grow to 4 blocks of 8 positions, in a pool of 7: they cannot all hold their KV to the
+    // end, so some are preempted and recomputed. Every token is what each gives alone, and nothing fails.
+    let pool = || engine_with(fake(1024, letters_script).with_pool(7, 8), 64);
+    let requests = || (0..3).map(|i| greedy(bytes(&format!("prompt {i}")), 24)).collect::<Vec<_>>();
+    let (e, together, alone) = together_and_alone(pool(), || engine_with(fake(1024, letters_script), 64), requests);
+    assert!(e.step_times().preemptions > 0, "the pool was meant to run out");
+    for (t, a) in together.iter().zip(&alone) {
+        assert_eq!(t.tokens, a.tokens);
+        assert_eq!(t.text, a.text);
+        assert_eq!(t.finish.map(|f| f.0), Some(FinishReason::Length));
+    }
+    assert!(e.runner().state().live.is_empty());
+    assert_eq!(e.runner().kv_usage().used_blocks, 0);
+}
+
+#[test]
+fn no_request_fails_when_pages_run_out_and_batched_equals_unbatched() {
+    // Twelve requests of mixed prompt and output lengths, greedy and seeded sampling, with speculation on, in a pool
+    // far smaller than they need together: each one's output is what it gives alone.
+    let sampled = |seed| SamplingParams { temperature: 0.8, top_k: 20, seed: Some(seed), ..Default::default() };
+    let requests = || {
+        (0..12u64)
+            .map(|i| {
+                let prompt = bytes(&"the quick brown fox jumps over the lazy dog "[..5 + (i as usize * 7) % 38]);
+                let params = if i % 3 == 0 { sampled(i) } else { SamplingParams::greedy() };
+                GenerateRequest::new(prompt, params, 10 + (i as usize * 13) % 40)
+            })
+            .collect::<Vec<_>>()
+    };
+    let pooled = || engine_with(fake(1024, noisy_script).with_pool(12, 8), 32);
+    let plain = || engine_with(fake(1024, noisy_script), 32);
+    let (e, together, alone) = together_and_alone(pooled(), plain, requests);
+    assert!(e.step_times().preemptions > 0, "the pool was meant to run out");
+    for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
+        assert_eq!(t.tokens, a.tokens, "request {i}");
+        assert_eq!(t.finish.map(|f| f.0), a.finish.map(|f| f.0), "request {i}");
+    }
+    assert!(e.runner().state().live.is_empty());
+}
+
+#[test]
+fn a_request_that_cannot_fit_the_pool_alone_ends_with_length() {
+    // Four blocks of 8 positions hold 32 tokens: a 20-token prompt asking for 40 more ends when the pool is full,
+    // as at the end of the context; the request after it runs normally.
+    let mut e = engine_with(fake(1024, letters_script).with_pool(4, 8), 64);
+    let big = e.add_request(greedy(vec![b'q' as u32; 20], 40)).expect("valid");
+    let small = e.add_request(greedy(bytes("hi"), 3)).expect("valid");
+    let out = run_to_end(&mut e);
+    let o = &out[&big];
+    assert_eq!(o.finish.map(|f| f.0), Some(FinishReason::Length));
+    assert!(!o.tokens.is_empty() && o.tokens.len() < 40, "{} tokens", o.tokens.len());
+    assert_eq!(o.tokens, expected_letters(&vec![b'q' as u32; 20], o.tokens.len()));
+    assert_eq!(out[&small].tokens, expected_letters(&bytes("hi"), 3));
+    assert!(e.runner().state().live.is_empty());
+}
+
+#[test]
+fn first_tokens_come_within_bounded_steps_and_long_prompts_are_not_starved() {
+    // A stream decodes; a 300-token prompt arrives; then, every step, four short requests that would take all of the
+    // 16 prompt tokens a step gets while anything decodes. The running stream gets a token every step, the long
+    // prompt its first token within a bound (its aging overtakes the newcomers) rather than after the shorts stop,
+    // and each short request its first token within a bound too (at worst it waits for the long prompt's turn).
+    let mut e = Engine::new(
+        fake(1024, letters_script),
+        build_tokenizer(),
+        EngineConfig { max_batch_tokens: 32, max_prefill_tokens_while_decoding: 16, ..Default::default() },
+    );
+    let mut out = BTreeMap::new();
+    let stream = e.add_request(greedy(bytes("s"), 200)).expect("valid");
+    record(&mut out, 0, e.step().expect("step"));
+    let long_prompt: Vec<u32> = (0..300).map(|i| b'a' as u32 + (i % 26) as u32).collect();
+    let long = e.add_request(greedy(long_prompt, 2)).expect("valid");
+    let mut shorts = Vec::new();
+    for step in 1..120 {
+        // Four 4-token prompts a step: all the prompt budget, were the long prompt not aging.
+        for j in 0..4 {
+            shorts.push((step, e.add_request(greedy(bytes(&format!("{j}{step:03}")), 2)).expect("valid")));
+        }
+        record(&mut out, step, e.step().expect("step"));
+    }
+    let mut step = 120;
+    while e.has_work() {
+        record(&mut out, step, e.step().expect("step"));
+        step += 1;
+    }
+    let worst = shorts.iter().map(|(at, id)| out[id].token_steps[0] - at).max().expect("shorts ran");
+    assert!(worst <= 300_usize.div_ceil(16) + 2, "a short request waited {worst} steps for its first token");
+    let steps = &out[&stream].token_steps;
+    assert!(steps[0] == 0 && steps.windows(2).all(|w| w[1] - w[0] <= 1), "the running stream got a token every step");
+    // 300 tokens at 16 a step take 19 steps; aging brings the long prompt ahead of the newcomers within as many
+    // again.
+    let long_first = out[&long].token_steps[0];
+    assert!(
+        long_first <= 1 + 2 * 300_usize.div_ceil(16) + 2,
+        "the long prompt's first token came at step {long_first}"
+    );
+}
+
 /// A constraint that only watches until it has seen `wake_after` tokens, then allows only `forced` for `num_forced`
 /// tokens and ends the output: the shape of a lazy tool-call grammar. Records every committed token.
 struct WakingConstraint {

@@ -331,9 +331,10 @@ impl<R: Runner> Proposer for DraftModel<R> {
     }
 
     fn truncate(&mut self, seq: SeqId, len: usize) {
+        // Below the window's start (a preempted sequence) the draft holds nothing and catches up from there.
         if let Some(st) = self.seqs.get_mut(&seq).filter(|st| st.num_draft_tokens > len) {
-            st.num_draft_tokens = len;
-            self.runner.truncate(seq, len - st.offset);
+            st.num_draft_tokens = len.max(st.offset);
+            self.runner.truncate(seq, len.saturating_sub(st.offset));
         }
     }
 
