@@ -777,13 +777,19 @@ mod tests {
         assert!(t0.elapsed() < Duration::from_millis(500), "{:?}", t0.elapsed());
     }
 
+    /// A service running one request at a time, its first request (`max_tokens` long) already streaming.
+    fn one_running(max_waiting: usize, max_tokens: usize) -> (EngineHandle, RequestStream) {
+        let config = ServiceConfig { max_running: 1, max_waiting, max_context: None };
+        let handle = spawn(fake(1000, Duration::from_millis(5)), config);
+        let mut first = handle.submit(request("a", max_tokens)).unwrap();
+        assert!(matches!(first.blocking_next(), Some(Ok(_))));
+        (handle, first)
+    }
+
     #[test]
     fn full_queue_is_refused_and_drains() {
-        let config = ServiceConfig { max_running: 1, max_waiting: 2, max_context: None };
-        let handle = spawn(fake(1000, Duration::from_millis(5)), config);
-        let mut first = handle.submit(request("a", 40)).unwrap();
         // Once the first runs, two can wait and a third is refused.
-        assert!(matches!(first.blocking_next(), Some(Ok(_))));
+        let (handle, mut first) = one_running(2, 40);
         let mut second = handle.submit(request("b", 2)).unwrap();
         let mut third = handle.submit(request("c", 2)).unwrap();
         assert_eq!(handle.stats().num_waiting, 2);
@@ -800,10 +806,7 @@ mod tests {
 
     #[test]
     fn a_dropped_waiting_request_never_runs() {
-        let config = ServiceConfig { max_running: 1, max_waiting: 4, max_context: None };
-        let handle = spawn(fake(1000, Duration::from_millis(5)), config);
-        let mut first = handle.submit(request("a", 20)).unwrap();
-        assert!(matches!(first.blocking_next(), Some(Ok(_))));
+        let (handle, mut first) = one_running(4, 20);
         drop(handle.submit(request("b", 20)).unwrap());
         assert_eq!(collect(&mut first).1, Ok(FinishReason::Length));
         wait_until("the waiting request to be forgotten", || handle.stats().num_waiting == 0);
