@@ -34,8 +34,20 @@ def post(system, user):
     post.last = r["choices"][0]["message"].get("content")
     return time.perf_counter() - t0, r.get("usage", {}).get("prompt_tokens")
 
+def status():
+    return json.load(urllib.request.urlopen(f"http://127.0.0.1:{PORT}/status"))
+
 def kv():
-    return json.load(urllib.request.urlopen(f"http://127.0.0.1:{PORT}/status"))["kv_cache"]
+    return status()["kv_cache"]
+
+def phases(f, *a):
+    """Runs post(*a) and returns (seconds, the engine thread's seconds per step phase spent on it, from /status)."""
+    def steps(s):
+        return next(v["step_seconds"] for v in s.values() if isinstance(v, dict) and "step_seconds" in v)
+    s0 = steps(status())
+    t, _ = f(*a)
+    s1 = steps(status())
+    return t, {k: round(s1[k] - s0[k], 4) for k in s1}
 
 def words(seed, n):
     # Deterministic pseudo-text (letters and spaces), different per seed.
@@ -61,8 +73,10 @@ try:
     qs = [words(s, int(45 / per)) for s in (2, 3, 4, 5)]
     res["cold_s"], res["prompt_tokens"] = post(system, qs[0])
     k0 = kv()
-    res["warm_s"], _ = post(system, qs[1])
+    res["warm_s"], res["warm_phases_s"] = phases(post, system, qs[1])
     warm_reply = post.last
+    # Again with other new tokens: the first warm request is the first to run a short tail after a long prefix.
+    res["warm2_s"], res["warm2_phases_s"] = phases(post, system, qs[3])
     k1 = kv()
     res["warm_hit_tokens"] = k1["prefix_hit_tokens"] - k0["prefix_hit_tokens"]
     res["status_kv"] = k1
@@ -77,7 +91,7 @@ finally:
 p = start(DISK)
 try:
     k0 = kv()
-    res["restart_disk_s"], _ = post(system, qs[2])
+    res["restart_disk_s"], res["restart_disk_phases_s"] = phases(post, system, qs[2])
     res["restart_disk_hit_tokens"] = kv()["prefix_hit_tokens"] - k0["prefix_hit_tokens"]
 finally:
     stop(p)

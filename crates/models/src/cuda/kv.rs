@@ -20,9 +20,10 @@ use crate::kv_cache::chain_hash;
 use crate::prefix_store::{PrefixStore, model_identity};
 use crate::{Result, SeqId};
 
-/// Pages read back from disk together (on several threads) before they are copied to the device, at most ...
+/// Pages read back from disk (on several threads) into one half of the staging while the other half's are copied to
+/// the device, two batches of at most half this many ...
 const LOAD_BATCH: usize = 32;
-/// ... and at most this many bytes of page-locked staging (a 32B model's page is 16 MiB).
+/// ... in at most this many bytes of page-locked staging (a 32B model's page is 16 MiB).
 const STAGE_BYTES: usize = 256 << 20;
 
 /// The disk tier's identity of a model on this backend: the file's identity, the kernel source (every constant and
@@ -86,7 +87,8 @@ impl CudaRunner {
 
     /// [`crate::Runner::attach_prefix`]: the longest prefix of `tokens` in cached pages, then from disk while the
     /// next page is there and intact and a page is free: batches of pages read and checked on several threads into
-    /// page-locked staging (so the copies to the device run at the link's speed, asynchronously), then copied.
+    /// one half of a page-locked staging while the other half's are copied to the device (asynchronously, at the
+    /// link's speed).
     pub(super) fn attach_cached_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
         let n = self.table.attach_prefix(seq, tokens);
         if self.store.is_none() {
@@ -104,13 +106,23 @@ impl CudaRunner {
 
     fn attach_from_disk(&mut self, seq: SeqId, tokens: &[u32], mut n: usize, stage: &mut Option<Pinned<u16>>) -> usize {
         let values = self.page_values();
-        let batch = (STAGE_BYTES / (2 * values)).clamp(1, LOAD_BATCH);
+        // The staging in two halves: the disk fills one while the other's pages are copied to the device.
+        let half = (STAGE_BYTES / (4 * values)).clamp(1, LOAD_BATCH / 2);
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let copied = match (self.gpu.ctx.new_event(flags), self.gpu.ctx.new_event(flags)) {
+            (Ok(a), Ok(b)) => [a, b],
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("warning: reading prefix pages back: no CUDA event: {e:?}");
+                return n;
+            }
+        };
+        let mut turn = 0;
         loop {
             // The next pages' hashes, while the disk has them.
             let mut hashes = Vec::new();
             let mut prev = self.table.last_hash(seq);
             let store = self.store.as_mut().expect("INVARIANT: checked by the caller");
-            while hashes.len() < batch && n + (hashes.len() + 1) * PAGE_SIZE <= tokens.len() {
+            while hashes.len() < half && n + (hashes.len() + 1) * PAGE_SIZE <= tokens.len() {
                 let at = n + hashes.len() * PAGE_SIZE;
                 let h = chain_hash(&prev, &tokens[at..at + PAGE_SIZE]);
                 if !store.contains(&h) {
@@ -123,7 +135,7 @@ impl CudaRunner {
                 return n;
             }
             if stage.is_none() {
-                match self.gpu.alloc_pinned::<u16>(batch * values) {
+                match self.gpu.alloc_pinned::<u16>(2 * half * values) {
                     Ok(s) => *stage = Some(s),
                     Err(e) => {
                         eprintln!("warning: no page-locked memory for reading prefix pages back: {e}");
@@ -132,9 +144,10 @@ impl CudaRunner {
                 }
             }
             let staging = stage.as_mut().expect("INVARIANT: allocated above").as_mut_slice();
-            let mut bufs: Vec<&mut [u16]> = staging.chunks_mut(values).take(hashes.len()).collect();
-            // The previous batch's copies read the same staging.
-            if self.gpu.sync().is_err() {
+            let part = &mut staging[turn % 2 * half * values..][..half * values];
+            let mut bufs: Vec<&mut [u16]> = part.chunks_mut(values).take(hashes.len()).collect();
+            // The copies of the batch before the last read this half (an event never recorded is complete).
+            if copied[turn % 2].synchronize().is_err() {
                 return n;
             }
             let loaded = store.load_many(&hashes, &mut bufs);
@@ -151,9 +164,10 @@ impl CudaRunner {
                 }
                 n += PAGE_SIZE;
             }
-            if loaded < hashes.len() {
+            if loaded < hashes.len() || copied[turn % 2].record(&self.gpu.stream).is_err() {
                 return n;
             }
+            turn += 1;
         }
     }
 
