@@ -532,7 +532,7 @@ mod tests {
         got
     }
 
-    /// On a GPU (skipped without one): the tensor-core prefill path (dequantized f16 weights, cuBLAS, GEMM attention
+    /// On a GPU (skipped without one): the tensor-core prefill path (dequantized f16 weights, cuBLAS, flash attention
     /// over the paged cache, a second chunk attending to the first) against the CPU backend, on synthetic files.
     /// With f16 weights both backends multiply unrounded weights, so only the GPU's f16 activations separate them
     /// (about 1.5e-3 against the matrix-vector path's 4e-4, which keeps f32 activations); with the Q4_K_M mix the

@@ -955,40 +955,6 @@ extern "C" __global__ void add_bias(float* __restrict__ y, const float* __restri
     if (i < total) y[i] += b[i % N];
 }
 
-// Positions [0, n) of one sequence's paged K and V caches into contiguous [n, KV_DIM] f16 matrices.
-extern "C" __global__ void kv_gather(const u16* __restrict__ kc, const u16* __restrict__ vc, const u32* __restrict__ table,
-                                     u16* __restrict__ ko, u16* __restrict__ vo) { PDL_ENTER
-    const int p = blockIdx.x;
-    const size_t src = ((size_t)table[p / PAGE_SIZE] * PAGE_SIZE + p % PAGE_SIZE) * KV_DIM;
-    for (int i = threadIdx.x; i < KV_DIM / 8; i += blockDim.x) {
-        ((uint4*)(ko + (size_t)p * KV_DIM))[i] = ((const uint4*)(kc + src))[i];
-        ((uint4*)(vo + (size_t)p * KV_DIM))[i] = ((const uint4*)(vc + src))[i];
-    }
-}
-
-// Causal softmax of score rows S[h][i][0..ld) (query i of the block sees positions <= lim0 + i) into P (f16,
-// normalised, zero past the limit). Grid (rows of the block, NUM_HEADS), 256 threads.
-extern "C" __global__ void softmax_causal(const float* __restrict__ S, u16* __restrict__ P, int ld, int lim0) { PDL_ENTER
-    __shared__ float sh[32];
-    const int i = blockIdx.x, h = blockIdx.y;
-    const size_t base = ((size_t)h * gridDim.x + i) * ld;
-    const int valid = min(ld, lim0 + i + 1);
-    float mx = -1e30f;
-    for (int p = threadIdx.x; p < valid; p += blockDim.x) mx = fmaxf(mx, S[base + p]);
-    mx = warp_max(mx);
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    if (lane == 0) sh[wid] = mx;
-    __syncthreads();
-    mx = -1e30f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, sh[w]);
-    float s = 0.f;
-    for (int p = threadIdx.x; p < valid; p += blockDim.x) s += __expf(S[base + p] - mx);
-    s = block_sum(s, sh);
-    const float inv = 1.f / s;
-    for (int p = threadIdx.x; p < ld; p += blockDim.x) P[base + p] = p < valid ? f2h(__expf(S[base + p] - mx) * inv) : 0;
-}
-
-
 // ---- Decode path on 8-bit activations (Q4_K and Q6_K weights), like ggml's mmvq: each activation row is quantized
 // per 32 values (d = amax / 127, q = round(x / d)) into int8 plus a float2 {d, d * sum(q)} per block, and the weights
 // are consumed 64 at a time ("pairs": two 32-blocks of activations) with dp4a, so no weight is converted to float.

@@ -45,8 +45,9 @@ pub enum Kernel {
     ActQ8K,
     ToF16,
     AddBias,
-    KvGather,
-    SoftmaxCausal,
+    /// Causal attention of one long chunk over the paged cache (flash_attention.cu), and the merge of its splits.
+    FlashAttention,
+    FlashCombine,
     ArgmaxRows,
     TopkRows,
     QuantQ8,
@@ -132,8 +133,8 @@ impl Kernel {
             ActQ8K => "act_q8_k",
             ToF16 => "to_f16",
             AddBias => "add_bias",
-            KvGather => "kv_gather",
-            SoftmaxCausal => "softmax_causal",
+            FlashAttention => "flash_attention",
+            FlashCombine => "flash_combine",
             ArgmaxRows => "argmax_rows",
             TopkRows => "topk_rows",
             QuantQ8 => "quant_q8",
@@ -246,7 +247,7 @@ impl KernelSet {
     pub fn kernels(&self) -> Vec<Kernel> {
         use Kernel::*;
         let mut v = vec![RmsNorm, SiluMul, QkNorm, RopeKv, Attention, AttnCombine, ActQ8_0, ActQ8K];
-        v.extend([ToF16, AddBias, KvGather, SoftmaxCausal, ArgmaxRows, TopkRows, QuantQ8]);
+        v.extend([ToF16, AddBias, FlashAttention, FlashCombine, ArgmaxRows, TopkRows, QuantQ8]);
         if self.q8.opts.att_cl > 1 {
             v.push(AttentionCl);
         }
@@ -323,7 +324,7 @@ impl KernelSet {
         ));
         s.push_str(&format!("#define ATT_MIN_SPLIT {}\n#define ATT_CL {}\n", 32 * o.att_warps, o.att_cl));
         s.push_str(&format!("#define ATT_SPLITS {}\n#define ATT_LONG {}\n", o.att_splits.max(1), o.att_long));
-        s.push_str(&format!("#define GU_DOT2 {}\n", u8::from(o.gu_dot2)));
+        s.push_str(&format!("#define GU_DOT2 {}\n#define FA_WARPS {}\n", u8::from(o.gu_dot2), o.flash_warps));
         s.push_str(backend::cuda::KERNELS);
         s.push('\n');
         for k in self.instances() {

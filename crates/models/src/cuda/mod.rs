@@ -7,7 +7,7 @@
 //! most [`MAX_GRAPH_ROWS`] rows is captured once as a CUDA graph and replayed: per-step data (tokens, positions,
 //! page tables) lives in fixed device buffers that the host rewrites before each launch. Chunks of at least
 //! [`GEMM_MIN_ROWS`] tokens (prefill) instead run on tensor cores: each weight matrix dequantized to f16 into scratch
-//! and multiplied with cuBLAS, attention as cuBLAS GEMMs around a causal softmax over the gathered paged cache.
+//! and multiplied with cuBLAS, attention as one fused causal flash-attention kernel over the paged cache.
 //!
 //! Decode-sized chunks of layers whose matrices all have such kernels (`CudaOptions::q8`) multiply on 8-bit
 //! activations: each activation row is quantized per 32 values (fused with the RMSNorm, or written by the attention
@@ -72,8 +72,10 @@ pub(crate) const ROPE_THREADS: u32 = 256;
 /// attention); shorter ones (decode, speculative verification) on the matrix-vector kernels. Chosen per chunk, so a
 /// sequence's results never depend on what else is in its batch. Above [`MAX_GRAPH_ROWS`]: graphs hold no cuBLAS call.
 pub const GEMM_MIN_ROWS: usize = 128;
-/// Query rows per block of the GEMM attention (bounds the score matrices; later blocks see more positions).
-pub(crate) const ATT_BLOCK_ROWS: usize = 512;
+/// Default warps of a `flash_attention` block (`CudaOptions::flash_warps`): 8 on the H200 (1.5B Q4_K_M pp16384
+/// 79,447 vs 75,709-75,939 tok/s with 4, pp4096 113,961 vs 111,738-112,052; the 74-row tail after 16K positions
+/// 0.101 vs 0.090 ms per layer in scripts/cuda/flash_attn_test.py; benchmarks/2026-12-02-cuda-flash.txt).
+pub(crate) const FLASH_WARPS: usize = 8;
 
 impl From<CudaError> for Error {
     fn from(e: CudaError) -> Self {

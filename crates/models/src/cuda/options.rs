@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use super::{ATT_CL, ATT_CL_ROWS, ATT_WARPS};
+use super::{ATT_CL, ATT_CL_ROWS, ATT_WARPS, FLASH_WARPS};
 
 #[derive(Debug, Clone)]
 pub struct CudaOptions {
@@ -94,6 +94,10 @@ pub struct CudaOptions {
     /// the caller asks for it, its token written by the pick of the pass before, so the GPU does not wait for the
     /// host between steps (`SPLASH_CUDA_AHEAD=0` turns it off).
     pub ahead: bool,
+    /// Warps of a `flash_attention` block (the prefill attention; 16 flattened query rows each): 4 or 8
+    /// (`SPLASH_CUDA_FLASH_WARPS`, default `FLASH_WARPS`). More warps: each K/V tile loaded once for more rows,
+    /// fewer blocks per SM (~240 registers a thread: one block of 8 warps or two of 4).
+    pub flash_warps: usize,
 }
 
 impl Default for CudaOptions {
@@ -138,6 +142,7 @@ impl Default for CudaOptions {
             att_splits: env_usize("SPLASH_CUDA_ATT_SPLITS", 16).clamp(1, 128),
             att_long: env_usize("SPLASH_CUDA_ATT_LONG", 512),
             ahead: flag("SPLASH_CUDA_AHEAD", true),
+            flash_warps: if env_usize("SPLASH_CUDA_FLASH_WARPS", FLASH_WARPS) == 4 { 4 } else { 8 },
         }
     }
 }

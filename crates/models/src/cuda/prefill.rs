@@ -1,5 +1,6 @@
 //! Long chunks (prefill) on tensor cores: each weight matrix dequantized to f16 into scratch and multiplied with
-//! cuBLAS, attention as cuBLAS GEMMs around a causal softmax over the sequence's gathered paged cache.
+//! cuBLAS, attention as one fused causal flash-attention kernel over the sequence's paged cache
+//! (`flash_attention.cu`, split over the positions for short chunks after a long context).
 
 use backend::cuda::{BlasMat, BlasType, DevBuf};
 
@@ -7,30 +8,57 @@ use super::kernels::Kernel as K;
 use super::layer::{Args, SegRows, i};
 use super::meta::GemmChunk;
 use super::runner::{GLayer, GMat};
-use super::{ATT_BLOCK_ROWS, CudaRunner};
-use crate::Result;
+use super::{CudaRunner, PAGE_SIZE};
+use crate::{Error, Result};
 
-/// Buffers of the tensor-core path, for `cap_m` rows and sequences up to `cap_kv` positions.
+/// `flash_attention` blocks a chunk's attention should fill the GPU with (two per SM of an H200) before it is split
+/// over the positions too; from the chunk's shape alone, so a sequence's results never depend on its batch.
+const FLASH_MIN_BLOCKS: usize = 264;
+/// Fewest positions one split takes.
+const FLASH_MIN_SPLIT_KEYS: usize = 512;
+
+/// How `flash_attention` covers `m` query rows at positions `start_pos..`: (row blocks, splits, positions per
+/// split, a multiple of [`PAGE_SIZE`]); `group` query heads per KV head, `warps` warps of 16 flattened (position,
+/// head) rows per block. Mirrored by `flash_plan` in scripts/cuda/flash_attn_test.py.
+pub(super) fn flash_plan(
+    m: usize,
+    start_pos: usize,
+    group: usize,
+    kv_heads: usize,
+    warps: usize,
+) -> (usize, usize, usize) {
+    let row_blocks = (m * group).div_ceil(16 * warps);
+    let keys = (start_pos + m).next_multiple_of(PAGE_SIZE);
+    let mut splits = 1;
+    if kv_heads * row_blocks < FLASH_MIN_BLOCKS {
+        splits = FLASH_MIN_BLOCKS.div_ceil(kv_heads * row_blocks).min(keys / FLASH_MIN_SPLIT_KEYS).max(1);
+    }
+    let per_split = keys.div_ceil(splits).next_multiple_of(PAGE_SIZE);
+    (row_blocks, keys.div_ceil(per_split), per_split)
+}
+
+/// Partial-output rows (splits x rows x heads) the split attention needs at most for `warps`: splits only happen
+/// below [`FLASH_MIN_BLOCKS`] blocks, so fewer than twice that many blocks' rows.
+fn flash_part_rows(warps: usize) -> usize {
+    2 * FLASH_MIN_BLOCKS * 16 * warps
+}
+
+/// Buffers of the tensor-core path, for `cap_m` rows.
 pub(super) struct GemmScratch {
     pub(super) cap_m: usize,
-    pub(super) cap_kv: usize,
     /// f16 activations.
     pub(super) xh: DevBuf,
     /// One dequantized weight matrix (f16).
     pub(super) wh: DevBuf,
-    /// f16 queries.
-    pub(super) qh: DevBuf,
-    /// The chunk's sequence's K and V, contiguous f16.
-    pub(super) kg: DevBuf,
-    pub(super) vg: DevBuf,
-    /// Attention scores (f32) and probabilities (f16) of one block of query rows.
-    pub(super) s: DevBuf,
-    pub(super) p: DevBuf,
+    /// The split attention's partial outputs `[split][row][head][head_dim]` and their log2 softmax denominators
+    /// `[split][row][head]` (f32), [`flash_part_rows`] rows of each.
+    pub(super) part: DevBuf,
+    pub(super) lse: DevBuf,
 }
 
 impl CudaRunner {
     /// One layer for the rows of one long chunk (`gc`) on tensor cores: each matrix dequantized to f16 and
-    /// multiplied with cuBLAS, attention as GEMMs over the gathered cache ([`Self::gemm_attention`]).
+    /// multiplied with cuBLAS, attention fused over the paged cache ([`Self::gemm_attention`]).
     pub(super) fn gemm_layer(&self, li: usize, l: &GLayer, gc: GemmChunk, rows: &SegRows) -> Result<()> {
         let c = &self.cfg;
         let SegRows { m, x, xn, q, k, v, att, gate, up, pos, slot, table } = *rows;
@@ -99,81 +127,59 @@ impl CudaRunner {
     }
 
     /// Causal attention of the `m` rows of one long chunk (queries `q`, rotated, f32) over its sequence's paged
-    /// cache, on tensor cores: K and V gathered into contiguous f16 matrices, then per block of query rows scores
-    /// (cuBLAS, f32), a causal softmax to f16 probabilities and the weighted sum of V (cuBLAS) into `att`.
+    /// cache into `att`: one `flash_attention` launch (tensor cores, online softmax), plus `flash_combine` when the
+    /// chunk is split over the positions ([`flash_plan`]).
     pub(super) fn gemm_attention(&self, li: usize, gc: GemmChunk, q: u64, att: u64, m: usize) -> Result<()> {
         let gs = self.gemm_scratch.as_ref().expect("INVARIANT: ensure_gemm_scratch ran");
-        let blas = self.blas.as_ref().expect("INVARIANT: GEMM segments only exist with cuBLAS");
         let c = &self.cfg;
-        let (d, kvd, qd) = (c.head_dim, c.kv_dim(), c.q_dim());
-        let group = c.num_heads / c.num_kv_heads;
-        let kv_len = gc.start_pos + m;
+        let warps = self.opts.flash_warps;
         let table = self.meta.get().table + (gc.ci * self.max_pages * 4) as u64;
+        let (row_blocks, splits, per_split) =
+            flash_plan(m, gc.start_pos, c.num_heads / c.num_kv_heads, c.num_kv_heads, warps);
+        if splits > 1 && splits * m * c.num_heads > flash_part_rows(warps) {
+            return Err(Error::Backend(format!(
+                "flash attention: {splits} splits of {m} rows exceed the scratch ({} rows)",
+                flash_part_rows(warps)
+            )));
+        }
         self.launch(
-            K::KvGather,
-            (kv_len as u32, 1, 1),
-            128,
-            Args(vec![self.kc[li].ptr, self.vc[li].ptr, table, gs.kg.ptr, gs.vg.ptr]),
+            K::FlashAttention,
+            (c.num_kv_heads as u32, row_blocks as u32, splits as u32),
+            32 * warps as u32,
+            Args(vec![
+                q,
+                self.kc[li].ptr,
+                self.vc[li].ptr,
+                table,
+                att,
+                gs.part.ptr,
+                gs.lse.ptr,
+                i(m),
+                i(gc.start_pos),
+                i(per_split),
+            ]),
         )?;
-        self.to_f16(q, gs.qh.ptr, m * qd)?;
-        let scale = 1.0 / (d as f32).sqrt();
-        let (h2, f4) = (2u64, 4u64);
-        let mut i0 = 0;
-        while i0 < m {
-            let nb = ATT_BLOCK_ROWS.min(m - i0);
-            let kv = gc.start_pos + i0 + nb;
-            // Score rows padded to 8 elements (16-byte aligned f16 rows for the tensor cores).
-            let ld = kv.next_multiple_of(8);
-            for g in 0..c.num_kv_heads {
-                blas.gemm(
-                    true,
-                    false,
-                    (kv, nb, d),
-                    scale,
-                    BlasMat::new(gs.kg.ptr + (g * d) as u64 * h2, BlasType::F16, kvd),
-                    BlasMat::new(gs.qh.ptr + (i0 * qd + g * group * d) as u64 * h2, BlasType::F16, qd).strided(d),
-                    0.0,
-                    BlasMat::new(gs.s.ptr + (g * group * nb * ld) as u64 * f4, BlasType::F32, ld).strided(nb * ld),
-                    group,
-                )?;
-            }
+        if splits > 1 {
             self.launch(
-                K::SoftmaxCausal,
-                (nb as u32, c.num_heads as u32, 1),
-                256,
-                Args(vec![gs.s.ptr, gs.p.ptr, i(ld), i(gc.start_pos + i0)]),
+                K::FlashCombine,
+                (m as u32, c.num_heads as u32, 1),
+                c.head_dim as u32,
+                Args(vec![gs.part.ptr, gs.lse.ptr, att, i(m), i(splits)]),
             )?;
-            for g in 0..c.num_kv_heads {
-                blas.gemm(
-                    false,
-                    false,
-                    (d, nb, kv),
-                    1.0,
-                    BlasMat::new(gs.vg.ptr + (g * d) as u64 * h2, BlasType::F16, kvd),
-                    BlasMat::new(gs.p.ptr + (g * group * nb * ld) as u64 * h2, BlasType::F16, ld).strided(nb * ld),
-                    0.0,
-                    BlasMat::new(att + (i0 * qd + g * group * d) as u64 * f4, BlasType::F32, qd).strided(d),
-                    group,
-                )?;
-            }
-            i0 += nb;
         }
         Ok(())
     }
 
-    /// GEMM scratch for `m` rows, `r` logit rows and sequences up to `kv` positions.
-    pub(super) fn ensure_gemm_scratch(&mut self, m: usize, r: usize, kv: usize) -> Result<()> {
+    /// GEMM scratch for `m` rows and `r` logit rows.
+    pub(super) fn ensure_gemm_scratch(&mut self, m: usize, r: usize) -> Result<()> {
         let c = &self.cfg;
         let rows = m.max(r);
-        let kv = kv.next_multiple_of(1024);
         if let Some(g) = &self.gemm_scratch
             && g.cap_m >= rows
-            && g.cap_kv >= kv
         {
             return Ok(());
         }
-        let (old_m, old_kv) = self.gemm_scratch.as_ref().map_or((0, 0), |g| (g.cap_m, g.cap_kv));
-        let (rows, kv) = (rows.max(old_m), kv.max(old_kv));
+        let rows = rows.max(self.gemm_scratch.as_ref().map_or(0, |g| g.cap_m));
         self.gemm_scratch = None;
         let mut max_w = self.output.as_ref().unwrap_or(&self.embd).rows * c.hidden_size;
         for l in &self.layers {
@@ -183,18 +189,47 @@ impl CudaRunner {
         }
         let g = &self.gpu;
         let width = c.hidden_size.max(c.q_dim()).max(c.ffn_size);
-        let att = c.num_heads * ATT_BLOCK_ROWS.min(rows) * kv;
+        let part_rows = flash_part_rows(self.opts.flash_warps);
         self.gemm_scratch = Some(GemmScratch {
             cap_m: rows,
-            cap_kv: kv,
             xh: g.alloc(rows * width * 2)?,
             wh: g.alloc(max_w * 2)?,
-            qh: g.alloc(rows * c.q_dim() * 2)?,
-            kg: g.alloc(kv * c.kv_dim() * 2)?,
-            vg: g.alloc(kv * c.kv_dim() * 2)?,
-            s: g.alloc(att * 4)?,
-            p: g.alloc(att * 2)?,
+            part: g.alloc(part_rows * c.head_dim * 4)?,
+            lse: g.alloc(part_rows * 4)?,
         });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Long chunks fill the GPU with row blocks alone; short chunks after a long context are split over the
+    /// positions (whole pages, every split non-empty, at least `FLASH_MIN_SPLIT_KEYS` each), and the partials always
+    /// fit the scratch.
+    #[test]
+    fn flash_plan_splits_only_short_chunks_and_fits_the_scratch() {
+        assert_eq!(flash_plan(16_384, 0, 6, 2, 4), (1536, 1, 16_384));
+        assert_eq!(flash_plan(4096, 12_170, 5, 8, 8), (160, 1, 16_320));
+        assert_eq!(flash_plan(74, 16_192, 6, 2, 4), (7, 19, 896));
+        assert_eq!(flash_plan(17, 4096, 6, 2, 4), (2, 8, 576));
+        assert_eq!(flash_plan(17, 0, 6, 2, 4), (2, 1, 64));
+        for (group, kv_heads) in [(6, 2), (5, 8), (7, 2), (3, 3), (8, 1), (1, 16)] {
+            for warps in [4, 8] {
+                for m in [1, 17, 74, 100, 127, 128, 500, 4096] {
+                    for start in [0, 63, 64, 1000, 4096, 16_192, 100_000] {
+                        let (rb, splits, per) = flash_plan(m, start, group, kv_heads, warps);
+                        let keys = (start + m).next_multiple_of(PAGE_SIZE);
+                        assert!(rb * 16 * warps >= m * group && (rb - 1) * 16 * warps < m * group);
+                        assert!(per % PAGE_SIZE == 0 && splits * per >= keys && (splits - 1) * per < keys);
+                        if splits > 1 {
+                            assert!(kv_heads * rb < FLASH_MIN_BLOCKS && per >= FLASH_MIN_SPLIT_KEYS);
+                            assert!(splits * m * group * kv_heads <= flash_part_rows(warps), "{m} at {start}");
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -342,7 +342,7 @@ impl CudaRunner {
             r0 += n;
         }
         if gemm_ok && (max_kv > 0 || r >= GEMM_MIN_ROWS) {
-            self.ensure_gemm_scratch(m, r, max_kv)?;
+            self.ensure_gemm_scratch(m, r)?;
         }
         // Pages for the new tokens.
         let mut new_pages = false;
