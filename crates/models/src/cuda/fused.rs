@@ -76,6 +76,7 @@ impl KvPool {
 /// The fused kernels' scratch beyond the forward pass's tensors, sized for `cap_m` rows, `cap_chunks` sequences
 /// and `cap_r` logit rows.
 pub(super) struct Scratch {
+    /// Capacity: rows, sequences (page tables), logit rows.
     pub(super) cap_m: usize,
     pub(super) cap_chunks: usize,
     pub(super) cap_r: usize,
@@ -158,18 +159,22 @@ pub(super) fn event_err(e: cudarc::driver::DriverError) -> Error {
 }
 
 pub struct FusedBackend {
+    /// The model's shapes: the constants its kernels were written with.
     pub(super) cfg: ModelConfig,
     pub(super) gpu: Gpu,
-    pub(super) _module: Arc<CudaModule>,
+    /// The compiled library and its launch table (`kernels`).
+    _module: Arc<CudaModule>,
     pub(super) kernels: KernelTable,
+    /// The switches, as the loader settled them for the model.
     pub(super) opts: CudaOptions,
+    /// `[rope_dim / 2]` RoPE inverse frequencies.
     pub(super) inv_freq: DevBuf,
     /// Page-table entries per sequence in a pass's metadata (the model's context in pages).
     pub(super) max_pages: usize,
     pub(super) blas: Option<Blas>,
     /// Host matrices (by the address of their bytes) whose products run on 8-bit activations, and the device copies
     /// made so far by the same address (a tied output head is the embedding's copy).
-    pub(super) q8_mats: std::collections::HashSet<usize>,
+    q8_mats: std::collections::HashSet<usize>,
     uploads: HashMap<usize, Arc<DevBuf>>,
     pub(super) weight_bytes: usize,
     /// Values of the largest matrix (the tensor-core path dequantizes one at a time into scratch).
@@ -177,7 +182,7 @@ pub struct FusedBackend {
     pub(super) scratch: Option<Scratch>,
     pub(super) gemm_scratch: Option<GemmScratch>,
     /// This pass's segments: runs of rows that go through each layer together.
-    pub(super) segs: Vec<Seg>,
+    segs: Vec<Seg>,
     /// Where this pass's metadata lies (set by `prepare_pass`).
     pub(super) meta: Meta,
     /// What this pass ends with.
@@ -437,14 +442,17 @@ impl FusedBackend {
 }
 
 impl Backend for FusedBackend {
-    type Tensor = DevTensor;
-    type Matrix = GMat;
-    type Vector = DevBuf;
-    type KvPages = KvPool;
-
     fn name(&self) -> &'static str {
         "cuda"
     }
+
+    /// Activations in device memory, the forward pass's own (this backend's scratch is beside them).
+    type Tensor = DevTensor;
+    /// The file's quantized blocks in the device layout the model's kernels read.
+    type Matrix = GMat;
+    type Vector = DevBuf;
+    /// f16 pages of `PAGE_SIZE` positions, one buffer per layer for K and one for V.
+    type KvPages = KvPool;
 
     fn alloc(&mut self, rows: usize, cols: usize) -> backend::Result<DevTensor> {
         self.invalidate().map_err(dev("alloc"))?;

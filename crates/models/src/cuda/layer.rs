@@ -227,6 +227,8 @@ impl FusedBackend {
         // Rows of the 8-bit activation scratch for an input of width k (this segment's rows).
         let qb = |k: usize| (s.xq8.ptr + (r0 * k) as u64, s.xds.ptr + (r0 * (k / 32) * 8) as u64);
         let norm = w.norm.weight.ptr;
+        // The arguments the QKV kernels share: the three matrices, then (after their input) the three biases.
+        let (wqkv, bias) = ([w.wq.buf.ptr, w.wk.buf.ptr, w.wv.buf.ptr], [p(&w.bq), p(&w.bk), p(&w.bv)]);
         if q8 {
             // Attention RMSNorm + 8-bit quantization (in the QKV kernel's prologue with `fuse_norm`), then Q, K,
             // V in one launch (dp4a), with RoPE and the KV write in its epilogue (`qkv_rope`).
@@ -237,32 +239,12 @@ impl FusedBackend {
             let n = c.q_dim() + 2 * c.kv_dim();
             let pt = q8_threads(c.hidden_size, n, self.opts.q8_iters, 32);
             let mr = pick_mr(m);
+            let rope_kv = [x, norm, self.inv_freq.ptr, pos, slot, table, kv.kc[li].ptr, kv.vc[li].ptr];
             self.launch(
                 K::Qkvq { t: [w.wq.ty, w.wk.ty, w.wv.ty], p: pt, mr },
                 (n.div_ceil(128 / pt) as u32, m.div_ceil(mr) as u32, 1),
                 128,
-                Args(vec![
-                    w.wq.buf.ptr,
-                    w.wk.buf.ptr,
-                    w.wv.buf.ptr,
-                    xq,
-                    xd,
-                    p(&w.bq),
-                    p(&w.bk),
-                    p(&w.bv),
-                    q,
-                    k,
-                    v,
-                    i(m),
-                    x,
-                    norm,
-                    self.inv_freq.ptr,
-                    pos,
-                    slot,
-                    table,
-                    kv.kc[li].ptr,
-                    kv.vc[li].ptr,
-                ]),
+                Args([&wqkv[..], &[xq, xd], &bias, &[q, k, v, i(m)], &rope_kv].concat()),
             )?;
             if !self.opts.qkv_rope {
                 self.qk_norm_rope_kv(w, (kv, li), [q, k, v], [pos, slot, table], mu)?;
@@ -276,20 +258,7 @@ impl FusedBackend {
                     K::Qkv { t: [w.wq.ty, w.wk.ty, w.wv.ty], mr },
                     (n.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1),
                     128,
-                    Args(vec![
-                        w.wq.buf.ptr,
-                        w.wk.buf.ptr,
-                        w.wv.buf.ptr,
-                        x,
-                        norm,
-                        p(&w.bq),
-                        p(&w.bk),
-                        p(&w.bv),
-                        q,
-                        k,
-                        v,
-                        i(m),
-                    ]),
+                    Args([&wqkv[..], &[x, norm], &bias, &[q, k, v, i(m)]].concat()),
                 )?;
             } else {
                 self.launch(K::RmsNorm, (mu, 1, 1), 256, Args(vec![x, norm, xn, 0]))?;
