@@ -625,6 +625,25 @@ pub trait Backend {
         }
     }
 
+    /// The output head over the rows `rows` (indices into the batch) of `x`: `logits[i] = head · norm(x[rows[i]])`,
+    /// `[rows.len(), head rows]`. The default gathers, normalises and multiplies; a backend may fuse them (and end
+    /// the pass with what it picks from the logits on the device).
+    fn output_head(
+        &mut self,
+        x: &Self::Tensor,
+        rows: &[usize],
+        norm: &Norm<Self::Vector>,
+        head: &Self::Matrix,
+        logits: &mut Self::Tensor,
+        ws: &mut Workspace<Self>,
+    ) -> Result<()> {
+        let r = rows.len();
+        let Workspace { xn, proj, .. } = ws;
+        self.gather_rows(x, rows, proj)?;
+        self.rms_norm(proj, r, norm, xn)?;
+        self.linear(xn, r, &[head], &[], &mut [logits])
+    }
+
     /// `x += mixer(norm(x))` of a Gated DeltaNet layer ([`RecurrentWeights`]) for the rows of `seqs` (in order),
     /// reading and advancing each sequence's state (`states[i]` for `seqs[i]`, at least
     /// [`RecurrentSpec::state_len`] values) once per row. The CPU backend runs it (cpu/deltanet.rs); the default
@@ -649,8 +668,9 @@ pub trait Backend {
 
     // --- Forward hooks ---
 
-    /// Called before the first op of a forward pass over a batch whose sequences have the given row counts: a backend
-    /// that captures graphs looks one up (or starts recording) for this shape here.
+    /// Called before the first op of a forward pass over a batch whose sequences have the given row counts (every
+    /// buffer of the pass is allocated by then): a backend that captures graphs looks one up (or starts recording)
+    /// for this shape here.
     fn begin_forward(&mut self, rows_per_seq: &[usize]) -> Result<()> {
         let _ = rows_per_seq;
         Ok(())

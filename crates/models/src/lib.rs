@@ -3,7 +3,8 @@
 //!
 //! Model knowledge lives in `arch/<name>.rs` (a recipe: the architecture's weights, layer and FFN kinds); the forward
 //! pass is written once in [`transformer`] over the `backend::Backend` trait and takes only numbers from
-//! [`ModelConfig`]. [`cpu::CpuRunner`] drives it on the CPU backend with the KV system of `kv_cache`.
+//! [`ModelConfig`]. [`cpu::CpuRunner`] drives it on the CPU backend, [`cuda::CudaRunner`] on the model's fused GPU
+//! backend, both with the KV system of `kv_cache`.
 
 pub mod arch;
 mod config;

@@ -176,13 +176,24 @@ impl<B: Backend> Transformer<B> {
         head: (Option<&B::Matrix>, usize),
     ) -> Result<&B::Tensor> {
         let m = tokens.len();
-        let seq_rows: Vec<usize> = rows.seqs.iter().map(|s| s.num_rows).collect();
-        b.begin_forward(&seq_rows)?;
+        let r = logit_rows.len();
+        // Every buffer first: a backend that records the pass (CUDA graphs) sees no allocation inside it.
         if m > self.x_rows {
             self.x = b.alloc(m, self.hidden)?;
             self.x_rows = m;
         }
         self.ws.fit(b, m)?;
+        let (head, head_rows) = match head {
+            (Some(h), n) => (h, n),
+            (None, n) => (&self.output, n),
+        };
+        if r > self.logits_shape.0 || head_rows != self.logits_shape.1 {
+            let cap = r.max(self.logits_shape.0 * usize::from(head_rows == self.logits_shape.1));
+            self.logits = b.alloc(cap, head_rows)?;
+            self.logits_shape = (cap, head_rows);
+        }
+        let seq_rows: Vec<usize> = rows.seqs.iter().map(|s| s.num_rows).collect();
+        b.begin_forward(&seq_rows)?;
         b.embedding(&self.token_embd, tokens, &mut self.x)?;
         let mut kept = vec![Vec::new(); self.keep_layers.len()];
         for (li, layer) in self.layers.iter().enumerate() {
@@ -207,21 +218,8 @@ impl<B: Backend> Transformer<B> {
         self.hidden_rows = kept.concat();
 
         // The output head, on the rows that want logits.
-        let r = logit_rows.len();
-        let (head, head_rows) = match head {
-            (Some(h), n) => (h, n),
-            (None, n) => (&self.output, n),
-        };
-        if r > self.logits_shape.0 || head_rows != self.logits_shape.1 {
-            let cap = r.max(self.logits_shape.0 * usize::from(head_rows == self.logits_shape.1));
-            self.logits = b.alloc(cap, head_rows)?;
-            self.logits_shape = (cap, head_rows);
-        }
         if r > 0 {
-            let Workspace { xn, proj, .. } = &mut self.ws;
-            b.gather_rows(&self.x, logit_rows, proj)?;
-            b.rms_norm(proj, r, &self.output_norm, xn)?;
-            b.linear(xn, r, &[head], &[], &mut [&mut self.logits])?;
+            b.output_head(&self.x, logit_rows, &self.output_norm, head, &mut self.logits, &mut self.ws)?;
         }
         b.finish_forward()?;
         Ok(&self.logits)

@@ -4,8 +4,7 @@
 //! runner's) serves any model and the per-op tests' shapes; matrices are dequantized to f32 at load and multiplied
 //! on f32 activations (exact to f32 rounding, within the quantized products' promise). The sub-layer ops are the
 //! trait's compositions of these primitives: this is the GPU half of the per-op tests and a second oracle, not the
-//! runner's fast path (`models::cuda`, whose per-model kernels fuse the sub-layers and whose forward is still its
-//! own).
+//! runner's fast path (`models::cuda`'s fused backend, whose per-model kernels fuse the sub-layers).
 //!
 //! Ops enqueue and return; [`Backend::read`] waits. The small per-op tables (tokens, rows, slots, page tables) go
 //! through one device buffer, rewritten by a copy ordered on the stream after the kernels that read it before.

@@ -14,11 +14,12 @@
 use sha2::{Digest, Sha256};
 
 use super::{CudaOptions, CudaRunner, PAGE_SIZE};
+use backend::Backend;
 use backend::cuda::Pinned;
 
+use crate::SeqId;
 use crate::kv_cache::chain_hash;
 use crate::prefix_store::{PrefixStore, model_identity};
-use crate::{Result, SeqId};
 
 /// Pages read back from disk (on several threads) into one half of the staging while the other half's are copied to
 /// the device, two batches of at most half this many ...
@@ -52,37 +53,7 @@ impl CudaRunner {
 
     /// u16 values of one page over every layer (K and V): what a page on disk holds.
     fn page_values(&self) -> usize {
-        self.layers.len() * 2 * self.page_bytes / 2
-    }
-
-    /// Copies page `from` to page `to` in every layer (stream-ordered).
-    pub(super) fn copy_page(&self, from: u32, to: u32) -> Result<()> {
-        let (f, t) = (from as u64 * self.page_bytes as u64, to as u64 * self.page_bytes as u64);
-        for (k, v) in self.kc.iter().zip(&self.vc) {
-            self.gpu.dtod(k.ptr + t, k.ptr + f, self.page_bytes)?;
-            self.gpu.dtod(v.ptr + t, v.ptr + f, self.page_bytes)?;
-        }
-        Ok(())
-    }
-
-    /// Page `b` of every layer into `buf` (`[layer][k | v][PAGE_SIZE][kv_dim]`), after the passes before it.
-    fn download_page(&self, b: u32, buf: &mut [u16]) -> Result<()> {
-        let (at, n) = (b as u64 * self.page_bytes as u64, self.page_bytes / 2);
-        for (li, (k, v)) in self.kc.iter().zip(&self.vc).enumerate() {
-            self.gpu.dtoh(&mut buf[2 * li * n..(2 * li + 1) * n], k.ptr + at)?;
-            self.gpu.dtoh(&mut buf[(2 * li + 1) * n..(2 * li + 2) * n], v.ptr + at)?;
-        }
-        Ok(())
-    }
-
-    /// `buf` (as [`Self::download_page`] writes it) into page `b` of every layer.
-    fn upload_page(&self, b: u32, buf: &[u16]) -> Result<()> {
-        let (at, n) = (b as usize * self.page_bytes, self.page_bytes / 2);
-        for (li, (k, v)) in self.kc.iter().zip(&self.vc).enumerate() {
-            self.gpu.htod_at(k, at, &buf[2 * li * n..(2 * li + 1) * n])?;
-            self.gpu.htod_at(v, at, &buf[(2 * li + 1) * n..(2 * li + 2) * n])?;
-        }
-        Ok(())
+        self.kv.layout.block_words()
     }
 
     /// [`crate::Runner::attach_prefix`]: the longest prefix of `tokens` in cached pages, then from disk while the
@@ -97,7 +68,7 @@ impl CudaRunner {
         let mut stage = self.stage.take();
         let n = self.attach_from_disk(seq, tokens, n, &mut stage);
         // The copies read the staging: done before it is written again.
-        if let Err(e) = self.gpu.sync() {
+        if let Err(e) = self.backend.gpu.sync() {
             eprintln!("warning: reading prefix pages back onto the GPU failed: {e}");
         }
         self.stage = stage;
@@ -109,7 +80,7 @@ impl CudaRunner {
         // The staging in two halves: the disk fills one while the other's pages are copied to the device.
         let half = (STAGE_BYTES / (4 * values)).clamp(1, LOAD_BATCH / 2);
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
-        let copied = match (self.gpu.ctx.new_event(flags), self.gpu.ctx.new_event(flags)) {
+        let copied = match (self.backend.gpu.ctx.new_event(flags), self.backend.gpu.ctx.new_event(flags)) {
             (Ok(a), Ok(b)) => [a, b],
             (Err(e), _) | (_, Err(e)) => {
                 eprintln!("warning: reading prefix pages back: no CUDA event: {e:?}");
@@ -135,7 +106,7 @@ impl CudaRunner {
                 return n;
             }
             if stage.is_none() {
-                match self.gpu.alloc_pinned::<u16>(2 * half * values) {
+                match self.backend.gpu.alloc_pinned::<u16>(2 * half * values) {
                     Ok(s) => *stage = Some(s),
                     Err(e) => {
                         eprintln!("warning: no page-locked memory for reading prefix pages back: {e}");
@@ -154,7 +125,7 @@ impl CudaRunner {
             for (h, buf) in hashes.iter().zip(&bufs).take(loaded) {
                 let chunk = &tokens[n..n + PAGE_SIZE];
                 let Some(b) = self.table.attach_loaded(seq, *h, chunk) else { return n };
-                if let Err(e) = self.upload_page(b, buf) {
+                if let Err(e) = self.backend.kv_block_from_host(&mut self.kv, b, buf) {
                     eprintln!("warning: reading a prefix page back onto the GPU failed: {e}");
                     // The page holds nothing valid: the sequence keeps only the pages before it, and the page
                     // (cached under its hash once dropped) is evicted with the other unused ones.
@@ -164,7 +135,7 @@ impl CudaRunner {
                 }
                 n += PAGE_SIZE;
             }
-            if loaded < hashes.len() || copied[turn % 2].record(&self.gpu.stream).is_err() {
+            if loaded < hashes.len() || copied[turn % 2].record(&self.backend.gpu.stream).is_err() {
                 return n;
             }
             turn += 1;
@@ -176,8 +147,10 @@ impl CudaRunner {
     pub(super) fn save_idle_pages(&mut self) -> bool {
         let Some(mut store) = self.store.take() else { return false };
         let mut buf = vec![0u16; self.page_values()];
-        let saved =
-            store.save_pending(&self.table, &mut buf, |b, buf| self.download_page(b, buf).map_err(|e| e.to_string()));
+        let (backend, kv) = (&mut self.backend, &self.kv);
+        let saved = store.save_pending(&self.table, &mut buf, |b, buf| {
+            backend.kv_block_to_host(kv, b, buf).map_err(|e| e.to_string())
+        });
         match saved {
             Ok(more) => {
                 self.store = Some(store);

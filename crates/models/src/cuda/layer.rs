@@ -1,17 +1,18 @@
-//! One pass's launches on the matrix-vector kernels: per layer the attention RMSNorm and the Q, K, V products (fused
-//! into one launch where the model allows), RoPE and the KV write, the paged attention, the output projection, the
-//! FFN RMSNorm, gate/up and down; then the output head and what the pass picks. Long chunks go to `prefill`.
+//! The fused backend's launches on the matrix-vector kernels, for the rows of one segment: the attention sub-layer
+//! (its RMSNorm and the Q, K, V products fused into one launch where the model allows, RoPE and the KV write, the
+//! paged attention, the output projection with the residual add), the FFN sub-layer (RMSNorm, gate/up, down with
+//! the residual add); and the output head with what the pass picks. Long chunks go to `prefill`.
 
 use std::ffi::c_void;
 
 use backend::cuda::DevBuf;
 
+use backend::{AttentionWeights, Norm};
+
+use super::fused::{FusedBackend, GMat, KvPool, Pick};
 use super::kernels::{Kernel as K, guq_fused, warps_per_row};
-use super::meta::Seg;
-use super::runner::GLayer;
-use super::runner::GMat;
 use super::tactics::{act_fmt, att_splits, pick_mr, q8_threads};
-use super::{ARGMAX_BLOCKS, CudaRunner, DEVICE_CANDIDATES, GEMM_MIN_ROWS, ROPE_THREADS, TOPK_BLOCKS};
+use super::{ARGMAX_BLOCKS, DEVICE_CANDIDATES, GEMM_MIN_ROWS, ROPE_THREADS, TOPK_BLOCKS};
 use crate::Result;
 
 /// Kernel arguments: each stored in 8 bytes (ints in the low half, little-endian), passed by address.
@@ -30,6 +31,8 @@ pub(super) fn i(v: usize) -> u64 {
 /// Device addresses of one segment's rows in the scratch buffers and the pass's metadata.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct SegRows {
+    /// The segment's first row in the pass, and its rows.
+    pub r0: usize,
     pub m: usize,
     pub x: u64,
     pub xn: u64,
@@ -44,7 +47,7 @@ pub(super) struct SegRows {
     pub table: u64,
 }
 
-impl CudaRunner {
+impl FusedBackend {
     pub(super) fn launch(&self, kernel: K, grid: (u32, u32, u32), block: u32, mut args: Args) -> Result<()> {
         let f = self.kernels.get(kernel)?;
         if !self.opts.skip.is_empty() && self.opts.skip.iter().any(|s| kernel.name().contains(s.as_str())) {
@@ -60,7 +63,7 @@ impl CudaRunner {
     /// The activations to multiply `w` with: `x` itself, or `x` rounded as the CPU backend would (into `xq`, reused
     /// while `memo` says it already holds `x` in that format).
     pub(super) fn act(&self, w: &GMat, x: u64, m: usize, memo: &mut Option<(u64, u32)>) -> Result<u64> {
-        let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
+        let s = self.scratch();
         let Some(fmt) = act_fmt(w.ty).filter(|_| self.opts.exact_activations) else { return Ok(x) };
         if *memo == Some((x, fmt)) {
             return Ok(s.xq.ptr);
@@ -111,21 +114,21 @@ impl CudaRunner {
     /// for `mu` rows at `[q, k, v]` with their `[positions, cache slots, block table]`.
     pub(super) fn qk_norm_rope_kv(
         &self,
-        l: &GLayer,
-        li: usize,
+        w: &AttentionWeights<Self>,
+        (kv, li): (&KvPool, usize),
         [q, k, v]: [u64; 3],
         [pos, slot, table]: [u64; 3],
         mu: u32,
     ) -> Result<()> {
-        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-            self.launch(K::QkNorm, (mu, 1, 1), 128, Args(vec![q, k, qn.ptr, kn.ptr]))?;
+        if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
+            self.launch(K::QkNorm, (mu, 1, 1), 128, Args(vec![q, k, qn.weight.ptr, kn.weight.ptr]))?;
         }
         let pairs = (self.cfg.num_heads + self.cfg.num_kv_heads) * self.cfg.head_dim / 2;
         self.launch(
             K::RopeKv,
             (mu, pairs.div_ceil(ROPE_THREADS as usize) as u32, 1),
             ROPE_THREADS,
-            Args(vec![q, k, v, self.inv_freq.ptr, pos, slot, table, self.kc[li].ptr, self.vc[li].ptr]),
+            Args(vec![q, k, v, self.inv_freq.ptr, pos, slot, table, kv.kc[li].ptr, kv.vc[li].ptr]),
         )
     }
 
@@ -149,252 +152,219 @@ impl CudaRunner {
         self.launch(kernel, grid, 128, Args(vec![w.buf.ptr, xq, xd, y, b, i(m), i(w.rows)]))
     }
 
-    /// Enqueues the whole forward pass for the batch's segments (`self.segs`, covering `m` rows) and `r` logit rows
-    /// (metadata already on the device).
-    pub(super) fn enqueue(&self, m: usize, r: usize) -> Result<()> {
-        for seg in &self.segs {
-            self.enqueue_rows(seg)?;
-        }
-        if r > 0 && self.q8_out && !(r >= GEMM_MIN_ROWS && self.blas.is_some() && self.opts.gemm) {
-            let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
-            let out = self.output.as_ref().unwrap_or(&self.embd);
-            let h = self.cfg.hidden_size;
-            self.quant(s.x.ptr, self.output_norm.ptr, self.meta.get().out_rows, s.xq8.ptr, s.xds.ptr, r, h)?;
-            self.mmvq(out, s.xq8.ptr, s.xds.ptr, s.logits.ptr, None, r, false)?;
-        } else if r > 0 {
-            let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
-            self.launch(
-                K::RmsNorm,
-                (r as u32, 1, 1),
-                256,
-                Args(vec![s.x.ptr, self.output_norm.ptr, s.xn.ptr, self.meta.get().out_rows]),
-            )?;
-            let out = self.output.as_ref().unwrap_or(&self.embd);
-            if r >= GEMM_MIN_ROWS && self.blas.is_some() && self.opts.gemm {
+    /// The output head over the pass's `r` logit rows (the metadata's `out_rows` of `x`, `m` rows in all): RMSNorm
+    /// (fused into the 8-bit quantization of its input), the head's product into `logits`; then the pass's pick.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn head(
+        &self,
+        m: usize,
+        r: usize,
+        x: u64,
+        xn: u64,
+        norm: &Norm<DevBuf>,
+        out: &GMat,
+        logits: u64,
+    ) -> Result<()> {
+        let s = self.scratch();
+        let h = self.cfg.hidden_size;
+        let gemm = r >= GEMM_MIN_ROWS && self.blas.is_some() && self.opts.gemm;
+        if out.q8 && !gemm {
+            self.quant(x, norm.weight.ptr, self.meta.out_rows, s.xq8.ptr, s.xds.ptr, r, h)?;
+            self.mmvq(out, s.xq8.ptr, s.xds.ptr, logits, None, r, false)?;
+        } else {
+            self.launch(K::RmsNorm, (r as u32, 1, 1), 256, Args(vec![x, norm.weight.ptr, xn, self.meta.out_rows]))?;
+            if gemm {
                 let gs = self.gemm_scratch.as_ref().expect("INVARIANT: ensure_gemm_scratch ran for r rows");
-                self.to_f16(s.xn.ptr, gs.xh.ptr, r * self.cfg.hidden_size)?;
-                self.linear(out, gs.xh.ptr, s.logits.ptr, None, r, false)?;
+                self.to_f16(xn, gs.xh.ptr, r * h)?;
+                self.gemm_linear(out, gs.xh.ptr, logits, None, r, false)?;
             } else {
-                self.mmv(out, s.xn.ptr, s.logits.ptr, None, r, false)?;
+                self.mmv(out, xn, logits, None, r, false)?;
             }
         }
-        if r > 0 && self.pick.get() == 3 {
-            let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
-            let (vocab, c) = (self.cfg.vocab_size, DEVICE_CANDIDATES.min(self.cfg.vocab_size));
-            let (flags, keys) = (s.cand.ptr, s.cand.ptr + (r * TOPK_BLOCKS * 4) as u64);
-            let args = vec![s.logits.ptr, i(vocab), i(c), keys, flags];
-            self.launch(K::TopkRows, (r as u32, TOPK_BLOCKS as u32, 1), 1024, Args(args))?;
-        } else if r > 0 && self.pick.get() > 0 {
-            let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
-            let vocab = self.cfg.vocab_size;
-            let probs = if self.pick.get() == 2 { s.probs.ptr } else { 0 };
-            // One row of one token: its pick also feeds the next pass, should that pass have started ahead.
-            let (feed, ring) = if m == 1 && r == 1 { (self.meta.get().tokens, self.ahead_ring.addr()) } else { (0, 0) };
-            let args = vec![s.logits.ptr, i(vocab), s.ids.ptr, probs, s.row_part.ptr, s.row_counters.ptr, feed, ring];
-            self.launch(K::ArgmaxRows, (r as u32, ARGMAX_BLOCKS as u32, 1), 256, Args(args))?;
+        let vocab = self.cfg.vocab_size;
+        match self.pick {
+            Pick::None => {}
+            Pick::Candidates => {
+                let c = DEVICE_CANDIDATES.min(vocab);
+                let (flags, keys) = (s.cand.ptr, s.cand.ptr + (r * TOPK_BLOCKS * 4) as u64);
+                let args = vec![logits, i(vocab), i(c), keys, flags];
+                self.launch(K::TopkRows, (r as u32, TOPK_BLOCKS as u32, 1), 1024, Args(args))?;
+            }
+            Pick::Argmax | Pick::Top => {
+                let probs = if self.pick == Pick::Top { s.probs.ptr } else { 0 };
+                // One row of one token: its pick also feeds the next pass, should that pass have started ahead.
+                let (feed, ring) = if m == 1 && r == 1 { (self.meta.tokens, self.ahead_ring.addr()) } else { (0, 0) };
+                let args = vec![logits, i(vocab), s.ids.ptr, probs, s.row_part.ptr, s.row_counters.ptr, feed, ring];
+                self.launch(K::ArgmaxRows, (r as u32, ARGMAX_BLOCKS as u32, 1), 256, Args(args))?;
+            }
         }
         Ok(())
     }
 
-    /// Every layer for the rows of one segment: matrix-vector kernels, or tensor-core GEMMs for a long chunk.
-    pub(super) fn enqueue_rows(&self, seg: &Seg) -> Result<()> {
-        let s = self.scratch.as_ref().expect("INVARIANT: ensure_scratch ran");
+    /// The attention sub-layer of layer `li` for one segment's rows on the matrix-vector kernels: `x += Wo ·
+    /// attention(...)`, keys and values written to `kv`.
+    pub(super) fn attention_rows(
+        &self,
+        li: usize,
+        w: &AttentionWeights<Self>,
+        kv: &KvPool,
+        rows: &SegRows,
+    ) -> Result<()> {
+        let s = self.scratch();
         let c = &self.cfg;
-        let (r0, m) = (seg.r0, seg.n);
+        let SegRows { r0, m, x, xn, q, k, v, att, pos, slot, table, .. } = *rows;
         let mu = m as u32;
-        let f = 4u64;
-        let row = |b: &DevBuf, width: usize| b.ptr + (r0 * width) as u64 * f;
-        let (x, xn) = (row(&s.x, c.hidden_size), row(&s.xn, c.hidden_size));
-        let (q, k, v) = (row(&s.q, c.q_dim()), row(&s.k, c.kv_dim()), row(&s.v, c.kv_dim()));
-        let att = row(&s.att, c.q_dim());
-        let (gate, up) = (row(&s.gate, c.ffn_size), row(&s.up, c.ffn_size));
-        let meta = self.meta.get();
-        let (tokens, pos, slot) = (meta.tokens + 4 * r0 as u64, meta.pos + 4 * r0 as u64, meta.slot + 4 * r0 as u64);
-        let rows = SegRows { m, x, xn, q, k, v, att, gate, up, pos, slot, table: meta.table };
-        self.launch(
-            K::Embed { ty: self.embd.ty, k: c.hidden_size },
-            (mu, 1, 1),
-            128,
-            Args(vec![self.embd.buf.ptr, tokens, x]),
-        )?;
         let p = |b: &Option<DevBuf>| b.as_ref().map_or(0, |b| b.ptr);
-        for (li, l) in self.layers.iter().enumerate() {
-            if let Some(gc) = seg.gemm {
-                self.gemm_layer(li, l, gc, &rows)?;
-                continue;
+        // The fused kernel re-reads the activations and norm weights per weight row (from L1): it pays for small
+        // models only (measured: 1.5B faster, 32B slower). Chosen per model, never per batch, so a sequence's
+        // results do not depend on the batch it runs in.
+        let fused = !self.opts.exact_activations
+            && c.hidden_size <= 2048
+            && c.rope_dim == c.head_dim
+            && !c.qk_norm
+            && c.head_dim.is_multiple_of(2);
+        let q8 = w.wq.q8;
+        // Rows of the 8-bit activation scratch for an input of width k (this segment's rows).
+        let qb = |k: usize| (s.xq8.ptr + (r0 * k) as u64, s.xds.ptr + (r0 * (k / 32) * 8) as u64);
+        let norm = w.norm.weight.ptr;
+        // The arguments the QKV kernels share: the three matrices, then (after their input) the three biases.
+        let (wqkv, bias) = ([w.wq.buf.ptr, w.wk.buf.ptr, w.wv.buf.ptr], [p(&w.bq), p(&w.bk), p(&w.bv)]);
+        if q8 {
+            // Attention RMSNorm + 8-bit quantization (in the QKV kernel's prologue with `fuse_norm`), then Q, K,
+            // V in one launch (dp4a), with RoPE and the KV write in its epilogue (`qkv_rope`).
+            let (xq, xd) = qb(c.hidden_size);
+            if !self.opts.fuse_norm {
+                self.quant(x, norm, 0, xq, xd, m, c.hidden_size)?;
             }
-            // The fused kernel re-reads the activations and norm weights per weight row (from L1): it pays for small
-            // models only (measured: 1.5B faster, 32B slower). Chosen per model, never per batch, so a sequence's
-            // results do not depend on the batch it runs in.
-            let fused = !self.opts.exact_activations
-                && c.hidden_size <= 2048
-                && c.rope_dim == c.head_dim
-                && !c.qk_norm
-                && c.head_dim.is_multiple_of(2);
-            let q8 = self.q8_layers[li];
-            // Rows of the 8-bit activation scratch for an input of width k (this segment's rows).
-            let qb = |k: usize| (s.xq8.ptr + (r0 * k) as u64, s.xds.ptr + (r0 * (k / 32) * 8) as u64);
-            if q8 {
-                // Attention RMSNorm + 8-bit quantization (in the QKV kernel's prologue with `fuse_norm`), then Q, K,
-                // V in one launch (dp4a), with RoPE and the KV write in its epilogue (`qkv_rope`).
-                let (xq, xd) = qb(c.hidden_size);
-                if !self.opts.fuse_norm {
-                    self.quant(x, l.attn_norm.ptr, 0, xq, xd, m, c.hidden_size)?;
-                }
-                let rows = c.q_dim() + 2 * c.kv_dim();
-                let pt = q8_threads(c.hidden_size, rows, self.opts.q8_iters, 32);
-                let mr = pick_mr(m);
-                self.launch(
-                    K::Qkvq { t: [l.wq.ty, l.wk.ty, l.wv.ty], p: pt, mr },
-                    (rows.div_ceil(128 / pt) as u32, m.div_ceil(mr) as u32, 1),
-                    128,
-                    Args(vec![
-                        l.wq.buf.ptr,
-                        l.wk.buf.ptr,
-                        l.wv.buf.ptr,
-                        xq,
-                        xd,
-                        p(&l.bq),
-                        p(&l.bk),
-                        p(&l.bv),
-                        q,
-                        k,
-                        v,
-                        i(m),
-                        x,
-                        l.attn_norm.ptr,
-                        self.inv_freq.ptr,
-                        pos,
-                        slot,
-                        meta.table,
-                        self.kc[li].ptr,
-                        self.vc[li].ptr,
-                    ]),
-                )?;
-                if !self.opts.qkv_rope {
-                    self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, meta.table], mu)?;
-                }
-            } else {
-                if fused {
-                    // RMSNorm fused into one launch of the three projections.
-                    let mr = pick_mr(m);
-                    let rows = c.q_dim() + 2 * c.kv_dim();
-                    self.launch(
-                        K::Qkv { t: [l.wq.ty, l.wk.ty, l.wv.ty], mr },
-                        (rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1),
-                        128,
-                        Args(vec![
-                            l.wq.buf.ptr,
-                            l.wk.buf.ptr,
-                            l.wv.buf.ptr,
-                            x,
-                            l.attn_norm.ptr,
-                            p(&l.bq),
-                            p(&l.bk),
-                            p(&l.bv),
-                            q,
-                            k,
-                            v,
-                            i(m),
-                        ]),
-                    )?;
-                } else {
-                    self.launch(K::RmsNorm, (mu, 1, 1), 256, Args(vec![x, l.attn_norm.ptr, xn, 0]))?;
-                    let mut memo = None;
-                    self.mmv_m(&l.wq, xn, q, l.bq.as_ref(), m, false, &mut memo)?;
-                    self.mmv_m(&l.wk, xn, k, l.bk.as_ref(), m, false, &mut memo)?;
-                    self.mmv_m(&l.wv, xn, v, l.bv.as_ref(), m, false, &mut memo)?;
-                }
-                self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, meta.table], mu)?;
-            }
-            // Decode batches split the positions most: into one cluster of `att_cl` splits while the contexts fit.
-            let splits = att_splits(m, self.att_sg.get());
-            let cl = self.att_cl.get() && m <= self.opts.att_cl_rows && splits >= self.opts.att_cl;
-            // From the attention to its output projection, kernels start while the one before drains, in graphs too.
-            self.pdl_scope.set(self.opts.graph_pdl_att);
+            let n = c.q_dim() + 2 * c.kv_dim();
+            let pt = q8_threads(c.hidden_size, n, self.opts.q8_iters, 32);
+            let mr = pick_mr(m);
+            let rope_kv = [x, norm, self.inv_freq.ptr, pos, slot, table, kv.kc[li].ptr, kv.vc[li].ptr];
             self.launch(
-                if cl { K::AttentionCl } else { K::Attention },
-                (mu, c.num_heads as u32, if cl { self.opts.att_cl } else { splits } as u32),
-                (32 * self.opts.att_warps) as u32,
-                Args(vec![
-                    q,
-                    self.kc[li].ptr,
-                    self.vc[li].ptr,
-                    pos,
-                    slot,
-                    meta.table,
-                    s.part.ptr,
-                    att,
-                    s.counters.ptr,
-                    if q8 && self.opts.att_q8 { qb(c.q_dim()).0 } else { 0 },
-                    if q8 && self.opts.att_q8 { qb(c.q_dim()).1 } else { 0 },
-                ]),
+                K::Qkvq { t: [w.wq.ty, w.wk.ty, w.wv.ty], p: pt, mr },
+                (n.div_ceil(128 / pt) as u32, m.div_ceil(mr) as u32, 1),
+                128,
+                Args([&wqkv[..], &[xq, xd], &bias, &[q, k, v, i(m)], &rope_kv].concat()),
             )?;
-            if q8 {
-                // The attention kernel also wrote its output as 8-bit activations (unless turned off).
-                let (aq, ad) = qb(c.q_dim());
-                if !self.opts.att_q8 {
-                    self.quant(att, 0, 0, aq, ad, m, c.q_dim())?;
-                }
-                self.mmvq(&l.wo, aq, ad, x, None, m, true)?;
-                self.pdl_scope.set(false);
-                let (fq, fd) = qb(c.hidden_size);
-                // The gate/up kernel normalises and quantizes its input itself with `fuse_norm`.
-                if !(self.opts.fuse_norm && l.gate.ty == l.up.ty) {
-                    self.quant(x, l.ffn_norm.ptr, 0, fq, fd, m, c.hidden_size)?;
-                }
-                let (dq, dd) =
-                    (s.xq8b.ptr + (r0 * c.ffn_size) as u64, s.xdsb.ptr + (r0 * (c.ffn_size / 32) * 8) as u64);
-                let mut down_in_q8 = false;
-                if l.gate.ty == l.up.ty {
-                    let pt = q8_threads(l.gate.cols, l.gate.rows, self.opts.q8_iters, 32);
-                    let mr = pick_mr(m);
-                    down_in_q8 = guq_fused(pt) && self.opts.gu_fuse;
-                    let (ty, kc, n) = (l.gate.ty, l.gate.cols, l.gate.rows);
-                    let args =
-                        Args(vec![l.gate.buf.ptr, l.up.buf.ptr, fq, fd, gate, i(m), i(n), dq, dd, x, l.ffn_norm.ptr]);
-                    let (rows_per_block, threads) = if down_in_q8 { (32, 32 * pt) } else { (128 / pt, 128) };
-                    self.launch(
-                        K::Guq { ty, k: kc, p: pt, mr },
-                        (n.div_ceil(rows_per_block) as u32, m.div_ceil(mr) as u32, 1),
-                        threads as u32,
-                        args,
-                    )?;
-                } else {
-                    self.mmvq(&l.gate, fq, fd, gate, None, m, false)?;
-                    self.mmvq(&l.up, fq, fd, up, None, m, false)?;
-                    let n = m * c.ffn_size;
-                    self.launch(K::SiluMul, (n.div_ceil(256) as u32, 1, 1), 256, Args(vec![gate, up, i(n)]))?;
-                }
-                if !down_in_q8 {
-                    self.quant(gate, 0, 0, dq, dd, m, c.ffn_size)?;
-                }
-                self.mmvq(&l.down, dq, dd, x, None, m, true)?;
-                continue;
+            if !self.opts.qkv_rope {
+                self.qk_norm_rope_kv(w, (kv, li), [q, k, v], [pos, slot, table], mu)?;
             }
-            self.mmv(&l.wo, att, x, None, m, true)?;
-            self.pdl_scope.set(false);
-            let mut memo = None;
-            if l.gate.ty == l.up.ty {
-                self.launch(K::RmsNorm, (mu, 1, 1), 256, Args(vec![x, l.ffn_norm.ptr, xn, 0]))?;
-                let xin = self.act(&l.gate, xn, m, &mut memo)?;
+        } else {
+            if fused {
+                // RMSNorm fused into one launch of the three projections.
                 let mr = pick_mr(m);
-                let grid = (l.gate.rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1);
+                let n = c.q_dim() + 2 * c.kv_dim();
                 self.launch(
-                    K::Gu { ty: l.gate.ty, k: l.gate.cols, mr },
-                    grid,
+                    K::Qkv { t: [w.wq.ty, w.wk.ty, w.wv.ty], mr },
+                    (n.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1),
                     128,
-                    Args(vec![l.gate.buf.ptr, l.up.buf.ptr, xin, gate, i(m), i(l.gate.rows)]),
+                    Args([&wqkv[..], &[x, norm], &bias, &[q, k, v, i(m)]].concat()),
                 )?;
             } else {
-                self.launch(K::RmsNorm, (mu, 1, 1), 256, Args(vec![x, l.ffn_norm.ptr, xn, 0]))?;
-                self.mmv_m(&l.gate, xn, gate, None, m, false, &mut memo)?;
-                self.mmv_m(&l.up, xn, up, None, m, false, &mut memo)?;
+                self.launch(K::RmsNorm, (mu, 1, 1), 256, Args(vec![x, norm, xn, 0]))?;
+                let mut memo = None;
+                self.mmv_m(&w.wq, xn, q, w.bq.as_ref(), m, false, &mut memo)?;
+                self.mmv_m(&w.wk, xn, k, w.bk.as_ref(), m, false, &mut memo)?;
+                self.mmv_m(&w.wv, xn, v, w.bv.as_ref(), m, false, &mut memo)?;
+            }
+            self.qk_norm_rope_kv(w, (kv, li), [q, k, v], [pos, slot, table], mu)?;
+        }
+        // Decode batches split the positions most: into one cluster of `att_cl` splits while the contexts fit.
+        let splits = att_splits(m, self.att_sg);
+        let cl = self.att_cl && m <= self.opts.att_cl_rows && splits >= self.opts.att_cl;
+        // From the attention to its output projection, kernels start while the one before drains, in graphs too.
+        self.pdl_scope.set(self.opts.graph_pdl_att);
+        self.launch(
+            if cl { K::AttentionCl } else { K::Attention },
+            (mu, c.num_heads as u32, if cl { self.opts.att_cl } else { splits } as u32),
+            (32 * self.opts.att_warps) as u32,
+            Args(vec![
+                q,
+                kv.kc[li].ptr,
+                kv.vc[li].ptr,
+                pos,
+                slot,
+                table,
+                s.part.ptr,
+                att,
+                s.counters.ptr,
+                if q8 && self.opts.att_q8 { qb(c.q_dim()).0 } else { 0 },
+                if q8 && self.opts.att_q8 { qb(c.q_dim()).1 } else { 0 },
+            ]),
+        )?;
+        if q8 {
+            // The attention kernel also wrote its output as 8-bit activations (unless turned off).
+            let (aq, ad) = qb(c.q_dim());
+            if !self.opts.att_q8 {
+                self.quant(att, 0, 0, aq, ad, m, c.q_dim())?;
+            }
+            self.mmvq(&w.wo, aq, ad, x, None, m, true)?;
+        } else {
+            self.mmv(&w.wo, att, x, None, m, true)?;
+        }
+        self.pdl_scope.set(false);
+        Ok(())
+    }
+
+    /// The FFN sub-layer (`norm`, `[gate, up, down]`) for one segment's rows on the matrix-vector kernels:
+    /// `x += down(silu(gate · n) * (up · n))`, `n = norm(x)`.
+    pub(super) fn ffn_rows(&self, norm: &Norm<DevBuf>, [wg, wu, wd]: [&GMat; 3], rows: &SegRows) -> Result<()> {
+        let s = self.scratch();
+        let c = &self.cfg;
+        let SegRows { r0, m, x, xn, gate, up, .. } = *rows;
+        let mu = m as u32;
+        let norm = norm.weight.ptr;
+        if wg.q8 {
+            let (fq, fd) =
+                (s.xq8.ptr + (r0 * c.hidden_size) as u64, s.xds.ptr + (r0 * (c.hidden_size / 32) * 8) as u64);
+            // The gate/up kernel normalises and quantizes its input itself with `fuse_norm`.
+            if !(self.opts.fuse_norm && wg.ty == wu.ty) {
+                self.quant(x, norm, 0, fq, fd, m, c.hidden_size)?;
+            }
+            let (dq, dd) = (s.xq8b.ptr + (r0 * c.ffn_size) as u64, s.xdsb.ptr + (r0 * (c.ffn_size / 32) * 8) as u64);
+            let mut down_in_q8 = false;
+            if wg.ty == wu.ty {
+                let pt = q8_threads(wg.cols, wg.rows, self.opts.q8_iters, 32);
+                let mr = pick_mr(m);
+                down_in_q8 = guq_fused(pt) && self.opts.gu_fuse;
+                let (ty, kc, n) = (wg.ty, wg.cols, wg.rows);
+                let args = Args(vec![wg.buf.ptr, wu.buf.ptr, fq, fd, gate, i(m), i(n), dq, dd, x, norm]);
+                let (rows_per_block, threads) = if down_in_q8 { (32, 32 * pt) } else { (128 / pt, 128) };
+                self.launch(
+                    K::Guq { ty, k: kc, p: pt, mr },
+                    (n.div_ceil(rows_per_block) as u32, m.div_ceil(mr) as u32, 1),
+                    threads as u32,
+                    args,
+                )?;
+            } else {
+                self.mmvq(wg, fq, fd, gate, None, m, false)?;
+                self.mmvq(wu, fq, fd, up, None, m, false)?;
                 let n = m * c.ffn_size;
                 self.launch(K::SiluMul, (n.div_ceil(256) as u32, 1, 1), 256, Args(vec![gate, up, i(n)]))?;
             }
-            self.mmv(&l.down, gate, x, None, m, true)?;
+            if !down_in_q8 {
+                self.quant(gate, 0, 0, dq, dd, m, c.ffn_size)?;
+            }
+            return self.mmvq(wd, dq, dd, x, None, m, true);
         }
-        Ok(())
+        let mut memo = None;
+        self.launch(K::RmsNorm, (mu, 1, 1), 256, Args(vec![x, norm, xn, 0]))?;
+        if wg.ty == wu.ty {
+            let xin = self.act(wg, xn, m, &mut memo)?;
+            let mr = pick_mr(m);
+            let grid = (wg.rows.div_ceil(4) as u32, m.div_ceil(mr) as u32, 1);
+            self.launch(
+                K::Gu { ty: wg.ty, k: wg.cols, mr },
+                grid,
+                128,
+                Args(vec![wg.buf.ptr, wu.buf.ptr, xin, gate, i(m), i(wg.rows)]),
+            )?;
+        } else {
+            self.mmv_m(wg, xn, gate, None, m, false, &mut memo)?;
+            self.mmv_m(wu, xn, up, None, m, false, &mut memo)?;
+            let n = m * c.ffn_size;
+            self.launch(K::SiluMul, (n.div_ceil(256) as u32, 1, 1), 256, Args(vec![gate, up, i(n)]))?;
+        }
+        self.mmv(wd, gate, x, None, m, true)
     }
 }

@@ -1,21 +1,27 @@
 //! Loading a model onto the device: the kernels it needs (compiled with NVRTC for its shapes, cached on disk), its
 //! weights in their device layout, the KV pool and the cuBLAS handle.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use backend::cpu::QMatrix;
-use backend::cuda::{Blas, DevBuf, Gpu};
+use backend::cuda::{Blas, Gpu};
+use backend::{Backend, KvLayout, KvType};
 use gguf::{GgmlType, GgufFile};
 
+use super::fused::{FusedBackend, StepTimer, event_err};
 use super::kernels::{KernelSet, KernelTable, Q8Kernels};
-use super::layout::device_layout;
-use super::meta::Meta;
-use super::runner::{CudaLoadStats, GLayer, GMat, StepTimer, event_err};
+use super::runner::CudaLoadStats;
 use super::tactics::{q8_ok, q8_threads, supported};
 use super::{CudaOptions, CudaRunner, FUSE_NORM_MAX_HIDDEN, PAGE_SIZE};
 use crate::kv_cache::BlockTable;
+use crate::transformer::Transformer;
 use crate::{Error, Result, Weights};
+
+/// The address of a host matrix's bytes: how the backend knows it again when the forward pass loads it.
+fn addr(m: &QMatrix) -> usize {
+    m.bytes.as_slice().as_ptr() as usize
+}
 
 impl CudaRunner {
     pub fn new(file: Arc<GgufFile>, opts: CudaOptions) -> Result<Self> {
@@ -76,7 +82,7 @@ impl CudaRunner {
             && cfg.head_dim.is_multiple_of(2)
             && cfg.rope_dim <= cfg.head_dim;
         let mut q8k = Q8Kernels { opts: opts.clone(), ..Q8Kernels::default() };
-        let mut q8_layers = Vec::with_capacity(weights.layers.len());
+        let mut q8_mats = HashSet::new();
         let add3 = |v: &mut Vec<(GgmlType, usize, usize)>, e: (GgmlType, usize, usize)| {
             if !v.contains(&e) {
                 v.push(e);
@@ -87,10 +93,10 @@ impl CudaRunner {
             let on = q8_on
                 && all.iter().all(|m| q8_ok(m.ty, m.cols))
                 && [&l.wq, &l.wk, &l.wv].iter().all(|m| m.cols == cfg.hidden_size);
-            q8_layers.push(on);
             if !on {
                 continue;
             }
+            q8_mats.extend(all.iter().map(|m| addr(m)));
             let t = (l.wq.ty, l.wk.ty, l.wv.ty, q8_threads(cfg.hidden_size, cfg.q_dim() + 2 * cfg.kv_dim(), it, 32));
             if !q8k.qkv.contains(&t) {
                 q8k.qkv.push(t);
@@ -109,6 +115,7 @@ impl CudaRunner {
         let q8_out = q8_on && q8_ok(weights.output.ty, weights.output.cols);
         if q8_out {
             let m = &weights.output;
+            q8_mats.insert(addr(m));
             add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
         }
         let set = KernelSet { mats, gu, qkv, embd: (weights.token_embd.ty, cfg.hidden_size), q8: q8k };
@@ -119,66 +126,6 @@ impl CudaRunner {
         stats.cache_hit = hit;
         let kernels = KernelTable::load(&module, &set)?;
 
-        let t0 = std::time::Instant::now();
-        let mut weight_bytes = 0usize;
-        let mut up_mat = |m: &backend::cpu::QMatrix| -> Result<GMat> {
-            weight_bytes += m.bytes.as_slice().len();
-            let buf = gpu.upload(&device_layout(m.ty, m.cols, m.bytes.as_slice(), opts.repack))?;
-            Ok(GMat { ty: m.ty, rows: m.rows, cols: m.cols, buf })
-        };
-        let embd = up_mat(&weights.token_embd)?;
-        let output = if cfg.tied_embeddings { None } else { Some(up_mat(&weights.output)?) };
-        let mut layers = Vec::with_capacity(cfg.num_layers);
-        for (l, &[w_gate, w_up, w_down]) in weights.layers.iter().zip(&dense) {
-            let opt = |v: &Option<Vec<f32>>| -> Result<Option<DevBuf>> {
-                v.as_ref().map(|v| gpu.upload(v)).transpose().map_err(Error::from)
-            };
-            layers.push(GLayer {
-                attn_norm: gpu.upload(&l.attn_norm)?,
-                wq: up_mat(&l.wq)?,
-                wk: up_mat(&l.wk)?,
-                wv: up_mat(&l.wv)?,
-                bq: opt(&l.bq)?,
-                bk: opt(&l.bk)?,
-                bv: opt(&l.bv)?,
-                q_norm: opt(&l.q_norm)?,
-                k_norm: opt(&l.k_norm)?,
-                wo: up_mat(&l.wo)?,
-                ffn_norm: gpu.upload(&l.ffn_norm)?,
-                gate: up_mat(w_gate)?,
-                up: up_mat(w_up)?,
-                down: up_mat(w_down)?,
-            });
-        }
-        let output_norm = gpu.upload(&weights.output_norm)?;
-        // RoPE inverse frequencies computed exactly as the CPU's `Rope` does: a running product of theta^(-2/d) in f32.
-        let half = cfg.rope_dim / 2;
-        let step = cfg.rope_theta.powf(-2.0 / cfg.rope_dim as f32);
-        let inv_freq: Vec<f32> = std::iter::successors(Some(1.0f32), |f| Some(f * step)).take(half.max(1)).collect();
-        let inv_freq = gpu.upload(&inv_freq)?;
-        gpu.sync()?;
-        stats.upload_s = t0.elapsed().as_secs_f64();
-        stats.weight_bytes = weight_bytes;
-
-        // KV pool.
-        let kvd = cfg.kv_dim();
-        let page_bytes = PAGE_SIZE * kvd * 2;
-        let kv_tokens = if opts.kv_tokens > 0 {
-            opts.kv_tokens
-        } else {
-            let (free, _) = gpu.mem_info()?;
-            let per_token = cfg.kv_bytes_per_token().max(1);
-            (free / 2 / per_token).min(256 * 1024)
-        };
-        let num_pages = kv_tokens.div_ceil(PAGE_SIZE).max(1);
-        let mut kc = Vec::new();
-        let mut vc = Vec::new();
-        for _ in 0..cfg.num_layers {
-            kc.push(gpu.alloc(num_pages * page_bytes)?);
-            vc.push(gpu.alloc(num_pages * page_bytes)?);
-        }
-        stats.kv_tokens = num_pages * PAGE_SIZE;
-        let max_pages = cfg.max_context.div_ceil(PAGE_SIZE);
         let blas = if !opts.gemm {
             stats.no_gemm = Some("turned off (SPLASH_CUDA_GEMM=0)".into());
             None
@@ -204,44 +151,45 @@ impl CudaRunner {
         let blocking =
             || gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(event_err);
         let ahead_done = [blocking()?, blocking()?];
-        let ahead_ring = gpu.alloc_pinned::<u32>(4)?;
+
+        let t0 = std::time::Instant::now();
+        let mut backend =
+            FusedBackend::new(cfg.clone(), gpu, module, kernels, opts.clone(), blas, q8_mats, step_timer)?;
+        let model = Transformer::new(&mut backend, &cfg, &weights)?;
+        backend.gpu.sync()?;
+        stats.upload_s = t0.elapsed().as_secs_f64();
+        stats.weight_bytes = backend.weight_bytes;
+
+        // KV pool: up to half the memory free after the weights, at most 256k tokens.
+        let kv_tokens = if opts.kv_tokens > 0 {
+            opts.kv_tokens
+        } else {
+            let (free, _) = backend.gpu.mem_info()?;
+            let per_token = cfg.kv_bytes_per_token().max(1);
+            (free / 2 / per_token).min(256 * 1024)
+        };
+        let num_pages = kv_tokens.div_ceil(PAGE_SIZE).max(1);
+        let layout = KvLayout {
+            num_layers: cfg.num_layers,
+            kv_dim: cfg.kv_dim(),
+            block_tokens: PAGE_SIZE,
+            kv_type: KvType::F16,
+        };
+        let mut kv = backend.kv_pages(layout)?;
+        backend.kv_grow(&mut kv, num_pages)?;
+        stats.kv_tokens = num_pages * PAGE_SIZE;
         Ok(CudaRunner {
             cfg,
-            gpu,
-            _module: module,
-            kernels,
-            embd,
-            output,
-            output_norm,
-            layers,
-            inv_freq,
-            kc,
-            vc,
-            max_pages,
+            backend,
+            model,
+            kv,
             table: BlockTable::with_block_tokens(num_pages, PAGE_SIZE),
-            page_bytes,
             store: None,
             stage: None,
             identity,
-            scratch: None,
-            graphs: HashMap::new(),
-            meta: std::cell::Cell::new(Meta::default()),
             logits: None,
-            opts,
-            q8_layers,
-            q8_out,
-            blas,
-            segs: Vec::new(),
-            gemm_scratch: None,
-            capturing: std::cell::Cell::new(false),
-            pdl_scope: std::cell::Cell::new(false),
-            pick: std::cell::Cell::new(0),
-            att_cl: std::cell::Cell::new(false),
-            att_sg: std::cell::Cell::new(0),
-            host_selected: std::cell::Cell::new(0),
-            step_timer,
+            host_selected: 0,
             ahead: None,
-            ahead_ring,
             ahead_done,
             stats,
         })

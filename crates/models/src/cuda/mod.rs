@@ -1,4 +1,5 @@
-//! The transformer forward pass on the CUDA backend: [`CudaRunner`], the GPU twin of [`crate::cpu::CpuRunner`].
+//! The model on the GPU: [`CudaRunner`], the GPU twin of [`crate::cpu::CpuRunner`], drives the shared forward pass
+//! (`transformer.rs`) over `fused::FusedBackend`, a backend of the model's own kernels that fuses each sub-layer.
 //!
 //! At load the kernel library is specialised with the model's constants (hidden size, heads, head_dim, FFN, the
 //! (type, row length) of every matrix), compiled with NVRTC for the device and cached on disk; weights are uploaded in
@@ -19,11 +20,13 @@
 //! ([`Runner::forward_argmax_then`] with `NextStep::FedPicks`) has its next step enqueued before that id comes back, fed with it on the device.
 //!
 //! The files: [`options`] (the switches, one field and one default each), `kernels` (the kernel list: the generated
-//! source and the table of loaded functions, both from one list), `load` (compiling, uploading), `runner` (the
-//! [`Runner`] implementation: batches, graphs, the KV pages), `layer` (one layer's launches on the matrix-vector
-//! kernels), `prefill` (long chunks on tensor cores), `pick` (device picks and decode ahead), `meta` (a pass's
-//! metadata), `tactics` (shape decisions: threads per row, attention splits) and `layout` (weights' device layout).
+//! source and the table of loaded functions, both from one list), `load` (compiling, uploading), `fused` (the
+//! backend: buffers, weights, KV pages, a pass's plan and its CUDA graph), `runner` (the [`Runner`] implementation:
+//! batches, the KV pages' table), `layer` (a sub-layer's launches on the matrix-vector kernels, the output head),
+//! `prefill` (long chunks on tensor cores), `pick` (device picks and decode ahead), `meta` (a pass's metadata),
+//! `tactics` (shape decisions: threads per row, attention splits) and `layout` (weights' device layout).
 
+mod fused;
 mod kernels;
 mod kv;
 mod layer;

@@ -2,7 +2,8 @@
 //! row's largest logits for top-k sampling, and decode ahead (a lone greedy sequence's next step enqueued before its
 //! pick comes back, fed with it on the device).
 
-use super::runner::{Ahead, event_err};
+use super::fused::{Pick, event_err};
+use super::runner::Ahead;
 use super::{CudaRunner, DEVICE_CANDIDATES, TOPK_BLOCKS};
 use crate::{Batch, Error, LogitsWanted, Result, Runner, SeqId};
 
@@ -42,18 +43,10 @@ impl CudaRunner {
         if self.validate(&next).is_err() {
             return Ok(());
         }
-        self.run_picking(&next, true, 1)?;
-        self.ahead_done[pos % 2].record(&self.gpu.stream).map_err(event_err)?;
+        self.run(&next, true, Pick::Argmax)?;
+        self.ahead_done[pos % 2].record(&self.backend.gpu.stream).map_err(event_err)?;
         self.ahead = Some(Ahead { seq, pos, token: u32::MAX });
         Ok(())
-    }
-
-    /// [`Self::run`] with `pick` selecting on the device (the `pick` cell is set for that pass only).
-    pub(super) fn run_picking(&mut self, batch: &Batch<'_>, ahead: bool, pick: u8) -> Result<usize> {
-        self.pick.set(pick);
-        let res = self.run(batch, ahead);
-        self.pick.set(0);
-        res
     }
 
     /// The pass started ahead, when `batch` is exactly its step (one chunk: its sequence, the pick it was fed, its
@@ -81,8 +74,8 @@ impl CudaRunner {
     pub(super) fn ring_pick(&self, pos: usize) -> Result<u32> {
         self.ahead_done[pos % 2].synchronize().map_err(event_err)?;
         // A little-endian u64: the pick, then the position. (The next pass may be writing the other slot.)
-        let (pick, at) =
-            (self.ahead_ring.read_volatile(2 * (pos % 2)), self.ahead_ring.read_volatile(2 * (pos % 2) + 1));
+        let ring = &self.backend.ahead_ring;
+        let (pick, at) = (ring.read_volatile(2 * (pos % 2)), ring.read_volatile(2 * (pos % 2) + 1));
         if at as usize != pos {
             return Err(Error::Backend(format!("decode ahead: no pick for position {pos} (found {at})")));
         }
@@ -95,13 +88,13 @@ impl CudaRunner {
         if let Some(pos) = self.take_ahead(batch) {
             return Ok(vec![self.ring_pick(pos)?]);
         }
-        let r = self.run_picking(batch, false, 1)?;
+        let r = self.run(batch, false, Pick::Argmax)?;
         let mut ids = vec![0u32; r];
+        let b = &self.backend;
         if r > 0 {
-            let s = self.scratch.as_ref().expect("INVARIANT: run ensured it");
-            self.gpu.dtoh(&mut ids, s.ids.ptr)?;
+            b.gpu.dtoh(&mut ids, b.scratch().ids.ptr)?;
         } else {
-            self.gpu.sync()?;
+            b.gpu.sync()?;
         }
         Ok(ids)
     }
@@ -114,13 +107,13 @@ impl CudaRunner {
             [c] if c.tokens.len() == 1 && c.logits != LogitsWanted::None => Some(c),
             _ => None,
         };
-        let Some(c) = one.filter(|_| self.opts.ahead && self.step_timer.is_none()) else {
+        let Some(c) = one.filter(|_| self.backend.opts.ahead && self.backend.step_timer.is_none()) else {
             return self.picks_argmax(batch);
         };
         let (seq, pos) = (c.seq, c.start_pos);
         if self.take_ahead(batch).is_none() {
-            self.run_picking(batch, false, 1)?;
-            self.ahead_done[pos % 2].record(&self.gpu.stream).map_err(event_err)?;
+            self.run(batch, false, Pick::Argmax)?;
+            self.ahead_done[pos % 2].record(&self.backend.gpu.stream).map_err(event_err)?;
         }
         self.start_ahead(seq, pos + 1)?;
         let pick = self.ring_pick(pos)?;
@@ -133,15 +126,15 @@ impl CudaRunner {
     /// The greedy token of each logit row and its softmax probability, both computed on the device (`argmax_rows`
     /// with its second pass over the row): two values per row come back instead of the logits.
     pub(super) fn picks_top(&mut self, batch: &Batch<'_>) -> Result<Vec<(u32, f32)>> {
-        let r = self.run_picking(batch, false, 2)?;
+        let r = self.run(batch, false, Pick::Top)?;
         let mut ids = vec![0u32; r];
         let mut probs = vec![0f32; r];
+        let b = &self.backend;
         if r > 0 {
-            let s = self.scratch.as_ref().expect("INVARIANT: run ensured it");
-            self.gpu.dtoh(&mut ids, s.ids.ptr)?;
-            self.gpu.dtoh(&mut probs, s.probs.ptr)?;
+            b.gpu.dtoh(&mut ids, b.scratch().ids.ptr)?;
+            b.gpu.dtoh(&mut probs, b.scratch().probs.ptr)?;
         } else {
-            self.gpu.sync()?;
+            b.gpu.sync()?;
         }
         Ok(ids.into_iter().zip(probs).collect())
     }
@@ -152,25 +145,25 @@ impl CudaRunner {
     /// logits; the pairs are the same either way ([`crate::top_candidates`]).
     pub(super) fn picks_candidates(&mut self, batch: &Batch<'_>, n: usize) -> Result<Vec<Vec<(u32, f32)>>> {
         let vocab = self.cfg.vocab_size;
-        if n > DEVICE_CANDIDATES || !self.opts.device_candidates {
+        if n > DEVICE_CANDIDATES || !self.backend.opts.device_candidates {
             return Ok(self.forward(batch)?.chunks_exact(vocab).map(|row| crate::top_candidates(row, n)).collect());
         }
-        let r = self.run_picking(batch, false, 3)?;
+        let r = self.run(batch, false, Pick::Candidates)?;
         let c = DEVICE_CANDIDATES.min(vocab);
-        let s = self.scratch.as_ref().expect("INVARIANT: run ensured it");
+        let (gpu, cand, logits_at) = (&self.backend.gpu, self.backend.scratch().cand.ptr, self.model.logits().buf.ptr);
         if r == 0 {
-            self.gpu.sync()?;
+            gpu.sync()?;
             return Ok(Vec::new());
         }
         let mut buf = vec![0u32; r * TOPK_BLOCKS * (1 + 2 * c)];
-        self.gpu.dtoh(&mut buf, s.cand.ptr)?;
+        gpu.dtoh(&mut buf, cand)?;
         let (flags, keys) = buf.split_at(r * TOPK_BLOCKS);
         let mut out = Vec::with_capacity(r);
         for row in 0..r {
             if flags[row * TOPK_BLOCKS..(row + 1) * TOPK_BLOCKS].iter().any(|&f| f != 0) {
-                self.host_selected.set(self.host_selected.get() + 1);
+                self.host_selected += 1;
                 let mut logits = vec![0f32; vocab];
-                self.gpu.dtoh(&mut logits, s.logits.ptr + (row * vocab * 4) as u64)?;
+                gpu.dtoh(&mut logits, logits_at + (row * vocab * 4) as u64)?;
                 out.push(crate::top_candidates(&logits, n));
             } else {
                 out.push(merge_segment_keys(&keys[row * TOPK_BLOCKS * 2 * c..(row + 1) * TOPK_BLOCKS * 2 * c], c, n));

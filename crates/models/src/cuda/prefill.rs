@@ -3,12 +3,13 @@
 //! (`flash_attention.cu`, split over the positions for short chunks after a long context).
 
 use backend::cuda::{BlasMat, BlasType, DevBuf};
+use backend::{AttentionWeights, Norm};
 
+use super::PAGE_SIZE;
+use super::fused::{FusedBackend, GMat, KvPool};
 use super::kernels::Kernel as K;
 use super::layer::{Args, SegRows, i};
 use super::meta::GemmChunk;
-use super::runner::{GLayer, GMat};
-use super::{CudaRunner, PAGE_SIZE};
 use crate::{Error, Result};
 
 /// `flash_attention` blocks a chunk's attention should fill the GPU with (two per SM of an H200) before it is split
@@ -56,32 +57,46 @@ pub(super) struct GemmScratch {
     pub(super) lse: DevBuf,
 }
 
-impl CudaRunner {
-    /// One layer for the rows of one long chunk (`gc`) on tensor cores: each matrix dequantized to f16 and
-    /// multiplied with cuBLAS, attention fused over the paged cache ([`Self::gemm_attention`]).
-    pub(super) fn gemm_layer(&self, li: usize, l: &GLayer, gc: GemmChunk, rows: &SegRows) -> Result<()> {
+impl FusedBackend {
+    /// The attention sub-layer of layer `li` for the rows of one long chunk (`gc`) on tensor cores: each matrix
+    /// dequantized to f16 and multiplied with cuBLAS, attention fused over the paged cache
+    /// ([`Self::gemm_attention`]).
+    pub(super) fn gemm_attention_rows(
+        &self,
+        li: usize,
+        w: &AttentionWeights<Self>,
+        kv: &KvPool,
+        gc: GemmChunk,
+        rows: &SegRows,
+    ) -> Result<()> {
         let c = &self.cfg;
-        let SegRows { m, x, xn, q, k, v, att, gate, up, pos, slot, table } = *rows;
+        let SegRows { m, x, xn, q, k, v, att, pos, slot, table, .. } = *rows;
         let mu = m as u32;
         let gs = self.gemm_scratch.as_ref().expect("INVARIANT: ensure_gemm_scratch ran");
-        self.launch(K::RmsNorm, (mu, 1, 1), 256, Args(vec![x, l.attn_norm.ptr, xn, 0]))?;
+        self.launch(K::RmsNorm, (mu, 1, 1), 256, Args(vec![x, w.norm.weight.ptr, xn, 0]))?;
         self.to_f16(xn, gs.xh.ptr, m * c.hidden_size)?;
-        self.linear(&l.wq, gs.xh.ptr, q, l.bq.as_ref(), m, false)?;
-        self.linear(&l.wk, gs.xh.ptr, k, l.bk.as_ref(), m, false)?;
-        self.linear(&l.wv, gs.xh.ptr, v, l.bv.as_ref(), m, false)?;
-        self.qk_norm_rope_kv(l, li, [q, k, v], [pos, slot, table], mu)?;
-        self.gemm_attention(li, gc, q, att, m)?;
+        self.gemm_linear(&w.wq, gs.xh.ptr, q, w.bq.as_ref(), m, false)?;
+        self.gemm_linear(&w.wk, gs.xh.ptr, k, w.bk.as_ref(), m, false)?;
+        self.gemm_linear(&w.wv, gs.xh.ptr, v, w.bv.as_ref(), m, false)?;
+        self.qk_norm_rope_kv(w, (kv, li), [q, k, v], [pos, slot, table], mu)?;
+        self.gemm_attention((kv, li), gc, q, att, m)?;
         self.to_f16(att, gs.xh.ptr, m * c.q_dim())?;
-        self.linear(&l.wo, gs.xh.ptr, x, None, m, true)?;
-        self.launch(K::RmsNorm, (mu, 1, 1), 256, Args(vec![x, l.ffn_norm.ptr, xn, 0]))?;
+        self.gemm_linear(&w.wo, gs.xh.ptr, x, None, m, true)
+    }
+
+    /// The FFN sub-layer for the rows of one long chunk on tensor cores.
+    pub(super) fn gemm_ffn_rows(&self, norm: &Norm<DevBuf>, [wg, wu, wd]: [&GMat; 3], rows: &SegRows) -> Result<()> {
+        let c = &self.cfg;
+        let SegRows { m, x, xn, gate, up, .. } = *rows;
+        let gs = self.gemm_scratch.as_ref().expect("INVARIANT: ensure_gemm_scratch ran");
+        self.launch(K::RmsNorm, (m as u32, 1, 1), 256, Args(vec![x, norm.weight.ptr, xn, 0]))?;
         self.to_f16(xn, gs.xh.ptr, m * c.hidden_size)?;
-        self.linear(&l.gate, gs.xh.ptr, gate, None, m, false)?;
-        self.linear(&l.up, gs.xh.ptr, up, None, m, false)?;
+        self.gemm_linear(wg, gs.xh.ptr, gate, None, m, false)?;
+        self.gemm_linear(wu, gs.xh.ptr, up, None, m, false)?;
         let n = m * c.ffn_size;
         self.launch(K::SiluMul, (n.div_ceil(256) as u32, 1, 1), 256, Args(vec![gate, up, i(n)]))?;
         self.to_f16(gate, gs.xh.ptr, n)?;
-        self.linear(&l.down, gs.xh.ptr, x, None, m, true)?;
-        Ok(())
+        self.gemm_linear(wd, gs.xh.ptr, x, None, m, true)
     }
 
     /// out[0..n) = f16(x[0..n)).
@@ -90,7 +105,7 @@ impl CudaRunner {
     }
 
     /// Y[m, N] (+)= X[m, K] W^T (+ bias) on tensor cores: W dequantized to f16 into scratch, X already f16 at `xh`.
-    pub(super) fn linear(
+    pub(super) fn gemm_linear(
         &self,
         w: &GMat,
         xh: u64,
@@ -129,11 +144,18 @@ impl CudaRunner {
     /// Causal attention of the `m` rows of one long chunk (queries `q`, rotated, f32) over its sequence's paged
     /// cache into `att`: one `flash_attention` launch (tensor cores, online softmax), plus `flash_combine` when the
     /// chunk is split over the positions ([`flash_plan`]).
-    pub(super) fn gemm_attention(&self, li: usize, gc: GemmChunk, q: u64, att: u64, m: usize) -> Result<()> {
+    pub(super) fn gemm_attention(
+        &self,
+        (kv, li): (&KvPool, usize),
+        gc: GemmChunk,
+        q: u64,
+        att: u64,
+        m: usize,
+    ) -> Result<()> {
         let gs = self.gemm_scratch.as_ref().expect("INVARIANT: ensure_gemm_scratch ran");
         let c = &self.cfg;
         let warps = self.opts.flash_warps;
-        let table = self.meta.get().table + (gc.ci * self.max_pages * 4) as u64;
+        let table = self.meta.table + (gc.ci * self.max_pages * 4) as u64;
         let (row_blocks, splits, per_split) =
             flash_plan(m, gc.start_pos, c.num_heads / c.num_kv_heads, c.num_kv_heads, warps);
         if splits > 1 && splits * m * c.num_heads > flash_part_rows(warps) {
@@ -148,8 +170,8 @@ impl CudaRunner {
             32 * warps as u32,
             Args(vec![
                 q,
-                self.kc[li].ptr,
-                self.vc[li].ptr,
+                kv.kc[li].ptr,
+                kv.vc[li].ptr,
                 table,
                 att,
                 gs.part.ptr,
@@ -181,12 +203,7 @@ impl CudaRunner {
         }
         let rows = rows.max(self.gemm_scratch.as_ref().map_or(0, |g| g.cap_m));
         self.gemm_scratch = None;
-        let mut max_w = self.output.as_ref().unwrap_or(&self.embd).rows * c.hidden_size;
-        for l in &self.layers {
-            for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down] {
-                max_w = max_w.max(w.rows * w.cols);
-            }
-        }
+        let max_w = self.max_matrix;
         let g = &self.gpu;
         let width = c.hidden_size.max(c.q_dim()).max(c.ffn_size);
         let part_rows = flash_part_rows(self.opts.flash_warps);
