@@ -8,6 +8,13 @@ splash/llama.cpp ratios; --json-out writes everything.
     scripts/bench_vs_llamacpp.py --model ~/.cache/splash/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
         --threads 2 --prompt-tokens 512 --gen-tokens 128 --rounds 3 --splash target/release/splash
 
+Each engine's peak resident set (its process's, from wait4: the memory-mapped model's touched pages included) is
+reported beside its speeds. The MoE comparison of issue 27 (the synthetic Qwen3-30B-A3B, 18.6 GB, memory-mapped):
+
+    target/release/splash synth --like qwen3-30b-a3b --quant q4_k_m -o ~/.cache/splash/synth/qwen3-30b-a3b-q4_k_m.gguf
+    scripts/bench_vs_llamacpp.py --model ~/.cache/splash/synth/qwen3-30b-a3b-q4_k_m.gguf \
+        --threads 2 --prompt-tokens 512 --gen-tokens 64 --rounds 3 --splash target/release/splash
+
 With --splash-before OLD_BINARY an older build runs in every round too (engine "before"), for before/after figures
 under the same load; the summary adds its column, the after/before ratio and each engine's prefill seconds.
 
@@ -151,14 +158,24 @@ def llamacpp_worker(args):
 # --------------------------------------------------------------------------------------------------------------
 
 def run_json(cmd, label):
+    """Runs one engine's process; its JSON line, plus wall_s and peak_rss_gib (the process's peak resident set, the
+    memory-mapped model's pages it touched included, from wait4's rusage)."""
+    import tempfile
+
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     wall_s = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{label} failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
-    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    if child.returncode != 0:
+        raise SystemExit(f"{label} failed ({child.returncode}): {' '.join(cmd)}\n{stdout[-2000:]}{stderr[-4000:]}")
+    lines = [l for l in stdout.splitlines() if l.strip()]
     if not lines:
-        raise SystemExit(f"{label} printed nothing on stdout: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"{label} printed nothing on stdout: {' '.join(cmd)}\n{stderr[-4000:]}")
     try:
         out = json.loads(lines[-1])
     except json.JSONDecodeError as e:
@@ -167,6 +184,7 @@ def run_json(cmd, label):
         if not isinstance(out.get(key), (int, float)):
             raise SystemExit(f"{label}: missing numeric {key} in {out}")
     out["wall_s"] = wall_s
+    out["peak_rss_gib"] = usage.ru_maxrss * 1024 / 2**30
     return out
 
 
@@ -249,9 +267,11 @@ def main():
                     print(f"warning: {engine} reports {key}={out.get(key)}, asked for {want}", file=sys.stderr)
             results[engine].append(out)
             print(f"round {r + 1} {engine:9s} prefill {out['prefill_tok_s']:8.1f} tok/s   "
-                  f"decode {out['decode_tok_s']:7.2f} tok/s", file=sys.stderr, flush=True)
+                  f"decode {out['decode_tok_s']:7.2f} tok/s   peak RSS {out['peak_rss_gib']:.2f} GiB",
+                  file=sys.stderr, flush=True)
 
-    medians = {e: {k: median([o[k] for o in results[e]]) for k in ("prefill_tok_s", "decode_tok_s")} for e in engines}
+    keys = ("prefill_tok_s", "decode_tok_s", "peak_rss_gib")
+    medians = {e: {k: median([o[k] for o in results[e]]) for k in keys} for e in engines}
     ratios = {}
     if "splash" in engines and "llamacpp" in engines:
         for k in ("prefill_tok_s", "decode_tok_s"):
@@ -271,6 +291,7 @@ def main():
         b = medians.get("before", {}).get(k)
         extra = f" {fmt(b):>10s} {fmt(s / b if s and b else None, 3):>13s}" if before else ""
         print(f"{label:14s} {fmt(s):>10s} {fmt(l):>10s} {fmt(ratios.get(k), 3):>13s}{extra}")
+    print(f"{'peak RSS GiB':14s} " + " ".join(f"{e}={medians[e]['peak_rss_gib']:.2f}" for e in engines))
     # Prefill time = the time to the first token of a prompt that long, no cache.
     secs = {e: args.prompt_tokens / medians[e]["prefill_tok_s"] for e in engines if medians[e]["prefill_tok_s"]}
     print(f"{'prefill s':14s} " + " ".join(f"{e}={secs[e]:.1f}" for e in engines if e in secs))

@@ -241,6 +241,19 @@ impl Constraint {
         let lark = format!("start: call \"\\n</tool_call>\"\ncall: %json {schema}\n");
         Self::compile(tokenizer, TopLevelGrammar::from_lark(lark), "tools")
     }
+
+    /// The constraint of a forced call of one of `tools` in Qwen3-Coder's XML form, continuing after
+    /// `<tool_call>\n`: `<function=NAME>`, that tool's parameters (`lazy_call::xml_call_rules`: each value as the
+    /// output parser reads it, typed by its schema), `</function>\n</tool_call>`. `loose`: every value is text.
+    pub fn for_xml_tool_call(
+        tokenizer: &Arc<tokenizer::Tokenizer>,
+        tools: &[(String, Value)],
+        loose: bool,
+    ) -> Result<Constraint, ApiError> {
+        let rules = crate::lazy_call::xml_call_rules(tools, loose);
+        let lark = format!("start: xcall \"\\n</tool_call>\"\nWS: /[ \\t\\r\\n]{{0,8}}/\n{rules}");
+        Self::compile(tokenizer, TopLevelGrammar::from_lark(lark), "tools")
+    }
 }
 
 impl engine::TokenConstraint for Constraint {

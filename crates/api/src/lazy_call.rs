@@ -168,7 +168,7 @@ const MAX_UNORDERED_REQUIRED: usize = 4;
 /// between them; an undeclared key only for a tool that takes them. (llama.cpp's grammar for the form,
 /// `common/parsers/qwen3-coder.cpp`, takes the required ones in any order too, and the optional ones after them.)
 /// `loose`: every value is text.
-fn xml_call_rules(tools: &[(String, Value)], loose: bool) -> String {
+pub(crate) fn xml_call_rules(tools: &[(String, Value)], loose: bool) -> String {
     let mut rules = String::new();
     let mut alternatives = Vec::new();
     for (i, (name, parameters)) in tools.iter().enumerate() {

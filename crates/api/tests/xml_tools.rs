@@ -288,3 +288,35 @@ async fn hermes_json_calls_still_work_under_the_xml_template() {
         assert_eq!(calls, vec![("Bash".to_owned(), json!({"command": "ls"}))], "{path} {stream}");
     }
 }
+
+/// A forced call (`tool_choice` required, or naming the tool) under the XML template is held to the XML form: the
+/// prompt opens `<tool_call>\n`, the model writes `<function=Bash>` and its parameters, and the call reaches the client
+/// typed by the schema, its arguments streamed as they are written, in all three APIs. (Under the JSON grammar of a
+/// forced Hermes call the model could not write `<function=` at all.)
+#[tokio::test]
+async fn forced_calls_are_written_in_the_xml_form() {
+    let h = server(true);
+    let call = CALL_REPLY.split_once("<tool_call>\n").expect("a call").1;
+    h.reply(call);
+    let choices = |path: &str| match path {
+        CHAT => [json!("required"), json!({"type": "function", "function": {"name": "Bash"}})],
+        MESSAGES => [json!({"type": "any"}), json!({"type": "tool", "name": "Bash"})],
+        _ => [json!("required"), json!({"type": "function", "name": "Bash"})],
+    };
+    for (name, path) in [("chat", CHAT), ("messages", MESSAGES), ("responses", RESPONSES)] {
+        for choice in choices(path) {
+            for stream in [false, true] {
+                let mut body = request(path, stream);
+                body["tool_choice"] = choice.clone();
+                let reply = post(&h, path, &body).await;
+                let (text, calls, pieces) = read(path, &reply, stream);
+                assert_eq!(text, "", "{name} {choice} stream={stream}: {reply}");
+                assert_eq!(calls, vec![("Bash".to_owned(), arguments())], "{name} {choice} stream={stream}: {reply}");
+                if stream {
+                    assert!(pieces[0] >= 4, "{name} {choice}: {pieces:?} pieces: {reply}");
+                }
+                assert!(h.last_prompt_text().ends_with("<|im_start|>assistant\n<tool_call>\n"), "{name} {choice}");
+            }
+        }
+    }
+}

@@ -307,6 +307,45 @@ pub struct ExpertWeights<B: Backend + ?Sized> {
     pub spec: ExpertsSpec,
 }
 
+impl<B: Backend + ?Sized> ExpertWeights<B> {
+    /// Checks the matrices against the numbers and the input width `hidden` (`dims`: a matrix's rows and columns);
+    /// the reason when they disagree. Every backend checks by this before it routes.
+    pub fn check_shapes(
+        &self,
+        hidden: usize,
+        dims: impl Fn(&B::Matrix) -> (usize, usize),
+    ) -> std::result::Result<(), String> {
+        let s = &self.spec;
+        let (ne, f, h) = (s.num_experts, s.expert_ffn, hidden);
+        if s.num_used == 0 || s.num_used > ne || f == 0 {
+            return Err(format!("{s:?}"));
+        }
+        let want = |m: &B::Matrix, rows: usize, cols: usize, what: &str| match dims(m) {
+            (r, c) if (r, c) == (rows, cols) => Ok(()),
+            (r, c) => Err(format!("{what} is {r}x{c}, not {rows}x{cols}")),
+        };
+        want(&self.router, ne, h, "the router")?;
+        match &self.gate_up {
+            ExpertGateUp::Separate { gate, up } => {
+                want(gate, ne * f, h, "the experts' gate")?;
+                want(up, ne * f, h, "the experts' up")?;
+            }
+            ExpertGateUp::Fused(m) => want(m, ne * 2 * f, h, "the experts' gate_up")?,
+        }
+        want(&self.down, ne * h, f, "the experts' down")?;
+        if let Some(sh) = &self.shared {
+            let sf = dims(&sh.gate).0;
+            want(&sh.gate, sf, h, "the shared gate")?;
+            want(&sh.up, sf, h, "the shared up")?;
+            want(&sh.down, h, sf, "the shared down")?;
+            if let Some(g) = &sh.gate_inp {
+                want(g, 1, h, "the shared expert's gate")?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A Gated DeltaNet mixer (the linear-attention layers of the Qwen3.5/3.6 hybrids), in the GGUF's layout (value
 /// heads in the converter's tiled order: value head `h` reads key head `h % num_k_heads`). Per token, with
 /// `n = norm(x)`: `qkv = silu(conv1d(W_qkv·n))` over the last `conv_kernel` inputs of each channel; `q`, `k`

@@ -1,65 +1,86 @@
-//! Splash against transformers on tiny random Qwen3-MoE models (fixtures/hf/qwen3moe/, written by
-//! scripts/fixtures/tiny_hf.py: several experts, top-k > 1, `norm_topk_prob` true and false) converted to GGUF by
-//! llama.cpp's vendored converter (f32 and q8_0).
+//! Qwen3-MoE beyond hf_reference.rs's bars (which the qwen3moe fixtures pass too: f32 within 1e-4 of transformers,
+//! q8_0 top-1 >= 99%, greedy equal): the configs cover the routing forms, llama.cpp agrees with Splash on the q8_0
+//! files, and rows grouped by expert across sequences and chunks give each row what it gets alone.
 //!
-//! Row error as in hf_reference.rs: max |got − want| over the vocabulary divided by max |want|, the worst row of a
-//! file. The f32 reference must stay below 1e-4 of transformers' float64 logits and pick its greedy tokens. The CPU
-//! backend's expert path on the f32 file is f32 products (f32 activations for f32 weights) and an f32 softmax over the
-//! router; what limits it is its attention (f16 KV cache and queries, bf16 P·V on AVX512_BF16) feeding the router
-//! (see `f32_matches_transformers`). q8_0: top-1 against transformers.
+//! Fixtures: fixtures/hf/qwen3moe/<config>/ (scripts/fixtures/tiny_hf.py --arch qwen3moe, trained tiny models
+//! converted by the vendored converter), and beside them llama.cpp's logits on the q8_0 file, `llamacpp-q8_0.f32`
+//! (scripts/fixtures/llamacpp_logits.py: the llama-cpp-python 0.3.36 sdist's llama.cpp on the CPU).
 
 mod golden;
 
-use golden::{compare, configs, greedy, one, open, prefill};
+use golden::{Golden, configs, open, prefill};
+use models::argmax;
 use models::cpu::CpuRunner;
-use models::reference::Reference;
-use models::{Batch, LogitsWanted, Runner, SeqChunk, SeqId};
 
 const ARCH: &str = "qwen3moe";
-/// Percent of positions whose top-1 the CPU backend must share with transformers on the f32 file.
-const CPU_F32_TOP1: usize = 95;
-/// On the q8_0 file (the issue asks 99; these random models' near-ties, see tiny_hf.py, cap it).
-const CPU_Q8_TOP1: usize = 90;
+/// llama.cpp's own top-1/top-2 gap (in logits) from which its top-1 must be Splash's.
+const SURE_GAP: f32 = 0.5;
 
+/// The committed configs route as the issue asks: several experts, top-k > 1, the picked weights renormalised and
+/// not.
 #[test]
-fn f32_matches_transformers() {
-    for g in configs(ARCH) {
-        let file = open(&g.dir, "model-f32.gguf");
-        let mut cpu = CpuRunner::new(file.clone(), 0).expect("loads on the CPU");
-        let mut reference = Reference::new(file, 0).expect("loads in the reference");
-        assert_eq!(cpu.config().arch.name(), ARCH);
-        for p in &g.prompts {
-            let (err, _) = compare(&prefill(&mut reference, &p.ids), &p.logits, g.vocab);
-            eprintln!("{} f32 reference: max rel err {err:.2e}", g.dir.display());
-            assert!(err < 1e-4, "{} reference: relative error {err:.3e} on {:?}", g.dir.display(), p.text);
-            assert_eq!(greedy(&mut reference, &p.ids, p.greedy.len()), p.greedy, "{} reference", g.dir.display());
-        }
-        // The CPU backend: its attention's f16 roundings (about 1e-3 of the largest logit on the dense fixtures) move
-        // the router's input, and where two experts' probabilities are that close the pick flips and the logits jump
-        // (1.3e-1 on moe-a). The expert path itself is held to the f64 maths by crates/backend/tests/experts.rs; here
-        // the top-1 of nearly every position.
-        let (mut agree, mut total) = (0, 0);
-        for p in &g.prompts {
-            let (err, top1) = compare(&prefill(&mut cpu, &p.ids), &p.logits, g.vocab);
-            eprintln!("{} f32 cpu: max rel err {err:.2e}, top-1 {top1}/{}", g.dir.display(), p.ids.len());
-            (agree, total) = (agree + top1, total + p.ids.len());
-        }
-        assert!(agree * 100 >= total * CPU_F32_TOP1, "{} cpu: top-1 {agree}/{total}", g.dir.display());
-    }
+fn configs_cover_routing() {
+    let specs: Vec<backend::ExpertsSpec> = configs(ARCH)
+        .iter()
+        .map(|g| {
+            let file = open(&g.dir, "model-f32.gguf");
+            let cfg = models::arch::config_from_gguf(&file).expect("config");
+            models::arch::qwen3moe::experts_spec(&file, cfg.arch).expect("experts")
+        })
+        .collect();
+    assert!(specs.iter().all(|s| s.num_experts >= 4 && s.num_used > 1), "{specs:?}");
+    assert!(specs.iter().any(|s| s.normalise_weights) && specs.iter().any(|s| !s.normalise_weights), "{specs:?}");
 }
 
+/// llama.cpp's logits of the q8_0 file (`[positions, vocab]`, the prompts in turn), when they were written.
+fn llamacpp_logits(g: &Golden) -> Option<Vec<f32>> {
+    let bytes = std::fs::read(g.dir.join("llamacpp-q8_0.f32")).ok()?;
+    Some(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+}
+
+/// The largest logit's index and its lead over the second largest.
+fn top1_gap(row: &[f32]) -> (usize, f32) {
+    let best = argmax(row) as usize;
+    let second = row.iter().enumerate().filter(|&(i, _)| i != best).fold(f32::NEG_INFINITY, |a, (_, &v)| a.max(v));
+    (best, row[best] - second)
+}
+
+/// On the q8_0 file, at every position where llama.cpp's top-1 leads its top-2 by at least [`SURE_GAP`], Splash's
+/// CPU top-1 is llama.cpp's. llama.cpp's qwen3moe graph always renormalises the picked experts' weights (it reads no
+/// `expert_weights_norm`), so for a `norm_topk_prob: false` config it runs another model: llamacpp_logits.py writes
+/// no logits there, and this test needs at least one config with them and most of its positions sure.
 #[test]
-fn q8_0_ranks_like_transformers() {
+fn llamacpp_agrees_where_it_is_sure() {
+    let mut checked = 0;
     for g in configs(ARCH) {
+        let Some(theirs) = llamacpp_logits(&g) else {
+            let golden = std::fs::read_to_string(g.dir.join("golden.json")).expect("golden.json");
+            assert!(golden.contains("\"norm_topk_prob\": false"), "{}: no llama.cpp logits", g.dir.display());
+            continue;
+        };
         let mut cpu = CpuRunner::new(open(&g.dir, "model-q8_0.gguf"), 0).expect("loads on the CPU");
-        let (mut agree, mut total) = (0, 0);
-        for p in &g.prompts {
-            agree += compare(&prefill(&mut cpu, &p.ids), &p.logits, g.vocab).1;
-            total += p.ids.len();
+        let ours: Vec<f32> = g.prompts.iter().flat_map(|p| prefill(&mut cpu, &p.ids)).collect();
+        assert_eq!(ours.len(), theirs.len(), "{}: llama.cpp's logits cover the prompts", g.dir.display());
+        let (mut sure, mut total) = (0, 0);
+        for (pos, (o, t)) in ours.chunks_exact(g.vocab).zip(theirs.chunks_exact(g.vocab)).enumerate() {
+            let (their_top, gap) = top1_gap(t);
+            total += 1;
+            if gap >= SURE_GAP {
+                sure += 1;
+                assert_eq!(
+                    argmax(o) as usize,
+                    their_top,
+                    "{} position {pos}: llama.cpp leads by {gap}",
+                    g.dir.display()
+                );
+            }
         }
-        eprintln!("{} q8_0 cpu: top-1 vs transformers {agree}/{total}", g.dir.display());
-        assert!(agree * 100 >= total * CPU_Q8_TOP1, "{}: q8_0 top-1 {agree}/{total}", g.dir.display());
+        let dir = g.dir.display();
+        eprintln!("{dir}: top-1 equal at all {sure} of {total} positions where llama.cpp leads by >= {SURE_GAP}");
+        assert!(sure * 2 >= total, "{}: only {sure} of {total} positions are sure", g.dir.display());
+        checked += 1;
     }
+    assert!(checked > 0, "no config has llama.cpp's logits");
 }
 
 /// Prefill in two chunks then one token at a time gives the logits of one chunk, and two sequences in one batch
@@ -69,29 +90,8 @@ fn batched_equals_unbatched() {
     for g in configs(ARCH) {
         for file in ["model-f32.gguf", "model-q8_0.gguf"] {
             let mut cpu = CpuRunner::new(open(&g.dir, file), 0).expect("cpu");
-            let (a, b) = (&g.prompts[0].ids, &g.prompts[1].ids);
-            let alone = [prefill(&mut cpu, a), prefill(&mut cpu, b)].concat();
-            let both = Batch {
-                chunks: vec![
-                    SeqChunk { seq: SeqId(5), tokens: a, start_pos: 0, logits: LogitsWanted::All },
-                    SeqChunk { seq: SeqId(6), tokens: b, start_pos: 0, logits: LogitsWanted::All },
-                ],
-            };
-            let together = cpu.forward(&both).expect("two sequences").to_vec();
-            assert!(together == alone, "{} {file}: two sequences in one batch differ from each alone", g.dir.display());
-            cpu.release(SeqId(5));
-            cpu.release(SeqId(6));
-
-            let seq = SeqId(3);
-            let split = a.len() / 3;
-            let mut parts = cpu.forward(&one(seq, &a[..split], 0, LogitsWanted::All)).expect("chunk").to_vec();
-            for (i, &t) in a[split..].iter().enumerate() {
-                parts.extend_from_slice(cpu.forward(&one(seq, &[t], split + i, LogitsWanted::Last)).expect("step"));
-            }
-            cpu.release(seq);
             // Attention differs by chunking (its tiles), the experts do not: bounded as for the dense models.
-            let (err, _) = compare(&parts, &alone[..a.len() * g.vocab], g.vocab);
-            assert!(err < 1e-5, "{} {file}: chunked vs whole {err:.3e}", g.dir.display());
+            golden::batched_equals_unbatched(&mut cpu, &g, &format!("{file} cpu"), 1e-5);
         }
     }
 }

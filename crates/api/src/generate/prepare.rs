@@ -14,7 +14,7 @@ use engine::GenerateRequest;
 use super::{ChatTurn, Thinking, ToolChoice};
 use crate::constraint::{Constraint, OutputFormat};
 use crate::error::ApiError;
-use crate::lazy_call::{CallStarts, LazyToolCalls};
+use crate::lazy_call::{CallStart, CallStarts, LazyToolCalls};
 use crate::{AppState, ReasoningFormat};
 
 /// The engine request built from a turn, and what is needed to read its output.
@@ -28,17 +28,21 @@ pub struct Prepared {
     pub parallel_tool_calls: bool,
     /// A grammar forces the reply to be one call: its arguments can be streamed as they are generated.
     pub streams_call: bool,
-    /// Where the calls held by the lazy grammar (auto tool choice) start: their arguments are streamed too.
+    /// Where the calls held by the lazy grammar (auto tool choice) start, or the forced XML call's (at 0: the
+    /// prefill's `<tool_call>`, the reply's text counted from the prefill): their arguments are streamed too.
     pub call_starts: Option<CallStarts>,
     /// The reasoning is split from the content: `Some(prompt_opened)` (the prompt ends inside the reasoning).
     pub reasoning: Option<bool>,
 }
 
-/// The start of a Hermes-style call, written into the prompt when a call is required; the grammar of the call
-/// (name, arguments under the tool's schema, closing tag) constrains the rest from the first generated token.
+/// The start of a call, written into the prompt when a call is required; the grammar of the call (name, arguments
+/// under the tool's schema, closing tag) constrains the rest from the first generated token: Hermes' JSON form, or
+/// Qwen3-Coder's XML form where the template shows that one.
 const FORCED_CALL_PREFIX: &str = "<tool_call>\n";
 /// Without a grammar (it could not be built), the prompt also opens the JSON so the model can only name a tool.
 const FORCED_CALL_PREFIX_UNCONSTRAINED: &str = "<tool_call>\n{\"name\": \"";
+/// The same for the XML form.
+const FORCED_XML_CALL_PREFIX_UNCONSTRAINED: &str = "<tool_call>\n<function=";
 
 /// A turn rendered with the chat template.
 #[derive(Debug, Clone, PartialEq)]
@@ -148,22 +152,43 @@ fn protect(tokenizer: &tokenizer::Tokenizer, s: &str) -> Option<String> {
     }
 }
 
-/// The grammar of a forced call of one of `tools`. A tool whose parameters schema cannot be compiled is the request's
-/// fault, a 400 (as an unusable `response_format` schema is); `None` when no grammar can be built at all (the model
-/// lacks what constrained decoding needs), and the call is then opened in the prompt instead.
+/// Whether the template shows Qwen3-Coder's XML call form (`<function=NAME>` inside the tags): forced calls and the
+/// lazy grammar write that form then.
+fn template_calls_in_xml(state: &AppState) -> bool {
+    state.template.as_ref().is_some_and(|t| t.source().contains("<function="))
+}
+
+/// The grammar of a forced call of one of `tools`, in the XML form when `xml`. A tool whose parameters schema cannot
+/// be compiled is the request's fault, a 400 (as an unusable `response_format` schema is); `None` when no grammar can
+/// be built at all (the model lacks what constrained decoding needs), and the call is then opened in the prompt
+/// instead.
 fn forced_call_constraint(
     tokenizer: &Arc<tokenizer::Tokenizer>,
     tools: &[(String, serde_json::Value)],
+    xml: bool,
 ) -> Result<Option<Constraint>, ApiError> {
-    let e = match Constraint::for_tool_call(tokenizer, tools) {
+    // `loose`: any object as the arguments (JSON), any text as a value (XML).
+    let compile = |tools: &[(String, serde_json::Value)], loose: bool| {
+        if xml {
+            return Constraint::for_xml_tool_call(tokenizer, tools, loose);
+        }
+        let loosened: Vec<_>;
+        let tools = if loose {
+            loosened = tools.iter().map(|(n, _)| (n.clone(), serde_json::json!({"type": "object"}))).collect();
+            &loosened[..]
+        } else {
+            tools
+        };
+        Constraint::for_tool_call(tokenizer, tools)
+    };
+    let e = match compile(tools, false) {
         Ok(c) => return Ok(Some(c)),
         Err(e) => e,
     };
-    let loose: Vec<_> = tools.iter().map(|(n, _)| (n.clone(), serde_json::json!({"type": "object"}))).collect();
-    if Constraint::for_tool_call(tokenizer, &loose).is_err() {
+    if compile(tools, true).is_err() {
         return Ok(None);
     }
-    let bad = tools.iter().find(|t| Constraint::for_tool_call(tokenizer, std::slice::from_ref(*t)).is_err());
+    let bad = tools.iter().find(|t| compile(std::slice::from_ref(*t), false).is_err());
     let name = bad.map_or_else(|| tools[0].0.as_str(), |(n, _)| n.as_str());
     let why = e.message.strip_prefix("The schema cannot be used: ").unwrap_or(&e.message);
     Err(ApiError::invalid_param("tools", format!("The parameters schema of tool '{name}' cannot be used: {why}"))
@@ -173,29 +198,39 @@ fn forced_call_constraint(
 /// Renders and tokenizes a turn. CPU-bound (templates, tokenizer): call from a blocking thread.
 pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
     let Rendered { mut prompt, mut prefill, tools, forced_tools, reasoning } = render(state, &turn)?;
+    let xml = template_calls_in_xml(state);
     let constraint = if forced_tools.is_empty() {
         Constraint::for_format(&state.tokenizer, &turn.output_format, "response_format")?
     } else {
-        let c = forced_call_constraint(&state.tokenizer, &forced_tools)?;
+        let c = forced_call_constraint(&state.tokenizer, &forced_tools, xml)?;
         if c.is_none() {
             // No grammar: fall back to opening the call in the prompt (the tool's name is content: protected).
             prompt.truncate(prompt.len() - prefill.len());
+            let open = if xml { FORCED_XML_CALL_PREFIX_UNCONSTRAINED } else { FORCED_CALL_PREFIX_UNCONSTRAINED };
             let (written, protected) = match &turn.tool_choice {
                 ToolChoice::Named(name) => {
                     let protected = state.tokenizer.protect(name);
-                    let call = |name: &str| format!("{FORCED_CALL_PREFIX_UNCONSTRAINED}{name}\", \"arguments\": ");
+                    let call = |name: &str| {
+                        if xml { format!("{open}{name}>\n") } else { format!("{open}{name}\", \"arguments\": ") }
+                    };
                     (call(name), call(&protected))
                 }
-                _ => (FORCED_CALL_PREFIX_UNCONSTRAINED.to_string(), FORCED_CALL_PREFIX_UNCONSTRAINED.to_string()),
+                _ => (open.to_string(), open.to_string()),
             };
             prefill = written;
             prompt.push_str(&protected);
         }
         c
     };
-    let streams_call = !forced_tools.is_empty() && constraint.is_some();
+    let forced_call = !forced_tools.is_empty() && constraint.is_some();
+    // A forced JSON call streams through `ForcedCall`; a forced XML call as the lazy grammar's XML calls do, from a
+    // call that starts at the prefill's `<tool_call>` (the reply's text starts with the prefill).
+    let streams_call = forced_call && !xml;
+    let mut call_starts = (forced_call && xml).then(|| {
+        let start = CallStart { offset: 0, tagged: true, xml: true };
+        CallStarts::new(std::sync::Mutex::new(vec![start]))
+    });
     let mut constraint = constraint.map(|c| Box::new(c) as Box<dyn engine::TokenConstraint>);
-    let mut call_starts = None;
     if constraint.is_none()
         && state.config.tool_grammar
         && turn.tool_choice == ToolChoice::Auto
@@ -230,8 +265,7 @@ pub fn prepare(state: &AppState, turn: ChatTurn) -> Result<Prepared, ApiError> {
 fn lazy_tool_grammar(state: &AppState, turn: &ChatTurn) -> Option<LazyToolCalls> {
     let tools: Vec<(String, serde_json::Value)> =
         turn.conversation.tools.iter().map(|t| (t.name.clone(), t.parameters.clone())).collect();
-    let xml = state.template.as_ref().is_some_and(|t| t.source().contains("<function="));
-    LazyToolCalls::new(&state.tokenizer, &tools, xml, turn.parallel_tool_calls).ok()
+    LazyToolCalls::new(&state.tokenizer, &tools, template_calls_in_xml(state), turn.parallel_tool_calls).ok()
 }
 
 /// Tokenizes a rendered prompt ([`Rendered::prompt`]): control tokens only from the template's text, content as

@@ -28,7 +28,12 @@ pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<Reply, ApiEr
     if streams_call {
         reply.forced_call = Some(ForcedCall::default());
     }
-    reply.auto_calls = call_starts.map(|starts| AutoCalls::new(starts, &tools));
+    reply.auto_calls = call_starts.map(|starts| {
+        // Call starts count the reply's text from the prefill (a forced XML call's `<tool_call>`; empty otherwise).
+        let mut calls = AutoCalls::new(starts, &tools);
+        calls.push(&prefill, &mut reply.pending);
+        calls
+    });
     reply.reasoning = reasoning.map(ReasoningParser::new);
     reply.tokenizer = Some(state.tokenizer.clone());
     reply.loop_guard = state.config.max_repeated_chars.map(LoopGuard::new);

@@ -512,46 +512,21 @@ impl Backend for CpuBackend {
     }
 }
 
-/// Checks an expert-routed FFN's matrices against its numbers and the input width `h`.
+/// Checks an expert-routed FFN's matrices against its numbers and the input width `h`, and that each expert's slice
+/// starts on a whole unit of its matrix's layout.
 fn check_experts(w: &ExpertWeights<CpuBackend>, h: usize) -> std::result::Result<(), String> {
-    let s = &w.spec;
-    let (ne, f) = (s.num_experts, s.expert_ffn);
-    let want = |m: &QMatrix, rows: usize, cols: usize, what: &str| {
-        want_plain(m, rows, cols, what)?;
-        // Each expert's slice starts on a whole unit of the matrix's layout.
-        let unit = m.layout.unit_rows();
-        if !(rows / ne.max(1)).is_multiple_of(unit) {
-            return Err(format!("{what}: experts of {} rows in a layout of {unit}-row units", rows / ne.max(1)));
-        }
-        Ok(())
-    };
-    if s.num_used == 0 || s.num_used > ne || f == 0 {
-        return Err(format!("{s:?}"));
-    }
-    want(&w.router, ne, h, "the router")?;
+    w.check_shapes(h, |m| (m.rows, m.cols))?;
+    let ne = w.spec.num_experts;
+    let mut strided = vec![(&w.router, "the router"), (&w.down, "the experts' down")];
     match &w.gate_up {
-        ExpertGateUp::Separate { gate, up } => {
-            want(gate, ne * f, h, "the experts' gate")?;
-            want(up, ne * f, h, "the experts' up")?;
-        }
-        ExpertGateUp::Fused(m) => want(m, ne * 2 * f, h, "the experts' gate_up")?,
+        ExpertGateUp::Separate { gate, up } => strided.extend([(gate, "the experts' gate"), (up, "the experts' up")]),
+        ExpertGateUp::Fused(m) => strided.push((m, "the experts' gate_up")),
     }
-    want(&w.down, ne * h, f, "the experts' down")?;
-    if let Some(sh) = &w.shared {
-        let sf = sh.gate.rows;
-        want_plain(&sh.gate, sf, h, "the shared gate")?;
-        want_plain(&sh.up, sf, h, "the shared up")?;
-        want_plain(&sh.down, h, sf, "the shared down")?;
-        if let Some(g) = &sh.gate_inp {
-            want_plain(g, 1, h, "the shared expert's gate")?;
+    for (m, what) in strided {
+        let unit = m.layout.unit_rows();
+        if !(m.rows / ne).is_multiple_of(unit) {
+            return Err(format!("{what}: experts of {} rows in a layout of {unit}-row units", m.rows / ne));
         }
-    }
-    Ok(())
-}
-
-fn want_plain(m: &QMatrix, rows: usize, cols: usize, what: &str) -> std::result::Result<(), String> {
-    if m.rows != rows || m.cols != cols {
-        return Err(format!("{what} is {m:?}, not {rows}x{cols}"));
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! [`CudaBackend`]: the [`Backend`] trait on one GPU, every op a kernel of `ops.cu` on the GPU's stream.
+//! [`CudaBackend`]: the [`Backend`] trait on one GPU, every op a kernel of `ops.cu` (the expert-routed FFN:
+//! `experts.cu`, driven from `backend/experts.rs`) on the GPU's stream.
 //!
 //! Its kernels take every shape at run time, so one small module (compiled once per machine, cached like the
 //! runner's) serves any model and the per-op tests' shapes; matrices are dequantized to f32 at load and multiplied
@@ -20,8 +21,12 @@ use crate::{
     AttnRows, AttnShape, Backend, Error, KvLayout, KvType, MatrixUse, Norm, NormKind, Result, RopeSpec, RopeStyle,
 };
 
-/// The kernels of this backend.
-const OPS: &str = concat!(include_str!("prelude.cu"), include_str!("ops.cu"));
+mod experts;
+
+/// The kernels of this backend (the experts' after the rest).
+fn ops_source() -> String {
+    [include_str!("prelude.cu"), include_str!("ops.cu"), experts::SOURCE].concat()
+}
 
 /// `[rows, cols]` f32 values on the device (`rows` of capacity).
 pub struct CudaTensor {
@@ -42,7 +47,7 @@ pub struct CudaVector {
     len: usize,
 }
 
-/// KV blocks (the [`KvLayout`] form, f16) in one device buffer: block `b` at `b * block_bytes`.
+/// KV blocks (the [`KvLayout`] form, f16 or f32 values) in one device buffer: block `b` at `b * block_bytes`.
 pub struct CudaKvPages {
     layout: KvLayout,
     buf: Option<DevBuf>,
@@ -53,18 +58,24 @@ pub struct CudaKvPages {
 
 impl CudaKvPages {
     fn block_bytes(&self) -> usize {
-        self.layout.block_values() * 2
+        self.layout.block_bytes()
+    }
+
+    /// 1 for an f32 cache (the kernels' `kv_f32`).
+    fn f32_flag(&self) -> u64 {
+        int(usize::from(self.layout.kv_type == KvType::F32))
     }
 
     fn base(&self) -> u64 {
         self.buf.as_ref().map_or(0, |b| b.ptr)
     }
 
+    /// `block` exists and `len` is a block's host form in u16 words.
     fn check_block(&self, op: &'static str, block: u32, len: usize) -> Result<()> {
-        if block as usize >= self.blocks || len != self.layout.block_values() {
+        if block as usize >= self.blocks || len != self.layout.block_words() {
             return Err(shape_err(
                 op,
-                format!("block {block} ({len} values) of {} blocks of {:?}", self.blocks, self.layout),
+                format!("block {block} ({len} words) of {} blocks of {:?}", self.blocks, self.layout),
             ));
         }
         Ok(())
@@ -86,6 +97,9 @@ pub struct CudaBackend {
     gpu: Gpu,
     _module: Arc<CudaModule>,
     k: Kernels,
+    moe_k: experts::ExpertKernels,
+    /// The experts' scratch (routing, groups, hidden rows), grown when a call needs more.
+    moe: Option<DevBuf>,
     /// The per-op tables (u32 words), and the attention's scores.
     meta: DevBuf,
     scores: DevBuf,
@@ -128,7 +142,7 @@ impl CudaBackend {
     pub fn new(ordinal: usize, cache_dir: Option<std::path::PathBuf>) -> Result<Self> {
         let op = "new";
         let gpu = Gpu::new(ordinal).map_err(dev(op))?;
-        let (module, _, _) = gpu.compile(OPS, cache_dir).map_err(dev(op))?;
+        let (module, _, _) = gpu.compile(&ops_source(), cache_dir).map_err(dev(op))?;
         let f = |name: &str| {
             module.load_function(name).map_err(|e| Error::Device { op, message: format!("kernel {name}: {e:?}") })
         };
@@ -142,9 +156,10 @@ impl CudaBackend {
             kv_write: f("kv_write")?,
             attention: f("attention")?,
         };
+        let moe_k = experts::ExpertKernels::load(&f)?;
         let meta = gpu.alloc(4096).map_err(dev(op))?;
         let scores = gpu.alloc(4096).map_err(dev(op))?;
-        Ok(CudaBackend { gpu, _module: module, k, meta, scores })
+        Ok(CudaBackend { gpu, _module: module, k, moe_k, moe: None, meta, scores })
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -263,13 +278,6 @@ impl Backend for CudaBackend {
     }
 
     fn kv_pages(&mut self, layout: KvLayout) -> Result<CudaKvPages> {
-        if layout.kv_type != KvType::F16 {
-            return Err(Error::Unsupported {
-                backend: "cuda",
-                op: "kv_pages",
-                reason: format!("a {:?} KV cache (the GPU keeps f16 keys and values)", layout.kv_type),
-            });
-        }
         Ok(CudaKvPages { layout, buf: None, blocks: 0, capacity: 0 })
     }
 
@@ -293,7 +301,7 @@ impl Backend for CudaBackend {
     }
 
     fn kv_copy_block(&mut self, kv: &mut CudaKvPages, from: u32, to: u32) -> Result<()> {
-        let n = kv.layout.block_values();
+        let n = kv.layout.block_words();
         kv.check_block("kv_copy_block", from, n)?;
         kv.check_block("kv_copy_block", to, n)?;
         let bb = kv.block_bytes() as u64;
@@ -463,8 +471,9 @@ impl Backend for CudaBackend {
         let ctx = rows.positions.iter().max().map_or(1, |&p| p + 1);
         let meta = self.meta(op, &words)?;
         let scores = self.scores(op, m * shape.num_heads * ctx * 4)?;
-        let (bv, lk) = (int(layout.block_values()), int(layout.layer_offset(layer)));
-        let args = vec![kv.base(), k.buf.ptr, v.buf.ptr, meta, int(kvd), int(bt), bv, lk];
+        // Offsets in values (`layer_offset` counts u16 words).
+        let (bv, lk) = (int(layout.block_values()), int(layout.layer_offset(layer) / layout.kv_type.words()));
+        let args = vec![kv.base(), k.buf.ptr, v.buf.ptr, meta, int(kvd), int(bt), bv, lk, kv.f32_flag()];
         self.launch(op, &self.k.kv_write, (m as u32, 1, 1), 128, args)?;
         let args = vec![
             q.buf.ptr,
@@ -481,6 +490,7 @@ impl Backend for CudaBackend {
             bv,
             lk,
             int(ctx),
+            kv.f32_flag(),
         ];
         self.launch(op, &self.k.attention, (m as u32, shape.num_heads as u32, 1), 128, args)
     }
@@ -491,6 +501,16 @@ impl Backend for CudaBackend {
 
     fn add(&mut self, x: &mut CudaTensor, y: &CudaTensor, rows: usize) -> Result<()> {
         self.elementwise("add", |k| &k.add, x, y, rows)
+    }
+
+    fn experts(
+        &mut self,
+        x: &CudaTensor,
+        rows: usize,
+        w: &crate::ExpertWeights<Self>,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        self.experts_op(x, rows, w, out)
     }
 }
 

@@ -1,6 +1,18 @@
 // The primitive ops of `CudaBackend` (backend.rs): every shape a runtime argument, so one small module serves every
 // model and every test shape (kernels.cu is the runner's library, specialised per model at compile time). f32
-// activations, f32 weights (dequantized at load), f16 KV blocks in the `KvLayout` form. After prelude.cu.
+// activations, f32 weights (dequantized at load), KV blocks in the `KvLayout` form (f16 values, or f32 ones for an
+// f32 cache: `kv_f32`). After prelude.cu.
+
+// Value i of a KV buffer of f16 or (kv_f32) f32 values.
+__device__ __forceinline__ float kv_load(const u16* kv, size_t i, int kv_f32) {
+    return kv_f32 ? ((const float*)kv)[i] : h2f(kv[i]);
+}
+__device__ __forceinline__ void kv_store(u16* kv, size_t i, float v, int kv_f32) {
+    if (kv_f32)
+        ((float*)kv)[i] = v;
+    else
+        kv[i] = f2h(v);
+}
 
 // Sum (max) over a block of blockDim.x threads (a multiple of 32, at most 1024), returned to every thread.
 __device__ float block_reduce(float v, bool is_max) {
@@ -85,41 +97,43 @@ extern "C" __global__ void rope(float* __restrict__ x, const u32* __restrict__ p
     }
 }
 
-// Writes row t's key and value (f16) to its slot: slots[2t] the block, slots[2t + 1] the row in it. `layer_k`: the
-// layer's keys' offset in a block (values follow `block_tokens * kv_dim` later), in values.
+// Writes row t's key and value (f16, or f32 when kv_f32) to its slot: slots[2t] the block, slots[2t + 1] the row in
+// it. `layer_k`: the layer's keys' offset in a block (values follow `block_tokens * kv_dim` later), in values.
 extern "C" __global__ void kv_write(u16* __restrict__ kv, const float* __restrict__ k, const float* __restrict__ v,
                                     const u32* __restrict__ slots, int kv_dim, int block_tokens, int block_values,
-                                    int layer_k) {
+                                    int layer_k, int kv_f32) {
     const int t = blockIdx.x;
-    u16* dst = kv + (size_t)slots[2 * t] * block_values + layer_k + (size_t)slots[2 * t + 1] * kv_dim;
+    const size_t dst = (size_t)slots[2 * t] * block_values + layer_k + (size_t)slots[2 * t + 1] * kv_dim;
     for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-        dst[i] = f2h(k[(size_t)t * kv_dim + i]);
-        dst[(size_t)block_tokens * kv_dim + i] = f2h(v[(size_t)t * kv_dim + i]);
+        kv_store(kv, dst + i, k[(size_t)t * kv_dim + i], kv_f32);
+        kv_store(kv, dst + (size_t)block_tokens * kv_dim + i, v[(size_t)t * kv_dim + i], kv_f32);
     }
 }
 
 // Causal attention of row t (blockIdx.x), head h (blockIdx.y) over positions 0..=row[2t] of its sequence, whose
-// blocks are tables[row[2t + 1] ..]: query rounded to f16, scores in f32 through `scores` (`ctx` per (row, head)),
-// softmax, then the weighted sum of the values. 128 threads; head_dim at most 256.
+// blocks are tables[row[2t + 1] ..]: query rounded to f16 over an f16 cache (f32 over an f32 one, kv_f32), scores in
+// f32 through `scores` (`ctx` per (row, head)), softmax, then the weighted sum of the values. 128 threads; head_dim
+// at most 256.
 extern "C" __global__ void attention(const float* __restrict__ q, const u16* __restrict__ kv,
                                      const u32* __restrict__ row, const u32* __restrict__ tables,
                                      float* __restrict__ scores, float* __restrict__ out, int num_heads,
                                      int num_kv_heads, int head_dim, float scale, int block_tokens, int block_values,
-                                     int layer_k, int ctx) {
+                                     int layer_k, int ctx, int kv_f32) {
     __shared__ float qs[256];
     const int t = blockIdx.x, h = blockIdx.y, kv_dim = num_kv_heads * head_dim;
     const int g = h / (num_heads / num_kv_heads), n = row[2 * t] + 1;
     const u32* table = tables + row[2 * t + 1];
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x)
-        qs[d] = h2f(f2h(q[((size_t)t * num_heads + h) * head_dim + d]));
+        qs[d] = kv_f32 ? q[((size_t)t * num_heads + h) * head_dim + d]
+                       : h2f(f2h(q[((size_t)t * num_heads + h) * head_dim + d]));
     __syncthreads();
     float* sc = scores + ((size_t)t * num_heads + h) * ctx;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     const size_t off_k = layer_k + (size_t)g * head_dim;
     for (int p = warp; p < n; p += nw) {
-        const u16* key = kv + (size_t)table[p / block_tokens] * block_values + off_k + (size_t)(p % block_tokens) * kv_dim;
+        const size_t key = (size_t)table[p / block_tokens] * block_values + off_k + (size_t)(p % block_tokens) * kv_dim;
         float s = 0.f;
-        for (int d = lane; d < head_dim; d += 32) s += h2f(key[d]) * qs[d];
+        for (int d = lane; d < head_dim; d += 32) s += kv_load(kv, key + d, kv_f32) * qs[d];
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (lane == 0) sc[p] = s * scale;
     }
@@ -138,8 +152,8 @@ extern "C" __global__ void attention(const float* __restrict__ q, const u16* __r
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.f;
         for (int p = 0; p < n; p++)
-            acc += sc[p] * h2f(kv[(size_t)table[p / block_tokens] * block_values + off_v +
-                                  (size_t)(p % block_tokens) * kv_dim + d]);
+            acc += sc[p] * kv_load(kv, (size_t)table[p / block_tokens] * block_values + off_v +
+                                           (size_t)(p % block_tokens) * kv_dim + d, kv_f32);
         out[((size_t)t * num_heads + h) * head_dim + d] = acc / sum;
     }
 }

@@ -109,3 +109,36 @@ pub fn compare(got: &[f32], want: &[f32], vocab: usize) -> (f64, usize) {
     }
     (worst, top1)
 }
+
+/// Two sequences (the first two prompts) in one batch give each the logits it gets alone, bit for bit; the first
+/// prompt in a chunk of a third then one token at a time gives the logits of one chunk within `chunked_tol` (relative,
+/// [`compare`]; 0: bit for bit). `what` names the runner and file in messages.
+pub fn batched_equals_unbatched(r: &mut dyn Runner, g: &Golden, what: &str, chunked_tol: f64) {
+    let (a, b) = (&g.prompts[0].ids, &g.prompts[1].ids);
+    let alone = [prefill(r, a), prefill(r, b)].concat();
+    let both = Batch {
+        chunks: vec![
+            SeqChunk { seq: SeqId(5), tokens: a, start_pos: 0, logits: LogitsWanted::All },
+            SeqChunk { seq: SeqId(6), tokens: b, start_pos: 0, logits: LogitsWanted::All },
+        ],
+    };
+    let together = r.forward(&both).expect("two sequences").to_vec();
+    assert!(together == alone, "{} {what}: two sequences in one batch differ from each alone", g.dir.display());
+    r.release(SeqId(5));
+    r.release(SeqId(6));
+
+    let seq = SeqId(3);
+    let split = a.len() / 3;
+    let mut parts = r.forward(&one(seq, &a[..split], 0, LogitsWanted::All)).expect("chunk").to_vec();
+    for (i, &t) in a[split..].iter().enumerate() {
+        parts.extend_from_slice(r.forward(&one(seq, &[t], split + i, LogitsWanted::Last)).expect("step"));
+    }
+    r.release(seq);
+    let whole = &alone[..a.len() * g.vocab];
+    let (err, _) = compare(&parts, whole, g.vocab);
+    assert!(
+        err <= chunked_tol && (chunked_tol > 0.0 || parts == whole),
+        "{} {what}: chunked vs whole {err:.3e}",
+        g.dir.display()
+    );
+}
