@@ -617,7 +617,10 @@ pub trait Backend {
             }
             (None, _) => self.linear(xn, m, &[&w.wq, &w.wk, &w.wv], biases, &mut [&mut *q, &mut *k, &mut *v])?,
             _ => {
-                return Err(Error::Shape { op: "attention_sublayer", reason: "a gated layer with Q/K/V biases".into() });
+                return Err(Error::Shape {
+                    op: "attention_sublayer",
+                    reason: "a gated layer with Q/K/V biases".into(),
+                });
             }
         }
         if let Some(n) = &w.q_norm {

@@ -185,8 +185,7 @@ fn run_with_states(
             .zip(dst.iter_mut())
             .map(|(&(seq, rows_done), state)| StateSnapshot { seq, rows_done, state })
             .collect();
-        b.recurrent_sublayer(&mut x, w, &SPEC, &seqs, &mut refs, &mut snapshots, &mut ws)
-            .expect("recurrent_sublayer");
+        b.recurrent_sublayer(&mut x, w, &SPEC, &seqs, &mut refs, &mut snapshots, &mut ws).expect("recurrent_sublayer");
         drop(snapshots);
         taken.push(dst.iter().map(|t| b.read(t, 1).expect("read")).collect());
         after.push(states.iter().map(|t| b.read(t, 1).expect("read")).collect());

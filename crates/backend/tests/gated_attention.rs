@@ -238,7 +238,8 @@ fn gated_attention_matches_the_reference() {
     let mut x = b.alloc(1, HIDDEN).expect("x");
     b.write(&mut x, &inputs[1][..HIDDEN]).expect("write");
     let before = b.read(&x, 1).expect("read");
-    let rows = AttnRows { positions: &[0], slots: &[(1, 0)], seqs: &[SeqRows { blocks: &[1], start_pos: 0, num_rows: 1 }] };
+    let rows =
+        AttnRows { positions: &[0], slots: &[(1, 0)], seqs: &[SeqRows { blocks: &[1], start_pos: 0, num_rows: 1 }] };
     b.attention_sublayer(&mut x, &ungated, &spec, &mut kv, 0, &rows, &mut ws).expect("ungated");
     let ungated_out = b.read(&x, 1).expect("read");
     assert_ne!(ungated_out, got[1][..HIDDEN], "the gate changes the output");

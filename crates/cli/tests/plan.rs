@@ -229,7 +229,8 @@ fn a_hybrid_plans_its_recurrent_state() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).expect("golden.json")).expect("json");
     let c = &golden["hf_config"];
     let n = |k: &str| c[k].as_u64().expect(k);
-    let types: Vec<&str> = c["layer_types"].as_array().expect("layer types").iter().map(|t| t.as_str().unwrap()).collect();
+    let types: Vec<&str> =
+        c["layer_types"].as_array().expect("layer types").iter().map(|t| t.as_str().unwrap()).collect();
     let (full, linear) = (types.iter().filter(|&&t| t == "full_attention").count() as u64, types.len() as u64);
     let linear = linear - full;
     let key_dim = n("linear_num_key_heads") * n("linear_key_head_dim");

@@ -28,7 +28,8 @@ fn engine(config: &str, file: &str, spec: SpecConfig) -> Engine<CpuRunner> {
 /// The golden prompts' token ids.
 fn prompts(config: &str) -> Vec<Vec<u32>> {
     let j: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(fixture(config).join("golden.json")).expect("golden.json")).expect("json");
+        serde_json::from_slice(&std::fs::read(fixture(config).join("golden.json")).expect("golden.json"))
+            .expect("json");
     let ids = |p: &serde_json::Value| -> Vec<u32> {
         p["ids"].as_array().expect("ids").iter().map(|t| t.as_u64().expect("id") as u32).collect()
     };
@@ -71,13 +72,19 @@ fn greedy_output_is_identical_with_ngram_speculation_on_and_off() {
         let prompts: Vec<Vec<u32>> =
             golden.iter().zip(&first).map(|(p, o)| [p.as_slice(), &o.0, p.as_slice()].concat()).collect();
         let plain = run_each(&mut e, &prompts, max_tokens);
-        let fixed =
-            SpecConfig { max_draft_tokens: 4, ngram: true, draft_model: false, adaptive: false, ..SpecConfig::default() };
+        let fixed = SpecConfig {
+            max_draft_tokens: 4,
+            ngram: true,
+            draft_model: false,
+            adaptive: false,
+            ..SpecConfig::default()
+        };
         for (label, together) in [("n-gram", false), ("n-gram, all prompts at once", true)] {
             e.runner_mut().evict_prefix_cache();
             e.set_spec(fixed.clone());
             let before = e.spec_stats();
-            let got = if together { run_all(&mut e, &prompts, max_tokens) } else { run_each(&mut e, &prompts, max_tokens) };
+            let got =
+                if together { run_all(&mut e, &prompts, max_tokens) } else { run_each(&mut e, &prompts, max_tokens) };
             let after = e.spec_stats();
             for (i, (want, got)) in plain.iter().zip(&got).enumerate() {
                 assert_eq!(want.0, got.0, "{config} {label}: prompt {i} differs with speculation");

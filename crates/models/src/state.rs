@@ -381,10 +381,14 @@ impl<B: Backend> StateCache<B> {
                 if checkpoint && let Some(s) = bufs.pop() {
                     self.insert_checkpoint(table, p.seq, len / bt, s);
                 }
-                if roles.boundary && let Some(s) = bufs.pop() {
+                if roles.boundary
+                    && let Some(s) = bufs.pop()
+                {
                     boundaries.push((len, s));
                 }
-                if roles.rollback && let Some(s) = bufs.pop() {
+                if roles.rollback
+                    && let Some(s) = bufs.pop()
+                {
                     rollback.push((len, s));
                 }
                 for s in bufs {
@@ -394,7 +398,8 @@ impl<B: Backend> StateCache<B> {
             let e = self.seqs.get_mut(&p.seq).expect("INVARIANT: prepared sequences have entries");
             e.len = p.start + p.num_rows;
             e.prompt_done |= p.wants_logits;
-            let mut old: Vec<SeqState<B>> = std::mem::replace(&mut e.rollback, rollback).into_iter().map(|r| r.1).collect();
+            let mut old: Vec<SeqState<B>> =
+                std::mem::replace(&mut e.rollback, rollback).into_iter().map(|r| r.1).collect();
             e.boundaries.extend(boundaries);
             let over = e.boundaries.len().saturating_sub(NUM_BOUNDARIES);
             old.extend(e.boundaries.drain(..over).map(|r| r.1));

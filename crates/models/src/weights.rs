@@ -114,10 +114,24 @@ impl Weights {
                 };
                 if let Some(hy) = hybrid.as_ref().filter(|hy| hy.recurrent[i]) {
                     let recurrent = Some(deltanet(file, cfg, hy, i, &attn_norm)?);
-                    let (wq, wk, wv, wo) = (empty_matrix(h), empty_matrix(h), empty_matrix(h), empty_matrix(cfg.q_dim()));
+                    let (wq, wk, wv, wo) =
+                        (empty_matrix(h), empty_matrix(h), empty_matrix(h), empty_matrix(cfg.q_dim()));
                     let (bq, bk, bv, q_norm, k_norm, wg) = (None, None, None, None, None, None);
                     return Ok(LayerWeights {
-                        attn_norm, wq, wk, wv, bq, bk, bv, q_norm, k_norm, wo, wg, recurrent, ffn_norm, ffn,
+                        attn_norm,
+                        wq,
+                        wk,
+                        wv,
+                        bq,
+                        bk,
+                        bv,
+                        q_norm,
+                        k_norm,
+                        wo,
+                        wg,
+                        recurrent,
+                        ffn_norm,
+                        ffn,
                     });
                 }
                 // Gated attention: each head's query rows, then its gate's, in `attn_q`.
@@ -125,7 +139,9 @@ impl Weights {
                     let both = matrix(file, &weight(n.attn_q), 2 * cfg.q_dim(), h)?;
                     let hd = cfg.head_dim as u32;
                     let rows = |gate: u32| -> Vec<u32> {
-                        (0..cfg.num_heads as u32).flat_map(|hh| (0..hd).map(move |d| hh * 2 * hd + gate * hd + d)).collect()
+                        (0..cfg.num_heads as u32)
+                            .flat_map(|hh| (0..hd).map(move |d| hh * 2 * hd + gate * hd + d))
+                            .collect()
                     };
                     (gathered(&both, &rows(0)), Some(gathered(&both, &rows(1))))
                 } else {

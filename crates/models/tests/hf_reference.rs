@@ -285,7 +285,11 @@ fn qwen35_state_is_exact_across_chunks() {
                 }
                 r.release(seq);
             }
-            assert!(prefill(r.as_mut(), &p.ids) == whole, "{} {name}: a released sequence starts afresh", g.dir.display());
+            assert!(
+                prefill(r.as_mut(), &p.ids) == whole,
+                "{} {name}: a released sequence starts afresh",
+                g.dir.display()
+            );
         }
     }
 }

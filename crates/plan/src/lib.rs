@@ -479,7 +479,8 @@ pub fn plan(input: &PlanInput) -> Result<Plan, PlanError> {
         }
         if let Some(r) = &input.target.recurrent {
             let states = num_seqs * STATES_PER_SEQUENCE;
-            let label = format!("recurrent state ({num_seqs} x {STATES_PER_SEQUENCE} of {})", human_bytes(r.state_bytes));
+            let label =
+                format!("recurrent state ({num_seqs} x {STATES_PER_SEQUENCE} of {})", human_bytes(r.state_bytes));
             items.push(Item { label, bytes: states as u64 * r.state_bytes });
             let checkpoints = num_seqs * CHECKPOINTS_PER_SEQUENCE;
             let label = format!("state checkpoints ({checkpoints})");
