@@ -21,11 +21,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const HIDDEN: usize = 48;
-const HEADS: usize = 4;
-const KV_HEADS: usize = 2;
-const HEAD_DIM: usize = 256;
-const ROPE_DIM: usize = 64;
-const THETA: f32 = 10_000_000.0;
+/// 4 query heads over 2 KV heads of 256 (scale 1/16); RoPE over 64 of the 256 dims.
+const SHAPE: AttnShape = AttnShape { num_heads: 4, num_kv_heads: 2, head_dim: 256, scale: 0.0625 };
+const ROPE: RopeSpec = RopeSpec { style: RopeStyle::Neox, head_dim: 256, rope_dim: 64, theta: 10_000_000.0 };
 const EPS: f32 = 1e-6;
 
 fn random(r: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
@@ -46,15 +44,15 @@ struct Host {
 
 fn host() -> Host {
     let mut r = StdRng::seed_from_u64(35);
-    let (qd, kvd) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
+    let (qd, kvd) = (SHAPE.num_heads * SHAPE.head_dim, SHAPE.num_kv_heads * SHAPE.head_dim);
     Host {
         norm: random(&mut r, HIDDEN, -0.2, 0.2),
         wq: random(&mut r, qd * HIDDEN, -0.3, 0.3),
         wg: random(&mut r, qd * HIDDEN, -0.5, 0.5),
         wk: random(&mut r, kvd * HIDDEN, -0.3, 0.3),
         wv: random(&mut r, kvd * HIDDEN, -0.3, 0.3),
-        q_norm: random(&mut r, HEAD_DIM, -0.2, 0.2),
-        k_norm: random(&mut r, HEAD_DIM, -0.2, 0.2),
+        q_norm: random(&mut r, SHAPE.head_dim, -0.2, 0.2),
+        k_norm: random(&mut r, SHAPE.head_dim, -0.2, 0.2),
         wo: random(&mut r, HIDDEN * qd, -0.1, 0.1),
     }
 }
@@ -67,7 +65,7 @@ fn matrix(b: &mut CpuBackend, v: &[f32], rows: usize) -> QMatrix {
 }
 
 fn weights(b: &mut CpuBackend, h: &Host) -> AttentionWeights<CpuBackend> {
-    let (qd, kvd) = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM);
+    let (qd, kvd) = (SHAPE.num_heads * SHAPE.head_dim, SHAPE.num_kv_heads * SHAPE.head_dim);
     let norm = |w: &[f32]| Norm { weight: w.to_vec(), dim: w.len(), eps: EPS, kind: NormKind::OnePlus };
     AttentionWeights {
         norm: norm(&h.norm),
@@ -102,12 +100,12 @@ fn matvec(w: &[f32], x: &[f64]) -> Vec<f64> {
     w.chunks(x.len()).map(|r| r.iter().zip(x).map(|(&a, b)| a as f64 * b).sum()).collect()
 }
 
-/// NeoX RoPE over the first ROPE_DIM dims of each head, the pairs `(i, i + ROPE_DIM/2)`, frequencies in f64.
+/// NeoX RoPE over the first `rope_dim` dims of each head, the pairs `(i, i + rope_dim / 2)`, frequencies in f64.
 fn rope(x: &mut [f64], pos: usize) {
-    let half = ROPE_DIM / 2;
-    for head in x.chunks_mut(HEAD_DIM) {
+    let half = ROPE.rope_dim / 2;
+    for head in x.chunks_mut(SHAPE.head_dim) {
         for i in 0..half {
-            let f = (THETA as f64).powf(-2.0 * i as f64 / ROPE_DIM as f64);
+            let f = (ROPE.theta as f64).powf(-2.0 * i as f64 / ROPE.rope_dim as f64);
             let (s, c) = (pos as f64 * f).sin_cos();
             let (a, b) = (head[i], head[i + half]);
             head[i] = a * c - b * s;
@@ -119,7 +117,7 @@ fn rope(x: &mut [f64], pos: usize) {
 /// `x + sublayer(x)` for every row of one sequence (`[n, HIDDEN]`, positions from 0), causal.
 fn reference(h: &Host, xs: &[f32]) -> Vec<f64> {
     let (mut ks, mut vs, mut out) = (Vec::new(), Vec::new(), Vec::new());
-    let group = HEADS / KV_HEADS;
+    let group = SHAPE.num_heads / SHAPE.num_kv_heads;
     for (pos, x) in xs.chunks(HIDDEN).enumerate() {
         let x: Vec<f64> = x.iter().map(|&v| v as f64).collect();
         let n = norm(&x, &h.norm);
@@ -130,21 +128,21 @@ fn reference(h: &Host, xs: &[f32]) -> Vec<f64> {
         ks.push(k);
         vs.push(matvec(&h.wv, &n));
         let gate = matvec(&h.wg, &n);
-        let mut att = vec![0f64; HEADS * HEAD_DIM];
-        for hd in 0..HEADS {
+        let mut att = vec![0f64; SHAPE.num_heads * SHAPE.head_dim];
+        for hd in 0..SHAPE.num_heads {
             let kvh = hd / group;
-            let qh = &q[hd * HEAD_DIM..][..HEAD_DIM];
+            let qh = &q[hd * SHAPE.head_dim..][..SHAPE.head_dim];
             let scores: Vec<f64> = ks
                 .iter()
-                .map(|k| qh.iter().zip(&k[kvh * HEAD_DIM..][..HEAD_DIM]).map(|(a, b)| a * b).sum::<f64>())
-                .map(|s| s / (HEAD_DIM as f64).sqrt())
+                .map(|k| qh.iter().zip(&k[kvh * SHAPE.head_dim..][..SHAPE.head_dim]).map(|(a, b)| a * b).sum::<f64>())
+                .map(|s| s / (SHAPE.head_dim as f64).sqrt())
                 .collect();
             let max = scores.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
             let p: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
             let sum: f64 = p.iter().sum();
             for (pj, v) in p.iter().zip(&vs) {
-                for d in 0..HEAD_DIM {
-                    att[hd * HEAD_DIM + d] += pj / sum * v[kvh * HEAD_DIM + d];
+                for d in 0..SHAPE.head_dim {
+                    att[hd * SHAPE.head_dim + d] += pj / sum * v[kvh * SHAPE.head_dim + d];
                 }
             }
         }
@@ -181,16 +179,9 @@ fn gated_attention_matches_the_reference() {
     let mut b = CpuBackend::new(0);
     let h = host();
     let w = weights(&mut b, &h);
-    let shape = AttnShape {
-        num_heads: HEADS,
-        num_kv_heads: KV_HEADS,
-        head_dim: HEAD_DIM,
-        scale: 1.0 / (HEAD_DIM as f32).sqrt(),
-    };
-    let spec = AttentionSpec {
-        shape,
-        rope: RopeSpec { style: RopeStyle::Neox, head_dim: HEAD_DIM, rope_dim: ROPE_DIM, theta: THETA },
-    };
+    let shape = SHAPE;
+    assert_eq!(shape.scale, 1.0 / (shape.head_dim as f32).sqrt());
+    let spec = AttentionSpec { shape, rope: ROPE };
     let layout = KvLayout { num_layers: 1, kv_dim: shape.kv_dim(), block_tokens: 16, kv_type: KvType::F32 };
     let mut kv = b.kv_pages(layout).expect("kv");
     b.kv_grow(&mut kv, 3).expect("grow");

@@ -9,7 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use engine::{Engine, EngineConfig, Event, GenerateRequest, RequestId, SamplingParams, SpecConfig};
+use engine::testing;
+use engine::{Engine, EngineConfig, SpecConfig};
 use models::Runner;
 use models::cpu::CpuRunner;
 use tokenizer::Tokenizer;
@@ -36,27 +37,12 @@ fn prompts(config: &str) -> Vec<Vec<u32>> {
     j["prompts"].as_array().expect("prompts").iter().map(ids).collect()
 }
 
-/// Runs all `prompts` at once (greedy, `max_tokens` each): each one's tokens and cached prompt tokens.
 fn run_all(e: &mut Engine<CpuRunner>, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<(Vec<u32>, usize)> {
-    let ids: Vec<RequestId> = prompts
-        .iter()
-        .map(|p| e.add_request(GenerateRequest::new(p.clone(), SamplingParams::greedy(), max_tokens)).expect("valid"))
-        .collect();
-    let mut out = vec![(Vec::new(), usize::MAX); prompts.len()];
-    while e.has_work() {
-        for (id, ev) in e.step().expect("step") {
-            let i = ids.iter().position(|&x| x == id).expect("known request");
-            match ev {
-                Event::Token { id, .. } => out[i].0.push(id),
-                Event::Finished { usage, .. } => out[i].1 = usage.cached_tokens,
-            }
-        }
-    }
-    out
+    testing::run_greedy(e, prompts, max_tokens)
 }
 
 fn run_each(e: &mut Engine<CpuRunner>, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<(Vec<u32>, usize)> {
-    prompts.iter().flat_map(|p| run_all(e, std::slice::from_ref(p), max_tokens)).collect()
+    testing::run_greedy_each(e, prompts, max_tokens)
 }
 
 #[test]

@@ -17,7 +17,7 @@ use std::sync::atomic::AtomicU64;
 
 use engine::spec::{Draft, Offer, PassCosts, Proposer, SeqView, StepPlan, Verified};
 use engine::testing::{self, FakeRunner, SimClock, TokenizerSpec, seconds};
-use engine::{Engine, EngineConfig, Event, GenerateRequest, RequestId, SamplingParams, SpecConfig};
+use engine::{Engine, EngineConfig, Event, GenerateRequest, SamplingParams, SpecConfig};
 use models::cpu::CpuRunner;
 use tokenizer::Tokenizer;
 
@@ -57,28 +57,12 @@ fn parity_prompts(model: &str) -> Vec<(String, Vec<u32>)> {
         .collect()
 }
 
-/// Runs all `prompts` through the engine at once (greedy, `max_tokens` each); outputs in prompt order, with the
-/// number of cached prompt tokens each reported.
 fn run_all(e: &mut Engine<CpuRunner>, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<(Vec<u32>, usize)> {
-    let ids: Vec<RequestId> = prompts
-        .iter()
-        .map(|p| e.add_request(GenerateRequest::new(p.clone(), SamplingParams::greedy(), max_tokens)).expect("valid"))
-        .collect();
-    let mut out = vec![(Vec::new(), usize::MAX); prompts.len()];
-    while e.has_work() {
-        for (id, ev) in e.step().expect("step") {
-            let i = ids.iter().position(|&x| x == id).expect("known request");
-            match ev {
-                Event::Token { id, .. } => out[i].0.push(id),
-                Event::Finished { usage, .. } => out[i].1 = usage.cached_tokens,
-            }
-        }
-    }
-    out
+    testing::run_greedy(e, prompts, max_tokens)
 }
 
 fn run_each(e: &mut Engine<CpuRunner>, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<(Vec<u32>, usize)> {
-    prompts.iter().flat_map(|p| run_all(e, std::slice::from_ref(p), max_tokens)).collect()
+    testing::run_greedy_each(e, prompts, max_tokens)
 }
 
 #[test]
