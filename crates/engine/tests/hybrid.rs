@@ -51,8 +51,8 @@ fn greedy_output_is_identical_with_ngram_speculation_on_and_off() {
         let max_tokens = 40;
         let mut e = engine(config, file, SpecConfig::off());
         // Each prompt, its own greedy continuation, and the prompt again: the n-gram proposer then drafts that
-        // continuation, which the model (untrained: it does not copy) mostly rejects, so verification rows are rolled
-        // back over and over.
+        // continuation, which the model follows only in part (its context differs now), so verification rows are
+        // both kept and rolled back, over and over.
         let golden = prompts(config);
         let first = run_each(&mut e, &golden, max_tokens);
         let prompts: Vec<Vec<u32>> =

@@ -48,7 +48,9 @@ fn f32_file_matches(arch: &str) {
 
 /// The q8_0 file: the CPU backend's top-1 equals transformers' (on the f32 model) at >= 99% of positions, and the
 /// backend is within the reference's reach on the same file.
-fn q8_file_ranks(arch: &str) {
+/// `max_vs_ref`: the CPU backend's largest relative distance to the f32 reference on the same file (its 8-bit
+/// activations and f16 attention are what the reference does not have).
+fn q8_file_ranks(arch: &str, max_vs_ref: f64) {
     for g in configs(arch) {
         let file = open(&g.dir, "model-q8_0.gguf");
         let mut cpu = CpuRunner::new(file.clone(), 0).expect("loads on the CPU");
@@ -73,9 +75,7 @@ fn q8_file_ranks(arch: &str) {
             100.0 * rate
         );
         assert!(rate >= 0.99, "{}: q8_0 top-1 agreement {:.2}% < 99%", g.dir.display(), 100.0 * rate);
-        // The CPU backend quantizes activations to 8 bits and rounds attention (f16/bf16); the reference does neither:
-        // 1.7e-2 to 3.8e-2 of the largest logit measured on these files.
-        assert!(worst_vs_ref < 8e-2, "{}: q8_0 cpu vs reference {worst_vs_ref:.3e}", g.dir.display());
+        assert!(worst_vs_ref < max_vs_ref, "{}: q8_0 cpu vs reference {worst_vs_ref:.3e}", g.dir.display());
     }
 }
 
@@ -190,7 +190,9 @@ fn qwen3_f32_matches_transformers() {
 
 #[test]
 fn qwen3_q8_0_ranks_like_transformers() {
-    q8_file_ranks("qwen3");
+    // The CPU backend quantizes activations to 8 bits and rounds attention (f16/bf16); the reference does neither:
+    // 1.7e-2 to 3.8e-2 of the largest logit measured on these files.
+    q8_file_ranks("qwen3", 8e-2);
 }
 
 #[test]
@@ -220,33 +222,12 @@ fn qwen35_f32_matches_transformers() {
     f32_file_matches("qwen35");
 }
 
-/// Qwen3.5 on the q8_0 file: top-1 of the CPU runner and of the f32 reference (both on the 8-bit weights) against
-/// transformers (the f32 model). Untrained random models have near-ties (fixtures/hf/qwen35/*/golden.json
-/// `train_steps`), and a state that keeps ~500 tokens (decays near 1) carries the 8-bit weights' error along: on
-/// tiny-a the reference measured 620/692 (89.6%), the CPU runner (8-bit activations, f16 KV as well) 599/692
-/// (86.6%). Trained fixtures (tiny_hf.py trains qwen3_5 on all its prompts) are what the 99% of issue 28 needs.
+/// Qwen3.5 on the q8_0 file: the CPU runner's top-1 agrees with transformers' (the f32 model) at >= 99% of
+/// positions and its greedy tokens are the same (the fixtures are trained on all their prompts, the long one too).
 #[test]
-fn qwen35_q8_0_ranks_like_the_reference() {
-    for g in configs("qwen35") {
-        let f = open(&g.dir, "model-q8_0.gguf");
-        let mut cpu = CpuRunner::new(f.clone(), 0).expect("loads on the CPU");
-        let mut reference = Reference::new(f, 0).expect("loads in the reference");
-        assert_eq!(cpu.kv_type(), KvType::F16, "{}: the KV cache of a quantized file", g.dir.display());
-        let (mut agree, mut agree_ref, mut total) = (0, 0, 0);
-        for p in &g.prompts {
-            let got = prefill(&mut cpu, &p.ids);
-            let (_, top1) = compare(&got, &p.logits, g.vocab);
-            let (_, top1_ref) = compare(&prefill(&mut reference, &p.ids), &p.logits, g.vocab);
-            (agree, agree_ref, total) = (agree + top1, agree_ref + top1_ref, total + p.ids.len());
-        }
-        eprintln!(
-            "{} q8_0: top-1 vs transformers cpu {agree}/{total} ({:.1}%), reference {agree_ref}/{total}",
-            g.dir.display(),
-            100.0 * agree as f64 / total as f64
-        );
-        assert!(agree * 100 >= total * 85, "{}: q8_0 top-1 {agree}/{total}", g.dir.display());
-        assert!(agree + total / 20 >= agree_ref, "{}: cpu {agree} vs reference {agree_ref}", g.dir.display());
-    }
+fn qwen35_q8_0_ranks_like_transformers() {
+    // The recurrent state carries each token's 8-bit rounding along a 557-token prompt: 8.8e-2 measured (tiny-a).
+    q8_file_ranks("qwen35", 1.5e-1);
 }
 
 #[test]
