@@ -53,6 +53,16 @@ pub fn run_greedy_each<R: Runner>(
     prompts.iter().flat_map(|p| run_greedy(e, std::slice::from_ref(p), max_tokens)).collect()
 }
 
+/// [`run_greedy`] on all prompts at once when `together`, else [`run_greedy_each`].
+pub fn run_greedy_as<R: Runner>(
+    e: &mut crate::Engine<R>,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    together: bool,
+) -> Vec<(Vec<u32>, usize)> {
+    if together { run_greedy(e, prompts, max_tokens) } else { run_greedy_each(e, prompts, max_tokens) }
+}
+
 /// A one-layer model config of `vocab_size` ids and `max_context` positions (a fake runner computes nothing; the
 /// shapes only have to be consistent).
 pub fn tiny_config(vocab_size: usize, max_context: usize) -> ModelConfig {

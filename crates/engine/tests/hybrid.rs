@@ -37,14 +37,6 @@ fn prompts(config: &str) -> Vec<Vec<u32>> {
     j["prompts"].as_array().expect("prompts").iter().map(ids).collect()
 }
 
-fn run_all(e: &mut Engine<CpuRunner>, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<(Vec<u32>, usize)> {
-    testing::run_greedy(e, prompts, max_tokens)
-}
-
-fn run_each(e: &mut Engine<CpuRunner>, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<(Vec<u32>, usize)> {
-    testing::run_greedy_each(e, prompts, max_tokens)
-}
-
 #[test]
 fn greedy_output_is_identical_with_ngram_speculation_on_and_off() {
     for (config, file) in [("tiny-a", "model-f32.gguf"), ("tiny-b", "model-q8_0.gguf")] {
@@ -54,10 +46,10 @@ fn greedy_output_is_identical_with_ngram_speculation_on_and_off() {
         // continuation, which the model follows only in part (its context differs now), so verification rows are
         // both kept and rolled back, over and over.
         let golden = prompts(config);
-        let first = run_each(&mut e, &golden, max_tokens);
+        let first = testing::run_greedy_each(&mut e, &golden, max_tokens);
         let prompts: Vec<Vec<u32>> =
             golden.iter().zip(&first).map(|(p, o)| [p.as_slice(), &o.0, p.as_slice()].concat()).collect();
-        let plain = run_each(&mut e, &prompts, max_tokens);
+        let plain = testing::run_greedy_each(&mut e, &prompts, max_tokens);
         let fixed = SpecConfig {
             max_draft_tokens: 4,
             ngram: true,
@@ -69,8 +61,7 @@ fn greedy_output_is_identical_with_ngram_speculation_on_and_off() {
             e.runner_mut().evict_prefix_cache();
             e.set_spec(fixed.clone());
             let before = e.spec_stats();
-            let got =
-                if together { run_all(&mut e, &prompts, max_tokens) } else { run_each(&mut e, &prompts, max_tokens) };
+            let got = testing::run_greedy_as(&mut e, &prompts, max_tokens, together);
             let after = e.spec_stats();
             for (i, (want, got)) in plain.iter().zip(&got).enumerate() {
                 assert_eq!(want.0, got.0, "{config} {label}: prompt {i} differs with speculation");
@@ -88,30 +79,27 @@ fn greedy_output_is_identical_with_ngram_speculation_on_and_off() {
 fn the_next_turn_resumes_from_a_checkpoint() {
     let prompts = prompts("tiny-a");
     let long = prompts.iter().max_by_key(|p| p.len()).expect("prompts").clone();
-    let max_tokens = 24;
     let mut e = engine("tiny-a", "model-f32.gguf", SpecConfig::off());
-    let cold = run_each(&mut e, std::slice::from_ref(&long), max_tokens);
-    assert_eq!(cold[0].1, 0);
-    // The same prompt again: resumed at the checkpoint of its prompt's end (its last full block).
-    let warm = run_each(&mut e, std::slice::from_ref(&long), max_tokens);
-    assert_eq!(warm[0].1, (long.len() - 1) / 16 * 16);
-    assert_eq!(warm[0].0, cold[0].0);
+    // (output, cached prompt tokens) of one request.
+    let one = |e: &mut Engine<CpuRunner>, p: &[u32]| testing::run_greedy(e, &[p.to_vec()], 24).remove(0);
+    // The same prompt twice: the second resumes at the checkpoint of its prompt's end (its last full block).
+    let (cold, warm) = (one(&mut e, &long), one(&mut e, &long));
+    assert_eq!((cold.1, warm.1), (0, (long.len() - 1) / 16 * 16));
+    assert_eq!(warm.0, cold.0);
     // The next turn: the conversation so far and a new message.
-    let mut next = long.clone();
-    next.extend_from_slice(&cold[0].0);
     let new = &prompts[0];
-    next.extend_from_slice(new);
+    let next = [long.as_slice(), &cold.0, new].concat();
     let before = e.runner().kv_usage();
-    let turn = run_each(&mut e, std::slice::from_ref(&next), max_tokens);
+    let turn = one(&mut e, &next);
     let after = e.runner().kv_usage();
-    let recomputed = next.len() - turn[0].1;
-    eprintln!("next turn of {} tokens: {} reused, {recomputed} recomputed ({} new)", next.len(), turn[0].1, new.len());
+    let recomputed = next.len() - turn.1;
+    eprintln!("next turn of {} tokens: {} reused, {recomputed} recomputed ({} new)", next.len(), turn.1, new.len());
     assert!(recomputed <= new.len() + 16, "{recomputed} recomputed for {} new tokens", new.len());
-    assert_eq!(after.hit_tokens - before.hit_tokens, turn[0].1 as u64);
+    assert_eq!(after.hit_tokens - before.hit_tokens, turn.1 as u64);
     let state = after.state.expect("a hybrid reports its state");
     assert!(state.checkpoint_hits >= 2 && state.checkpoints > 0, "{state:?}");
     e.runner_mut().evict_prefix_cache();
-    let fresh = run_each(&mut e, std::slice::from_ref(&next), max_tokens);
-    assert_eq!(fresh[0].1, 0);
-    assert_eq!(turn[0].0, fresh[0].0, "the resumed turn's output is a cold run's");
+    let fresh = one(&mut e, &next);
+    assert_eq!(fresh.1, 0);
+    assert_eq!(turn.0, fresh.0, "the resumed turn's output is a cold run's");
 }
