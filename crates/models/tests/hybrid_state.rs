@@ -22,9 +22,11 @@ use models::{Batch, LogitsWanted, Runner, SeqChunk, SeqId, argmax};
 
 const FILES: [&str; 2] = ["model-f32.gguf", "model-q8_0.gguf"];
 
-/// The longest prompt of each config (several prefill chunks), with the file (its directory and name) and its
-/// runner.
-fn cases() -> Vec<(String, (PathBuf, &'static str), Vec<u32>, CpuRunner)> {
+/// A case's name, its file (directory and name), its prompt's ids and the file's runner.
+type Case = (String, (PathBuf, &'static str), Vec<u32>, CpuRunner);
+
+/// The longest prompt of each config (several prefill chunks), on each of the config's files.
+fn cases() -> Vec<Case> {
     let mut out = Vec::new();
     for g in configs("qwen35") {
         let p = g.prompts.iter().max_by_key(|p| p.ids.len()).expect("a prompt");
