@@ -102,6 +102,15 @@ pub async fn status(State(state): State<Arc<AppState>>) -> Json<Value> {
             "prefix_hit_tokens": s.kv.hit_tokens,
             "prefix_lookup_tokens": s.kv.lookup_tokens,
             "evicted_blocks": s.kv.evicted_blocks,
+            // Hybrid models (Gated DeltaNet layers): the state checkpoints prefix reuse resumes from.
+            "recurrent_state": s.kv.state.map(|u| json!({
+                "state_bytes": u.state_bytes,
+                "checkpoints": u.checkpoints,
+                "max_checkpoints": u.max_checkpoints,
+                "checkpoint_hits": u.checkpoint_hits,
+                "checkpoint_hit_tokens": u.checkpoint_hit_tokens,
+                "replayed_tokens": u.replayed_tokens,
+            })),
         },
     }))
 }

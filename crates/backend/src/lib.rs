@@ -209,7 +209,8 @@ impl AttnRows<'_> {
 }
 
 /// The weights of a self-attention sub-layer: `x += Wo · attn(rope(norm_qk(Wq·n + bq)), rope(norm_qk(Wk·n + bk)),
-/// Wv·n + bv)` with `n = norm(x)`.
+/// Wv·n + bv)` with `n = norm(x)`; gated attention (qwen35) multiplies the attention output by `sigmoid(Wg·n)`
+/// before `Wo`.
 pub struct AttentionWeights<B: Backend + ?Sized> {
     pub norm: Norm<B::Vector>,
     /// `[q_dim, hidden]`
@@ -225,6 +226,9 @@ pub struct AttentionWeights<B: Backend + ?Sized> {
     /// Per-head RMSNorm of queries and keys before RoPE, `[head_dim]` each (qwen3).
     pub q_norm: Option<Norm<B::Vector>>,
     pub k_norm: Option<Norm<B::Vector>>,
+    /// `[q_dim, hidden]`: the output gate of gated attention (qwen35: the second half of each head's rows of the
+    /// file's `attn_q`).
+    pub wg: Option<B::Matrix>,
     /// `[hidden, q_dim]`
     pub wo: B::Matrix,
 }
@@ -411,6 +415,15 @@ impl RecurrentSpec {
     }
 }
 
+/// A copy of one sequence's recurrent state taken inside [`Backend::recurrent_sublayer`]: after the first
+/// `rows_done` rows (1 ..= its row count) of `seqs[seq]`, into `state` (at least [`RecurrentSpec::state_len`]
+/// values). What exact checkpoints at block boundaries and speculative rollback to any accepted length are made of.
+pub struct StateSnapshot<'a, B: Backend + ?Sized> {
+    pub seq: usize,
+    pub rows_done: usize,
+    pub state: &'a mut B::Tensor,
+}
+
 /// The token mixer of a layer.
 pub enum MixerWeights<B: Backend + ?Sized> {
     Attention(AttentionWeights<B>),
@@ -453,6 +466,9 @@ pub struct Workspace<B: Backend + ?Sized> {
     pub gate: B::Tensor,
     /// `[rows, ffn]`
     pub up: B::Tensor,
+    /// `[rows, q_dim]` the output gate of gated attention, allocated by the first gated layer after
+    /// [`Workspace::new`] (models without one never pay for it).
+    pub att_gate: Option<B::Tensor>,
 }
 
 impl<B: Backend + ?Sized> Workspace<B> {
@@ -470,6 +486,7 @@ impl<B: Backend + ?Sized> Workspace<B> {
             proj: backend.alloc(rows, hidden)?,
             gate: backend.alloc(rows, ffn)?,
             up: backend.alloc(rows, ffn)?,
+            att_gate: None,
         })
     }
 
@@ -588,6 +605,12 @@ pub trait Backend {
     fn swiglu(&mut self, gate: &mut Self::Tensor, up: &Self::Tensor, rows: usize) -> Result<()>;
     /// In place: `x += y` over the first `rows` rows.
     fn add(&mut self, x: &mut Self::Tensor, y: &Self::Tensor, rows: usize) -> Result<()>;
+    /// In place: `x *= sigmoid(gate)` over the first `rows` rows (gated attention's output gate). Backends without
+    /// it answer [`Error::Unsupported`].
+    fn sigmoid_mul(&mut self, x: &mut Self::Tensor, gate: &Self::Tensor, rows: usize) -> Result<()> {
+        let _ = (x, gate, rows);
+        Err(Error::Unsupported { backend: self.name(), op: "sigmoid_mul", reason: "gated attention".into() })
+    }
     /// The expert-routed FFN ([`ExpertWeights`]) of the first `rows` rows of `x` (`[rows, hidden]`) into `out`
     /// (`[rows, hidden]`): per row the router's softmax and top-k ([`ExpertsSpec`]), then the sum over the picked
     /// experts, in the router's order, of `weight · down_e(silu(gate_e · x) * (up_e · x))`, plus the shared expert.
@@ -620,11 +643,25 @@ pub trait Backend {
         ws: &mut Workspace<Self>,
     ) -> Result<()> {
         let m = rows.num_rows();
-        let Workspace { xn, q, k, v, att, proj, .. } = ws;
+        if w.wg.is_some() && ws.att_gate.is_none() {
+            ws.att_gate = Some(self.alloc(ws.rows, ws.widths.q_dim)?);
+        }
+        let Workspace { xn, q, k, v, att, proj, att_gate, .. } = ws;
         self.rms_norm(x, m, &w.norm, xn)?;
         let biases = [w.bq.as_ref(), w.bk.as_ref(), w.bv.as_ref()];
         let biases: &[Option<&Self::Vector>] = if biases.iter().any(Option::is_some) { &biases } else { &[] };
-        self.linear(xn, m, &[&w.wq, &w.wk, &w.wv], biases, &mut [&mut *q, &mut *k, &mut *v])?;
+        match (&w.wg, att_gate.as_mut()) {
+            (Some(wg), Some(g)) if biases.is_empty() => {
+                self.linear(xn, m, &[&w.wq, wg, &w.wk, &w.wv], &[], &mut [&mut *q, g, &mut *k, &mut *v])?
+            }
+            (None, _) => self.linear(xn, m, &[&w.wq, &w.wk, &w.wv], biases, &mut [&mut *q, &mut *k, &mut *v])?,
+            _ => {
+                return Err(Error::Shape {
+                    op: "attention_sublayer",
+                    reason: "a gated layer with Q/K/V biases".into(),
+                });
+            }
+        }
         if let Some(n) = &w.q_norm {
             self.rms_norm_in_place(q, m, n)?;
         }
@@ -634,6 +671,9 @@ pub trait Backend {
         self.rope(q, rows.positions, &spec.rope)?;
         self.rope(k, rows.positions, &spec.rope)?;
         self.paged_attention(kv, layer, spec.shape, q, k, v, rows, att)?;
+        if let Some(g) = att_gate.as_ref().filter(|_| w.wg.is_some()) {
+            self.sigmoid_mul(att, g, m)?;
+        }
         self.linear(att, m, &[&w.wo], &[], &mut [proj])?;
         self.add(x, proj, m)
     }
@@ -685,8 +725,8 @@ pub trait Backend {
 
     /// `x += mixer(norm(x))` of a Gated DeltaNet layer ([`RecurrentWeights`]) for the rows of `seqs` (in order),
     /// reading and advancing each sequence's state (`states[i]` for `seqs[i]`, at least
-    /// [`RecurrentSpec::state_len`] values) once per row. The CPU backend runs it (cpu/deltanet.rs); the default
-    /// is [`Error::Unsupported`].
+    /// [`RecurrentSpec::state_len`] values) once per row, and copying it out where `snapshots` ask (ordered by
+    /// sequence, then row). The CPU backend runs it (cpu/deltanet.rs); the default is [`Error::Unsupported`].
     #[allow(clippy::too_many_arguments)]
     fn recurrent_sublayer(
         &mut self,
@@ -695,9 +735,10 @@ pub trait Backend {
         spec: &RecurrentSpec,
         seqs: &[SeqRows<'_>],
         states: &mut [&mut Self::Tensor],
+        snapshots: &mut [StateSnapshot<'_, Self>],
         ws: &mut Workspace<Self>,
     ) -> Result<()> {
-        let _ = (x, w, spec, seqs, states, ws);
+        let _ = (x, w, spec, seqs, states, snapshots, ws);
         Err(Error::Unsupported {
             backend: self.name(),
             op: "recurrent_sublayer",

@@ -8,7 +8,7 @@
 use backend::cpu::matmul::Bytes;
 use backend::cpu::quant::Layout;
 use backend::cpu::{CpuBackend, CpuTensor, QMatrix};
-use backend::{Backend, Norm, NormKind, RecurrentSpec, RecurrentWeights, SeqRows, Widths, Workspace};
+use backend::{Backend, Norm, NormKind, RecurrentSpec, RecurrentWeights, SeqRows, StateSnapshot, Widths, Workspace};
 use gguf::GgmlType;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -145,6 +145,21 @@ fn run(
     inputs: &[Vec<f32>],
     calls: &[Vec<usize>],
 ) -> Vec<Vec<f32>> {
+    run_with_states(b, w, inputs, calls, &[]).0
+}
+
+/// [`run`], taking in every call a snapshot of sequence `seq` after `rows_done` of that call's rows for each
+/// `(seq, rows_done)` of `snaps`; also returns those snapshots (per call, in order) and each sequence's state after
+/// every call.
+#[allow(clippy::type_complexity)]
+fn run_with_states(
+    b: &mut CpuBackend,
+    w: &RecurrentWeights<CpuBackend>,
+    inputs: &[Vec<f32>],
+    calls: &[Vec<usize>],
+    snaps: &[(usize, usize)],
+) -> (Vec<Vec<f32>>, Vec<Vec<Vec<f32>>>, Vec<Vec<Vec<f32>>>) {
+    let (mut taken, mut after) = (Vec::new(), Vec::new());
     let mut states: Vec<CpuTensor> = inputs.iter().map(|_| b.alloc(1, SPEC.state_len()).expect("state")).collect();
     for st in &mut states {
         b.write(st, &vec![0.0; SPEC.state_len()]).expect("zero state");
@@ -164,7 +179,16 @@ fn run(
         let seqs: Vec<SeqRows<'_>> =
             call.iter().enumerate().map(|(i, &n)| SeqRows { blocks: &[], start_pos: done[i], num_rows: n }).collect();
         let mut refs: Vec<&mut CpuTensor> = states.iter_mut().collect();
-        b.recurrent_sublayer(&mut x, w, &SPEC, &seqs, &mut refs, &mut ws).expect("recurrent_sublayer");
+        let mut dst: Vec<CpuTensor> = snaps.iter().map(|_| b.alloc(1, SPEC.state_len()).expect("snapshot")).collect();
+        let mut snapshots: Vec<StateSnapshot<'_, CpuBackend>> = snaps
+            .iter()
+            .zip(dst.iter_mut())
+            .map(|(&(seq, rows_done), state)| StateSnapshot { seq, rows_done, state })
+            .collect();
+        b.recurrent_sublayer(&mut x, w, &SPEC, &seqs, &mut refs, &mut snapshots, &mut ws).expect("recurrent_sublayer");
+        drop(snapshots);
+        taken.push(dst.iter().map(|t| b.read(t, 1).expect("read")).collect());
+        after.push(states.iter().map(|t| b.read(t, 1).expect("read")).collect());
         let y = b.read(&x, m).expect("read");
         let mut at = 0;
         for (i, &n) in call.iter().enumerate() {
@@ -173,7 +197,7 @@ fn run(
             done[i] += n;
         }
     }
-    outs
+    (outs, taken, after)
 }
 
 #[test]
@@ -206,6 +230,38 @@ fn recurrent_sublayer_refuses_a_missing_state() {
     let mut ws = Workspace::new(&mut b, widths, 1).expect("workspace");
     let mut x = b.alloc(1, HIDDEN).expect("x");
     let seqs = [SeqRows { blocks: &[], start_pos: 0, num_rows: 1 }];
-    let e = b.recurrent_sublayer(&mut x, &w, &SPEC, &seqs, &mut [], &mut ws).expect_err("no state");
+    let e = b.recurrent_sublayer(&mut x, &w, &SPEC, &seqs, &mut [], &mut [], &mut ws).expect_err("no state");
     assert!(matches!(e, backend::Error::Shape { .. }), "{e}");
+    // A snapshot past the sequence's rows, and two out of order.
+    let mut st = b.alloc(1, SPEC.state_len()).expect("state");
+    let (mut s1, mut s2) = (b.alloc(1, SPEC.state_len()).expect("s"), b.alloc(1, SPEC.state_len()).expect("s"));
+    for bad in [vec![(0, 2)], vec![(0, 1), (0, 1)]] {
+        let mut dst = [&mut s1, &mut s2].into_iter();
+        let mut snaps: Vec<StateSnapshot<'_, CpuBackend>> = bad
+            .iter()
+            .map(|&(seq, rows_done)| StateSnapshot { seq, rows_done, state: dst.next().expect("two") })
+            .collect();
+        let e = b.recurrent_sublayer(&mut x, &w, &SPEC, &seqs, &mut [&mut st], &mut snaps, &mut ws);
+        assert!(matches!(e, Err(backend::Error::Shape { .. })), "{bad:?}: {e:?}");
+    }
+}
+
+/// A snapshot taken inside a call after some of a sequence's rows is bitwise the state a token-by-token run has
+/// after that many rows (the state checkpoints and speculative rollback rely on this), and taking snapshots
+/// changes neither the outputs nor the final states.
+#[test]
+fn snapshots_are_the_states_after_their_rows() {
+    let mut b = CpuBackend::new(0);
+    let w = weights(&mut b, &host());
+    let mut r = StdRng::seed_from_u64(9);
+    let inputs = vec![random(&mut r, 7 * HIDDEN, -1.0, 1.0), random(&mut r, 3 * HIDDEN, -1.0, 1.0)];
+    let snaps = [(0, 2), (0, 7), (1, 1), (1, 3)];
+    let (outs, taken, after) = run_with_states(&mut b, &w, &inputs, &[vec![7, 3]], &snaps);
+    let steps: Vec<Vec<usize>> = (0..7).map(|t| vec![1, usize::from(t < 3)]).collect();
+    let (step_outs, _, step_states) = run_with_states(&mut b, &w, &inputs, &steps, &[]);
+    assert_eq!(outs, step_outs, "outputs with snapshots vs token by token");
+    for (k, &(seq, rows)) in snaps.iter().enumerate() {
+        assert!(taken[0][k] == step_states[rows - 1][seq], "snapshot of sequence {seq} after {rows} rows");
+    }
+    assert!(after[0] == step_states[6], "the final states");
 }

@@ -68,6 +68,13 @@ impl AnyRunner {
         }
     }
 
+    /// The memory plan's cap on the recurrent state's checkpoints (hybrid models, which run on the CPU).
+    pub fn set_max_checkpoints(&mut self, max: usize) {
+        if let AnyRunner::Cpu(r) = self {
+            r.set_max_checkpoints(max)
+        }
+    }
+
     /// CPU threads in use (0 on a GPU).
     pub fn num_threads(&self) -> usize {
         match self {

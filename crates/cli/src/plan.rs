@@ -106,7 +106,7 @@ fn input_for(name: &str, spec: Option<&pack::FileSpec>) -> Result<(ModelInput, b
 /// The plan input a pack manifest records for one of its files (tested equal to the file's GGUF header).
 pub fn manifest_input(s: &pack::Shapes) -> ModelInput {
     // A manifest records no weight types: an f16 cache, as every quantized file's.
-    ModelInput { shapes: s.model, weight_bytes: s.weight_bytes, kv_value_bytes: 2, experts: None }
+    ModelInput { shapes: s.model, weight_bytes: s.weight_bytes, kv_value_bytes: 2, experts: None, recurrent: None }
 }
 
 /// Shapes and weight bytes from a GGUF header.
@@ -130,7 +130,15 @@ pub fn model_input(path: &Path) -> Result<ModelInput> {
             })
         }
     };
-    Ok(ModelInput { shapes: c.shapes, weight_bytes, kv_value_bytes, experts })
+    // A hybrid's Gated DeltaNet layers: no KV, a state per sequence (and its checkpoints).
+    let recurrent = models::arch::qwen35::hybrid_from_gguf(&file, &c)?.map(|h| {
+        let num_recurrent = h.recurrent.iter().filter(|&&r| r).count();
+        plan::RecurrentShapes {
+            num_kv_layers: h.recurrent.len() - num_recurrent,
+            state_bytes: (num_recurrent * 4 * h.spec.state_len()) as u64,
+        }
+    });
+    Ok(ModelInput { shapes: c.shapes, weight_bytes, kv_value_bytes, experts, recurrent })
 }
 
 /// Threads the model will use: `0` means all cores.

@@ -276,6 +276,7 @@ pub fn main(a: Args) -> Result<()> {
     runner.limit_context(plan.max_context);
     runner.set_kv_blocks(plan.num_kv_pages);
     runner.set_prefix_cache_blocks(plan.max_cached_pages);
+    runner.set_max_checkpoints(plan.max_state_checkpoints);
     if template.is_none() {
         eprintln!("warning: {} has no chat template; chat requests will be refused", a.model);
     }

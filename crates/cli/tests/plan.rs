@@ -218,3 +218,40 @@ fn manifest_shapes_match_the_files() {
         .expect("runs");
     assert!(String::from_utf8_lossy(&o.stdout).contains("from the pack manifest"));
 }
+
+/// A hybrid (the converter-written qwen35 fixture): its KV cache counts the attention layers only, and the breakdown
+/// holds every sequence's recurrent states and the checkpoints, sized from the transformers config the fixture was
+/// made from (fixtures/hf/qwen35/tiny-a/golden.json), not from the planner.
+#[test]
+fn a_hybrid_plans_its_recurrent_state() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf/qwen35/tiny-a");
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).expect("golden.json")).expect("json");
+    let c = &golden["hf_config"];
+    let n = |k: &str| c[k].as_u64().expect(k);
+    let types: Vec<&str> =
+        c["layer_types"].as_array().expect("layer types").iter().map(|t| t.as_str().unwrap()).collect();
+    let (full, linear) = (types.iter().filter(|&&t| t == "full_attention").count() as u64, types.len() as u64);
+    let linear = linear - full;
+    let key_dim = n("linear_num_key_heads") * n("linear_key_head_dim");
+    let value_dim = n("linear_num_value_heads") * n("linear_value_head_dim");
+    // Per recurrent layer: the conv's last kernel - 1 inputs of q, k, v, and every value head's d_k x d_v matrix.
+    let state_len = (n("linear_conv_kernel_dim") - 1) * (2 * key_dim + value_dim)
+        + n("linear_num_value_heads") * n("linear_key_head_dim") * n("linear_value_head_dim");
+    let state_bytes = linear * 4 * state_len;
+    let file = dir.join("model-f32.gguf");
+    let p = json(&["plan", "--model", file.to_str().expect("utf-8"), "--memory", "2G", "--threads", "2", "--json"]);
+    // f32 keys and values (an unquantized file) of the attention layers alone.
+    assert_eq!(p["kv_bytes_per_token"], 2 * full * n("num_key_value_heads") * n("head_dim") * 4);
+    let items = p["breakdown"]["items"].as_array().expect("items");
+    let item = |prefix: &str| {
+        items.iter().find(|i| i["label"].as_str().unwrap().starts_with(prefix)).map(|i| i["bytes"].as_u64().unwrap())
+    };
+    let seqs = p["max_sequences"].as_u64().expect("sequences");
+    assert_eq!(item("recurrent state"), Some(seqs * 11 * state_bytes), "{p}");
+    assert_eq!(item("state checkpoints"), Some(seqs * 4 * state_bytes), "{p}");
+    assert_eq!(p["max_state_checkpoints"], seqs * 4);
+    let text = String::from_utf8_lossy(&splash(&["plan", "--model", file.to_str().unwrap(), "--memory", "2G"]).stdout)
+        .into_owned();
+    assert!(text.contains("recurrent state checkpoints in memory"), "{text}");
+}

@@ -19,6 +19,50 @@ use models::kv_cache::BlockTable;
 use models::{Batch, LogitsWanted, ModelConfig, Runner, SeqId};
 use tokenizer::Tokenizer;
 
+/// Runs all `prompts` through the engine at once (greedy, `max_tokens` each) until it has no work: each prompt's
+/// output tokens and the number of its prompt tokens served from the prefix cache.
+pub fn run_greedy<R: Runner>(
+    e: &mut crate::Engine<R>,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> Vec<(Vec<u32>, usize)> {
+    use crate::{Event, GenerateRequest, RequestId, SamplingParams};
+    let ids: Vec<RequestId> = prompts
+        .iter()
+        .map(|p| e.add_request(GenerateRequest::new(p.clone(), SamplingParams::greedy(), max_tokens)).expect("valid"))
+        .collect();
+    let mut out = vec![(Vec::new(), usize::MAX); prompts.len()];
+    while e.has_work() {
+        for (id, ev) in e.step().expect("step") {
+            let i = ids.iter().position(|&x| x == id).expect("known request");
+            match ev {
+                Event::Token { id, .. } => out[i].0.push(id),
+                Event::Finished { usage, .. } => out[i].1 = usage.cached_tokens,
+            }
+        }
+    }
+    out
+}
+
+/// [`run_greedy`] one prompt at a time.
+pub fn run_greedy_each<R: Runner>(
+    e: &mut crate::Engine<R>,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> Vec<(Vec<u32>, usize)> {
+    prompts.iter().flat_map(|p| run_greedy(e, std::slice::from_ref(p), max_tokens)).collect()
+}
+
+/// [`run_greedy`] on all prompts at once when `together`, else [`run_greedy_each`].
+pub fn run_greedy_as<R: Runner>(
+    e: &mut crate::Engine<R>,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    together: bool,
+) -> Vec<(Vec<u32>, usize)> {
+    if together { run_greedy(e, prompts, max_tokens) } else { run_greedy_each(e, prompts, max_tokens) }
+}
+
 /// A one-layer model config of `vocab_size` ids and `max_context` positions (a fake runner computes nothing; the
 /// shapes only have to be consistent).
 pub fn tiny_config(vocab_size: usize, max_context: usize) -> ModelConfig {

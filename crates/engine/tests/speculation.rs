@@ -17,7 +17,7 @@ use std::sync::atomic::AtomicU64;
 
 use engine::spec::{Draft, Offer, PassCosts, Proposer, SeqView, StepPlan, Verified};
 use engine::testing::{self, FakeRunner, SimClock, TokenizerSpec, seconds};
-use engine::{Engine, EngineConfig, Event, GenerateRequest, RequestId, SamplingParams, SpecConfig};
+use engine::{Engine, EngineConfig, Event, GenerateRequest, SamplingParams, SpecConfig};
 use models::cpu::CpuRunner;
 use tokenizer::Tokenizer;
 
@@ -57,30 +57,6 @@ fn parity_prompts(model: &str) -> Vec<(String, Vec<u32>)> {
         .collect()
 }
 
-/// Runs all `prompts` through the engine at once (greedy, `max_tokens` each); outputs in prompt order, with the
-/// number of cached prompt tokens each reported.
-fn run_all(e: &mut Engine<CpuRunner>, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<(Vec<u32>, usize)> {
-    let ids: Vec<RequestId> = prompts
-        .iter()
-        .map(|p| e.add_request(GenerateRequest::new(p.clone(), SamplingParams::greedy(), max_tokens)).expect("valid"))
-        .collect();
-    let mut out = vec![(Vec::new(), usize::MAX); prompts.len()];
-    while e.has_work() {
-        for (id, ev) in e.step().expect("step") {
-            let i = ids.iter().position(|&x| x == id).expect("known request");
-            match ev {
-                Event::Token { id, .. } => out[i].0.push(id),
-                Event::Finished { usage, .. } => out[i].1 = usage.cached_tokens,
-            }
-        }
-    }
-    out
-}
-
-fn run_each(e: &mut Engine<CpuRunner>, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<(Vec<u32>, usize)> {
-    prompts.iter().flat_map(|p| run_all(e, std::slice::from_ref(p), max_tokens)).collect()
-}
-
 #[test]
 fn greedy_output_is_identical_with_speculation_on_and_off() {
     let Some((target, tokenizer)) = load("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf") else { return };
@@ -90,7 +66,7 @@ fn greedy_output_is_identical_with_speculation_on_and_off() {
     let max_tokens = 48;
     let mut e = Engine::new(target, tokenizer, EngineConfig { spec: SpecConfig::off(), ..Default::default() });
     e.set_draft(draft).expect("same vocabulary");
-    let plain = run_each(&mut e, &prompts, max_tokens);
+    let plain = testing::run_greedy_each(&mut e, &prompts, max_tokens);
     let fixed = |ngram, draft_model| SpecConfig {
         max_draft_tokens: 4,
         ngram,
@@ -110,7 +86,7 @@ fn greedy_output_is_identical_with_speculation_on_and_off() {
         e.runner_mut().evict_prefix_cache();
         e.set_spec(spec);
         let before = e.spec_stats();
-        let got = if together { run_all(&mut e, &prompts, max_tokens) } else { run_each(&mut e, &prompts, max_tokens) };
+        let got = testing::run_greedy_as(&mut e, &prompts, max_tokens, together);
         let after = e.spec_stats();
         for ((name, _), (want, got)) in named.iter().zip(plain.iter().zip(&got)) {
             assert_eq!(want.0, got.0, "{label}: prompt {name} differs with speculation");
@@ -133,33 +109,33 @@ fn prefix_reuse_changes_no_token_and_survives_eviction() {
     let mut e = Engine::new(runner, tokenizer, EngineConfig { spec: SpecConfig::off(), ..Default::default() });
     let max_tokens = 24;
     // Cold, then the same prompt warm: all full blocks but the one holding the last token are reused.
-    let cold = run_each(&mut e, std::slice::from_ref(&long), max_tokens);
+    let cold = testing::run_greedy_each(&mut e, std::slice::from_ref(&long), max_tokens);
     assert_eq!(cold[0].1, 0);
-    let warm = run_each(&mut e, std::slice::from_ref(&long), max_tokens);
+    let warm = testing::run_greedy_each(&mut e, std::slice::from_ref(&long), max_tokens);
     assert_eq!(warm[0].1, (long.len() - 1) / 16 * 16);
     assert_eq!(warm[0].0, cold[0].0);
     // A longer prompt sharing the prefix (an agent's next turn): reuses it and matches a cold run.
     let mut next = long.clone();
     next.extend_from_slice(&prompts[0].1);
-    let reused = run_each(&mut e, std::slice::from_ref(&next), max_tokens);
+    let reused = testing::run_greedy_each(&mut e, std::slice::from_ref(&next), max_tokens);
     assert!(reused[0].1 >= long.len() - 16);
     e.runner_mut().evict_prefix_cache();
-    let fresh = run_each(&mut e, std::slice::from_ref(&next), max_tokens);
+    let fresh = testing::run_greedy_each(&mut e, std::slice::from_ref(&next), max_tokens);
     assert_eq!(fresh[0].1, 0);
     assert_eq!(reused[0].0, fresh[0].0);
     // A cache too small for everything: blocks are evicted as requests come and go, and outputs stay the same.
     let all: Vec<Vec<u32>> = prompts.iter().map(|p| p.1.clone()).collect();
-    let base = run_each(&mut e, &all, max_tokens);
+    let base = testing::run_greedy_each(&mut e, &all, max_tokens);
     let Some((mut small, tokenizer)) = load("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else { return };
     small.set_kv_blocks(40);
     let mut e = Engine::new(small, tokenizer, EngineConfig { spec: SpecConfig::off(), ..Default::default() });
     for round in 0..2 {
-        let got = run_each(&mut e, &all, max_tokens);
+        let got = testing::run_greedy_each(&mut e, &all, max_tokens);
         for (i, (g, b)) in got.iter().zip(&base).enumerate() {
             assert_eq!(g.0, b.0, "round {round}, prompt {i}");
         }
         // Short prompts run together within the capacity.
-        let together = run_all(&mut e, &all[..4], max_tokens);
+        let together = testing::run_greedy(&mut e, &all[..4], max_tokens);
         for i in 0..4 {
             assert_eq!(together[i].0, base[i].0, "round {round}, prompt {i} batched");
         }
@@ -181,11 +157,11 @@ fn prefix_blocks_on_disk_are_warm_after_a_restart() {
         Some(Engine::new(runner, tokenizer, EngineConfig { spec: SpecConfig::off(), ..Default::default() }))
     };
     let Some(mut e) = start(&root) else { return };
-    let cold = run_each(&mut e, std::slice::from_ref(&long), 16);
+    let cold = testing::run_greedy_each(&mut e, std::slice::from_ref(&long), 16);
     while e.idle_work() {}
     drop(e);
     let Some(mut e) = start(&root) else { return };
-    let warm = run_each(&mut e, std::slice::from_ref(&long), 16);
+    let warm = testing::run_greedy_each(&mut e, std::slice::from_ref(&long), 16);
     assert_eq!(warm[0].1, (long.len() - 1) / 16 * 16, "all full blocks come back from disk");
     assert_eq!(warm[0].0, cold[0].0);
     // Corrupt every block file: nothing is reused, and the output is still right.
@@ -200,7 +176,7 @@ fn prefix_blocks_on_disk_are_warm_after_a_restart() {
         std::fs::write(&p, b).expect("write");
     }
     let Some(mut e) = start(&root) else { return };
-    let again = run_each(&mut e, std::slice::from_ref(&long), 16);
+    let again = testing::run_greedy_each(&mut e, std::slice::from_ref(&long), 16);
     assert_eq!(again[0].1, 0);
     assert_eq!(again[0].0, cold[0].0);
     let _ = std::fs::remove_dir_all(&root);

@@ -15,8 +15,11 @@ use gguf::GgufFile;
 
 use crate::kv_cache::{self, BLOCK_TOKENS, BlockTable, KvUsage};
 use crate::prefix_store::{PrefixStore, model_identity};
+use crate::state::{StateCache, StateRefs};
 use crate::transformer::Transformer;
 use crate::{Batch, Error, LogitsWanted, ModelConfig, Result, Runner, SeqId, Weights, argmax, top_prob};
+
+mod hybrid;
 
 /// Writes the blocks `table` evicted to the disk tier (while their storage still holds them: a block the idle writer
 /// has not reached yet would be lost to a warm restart), then allocates storage for the blocks `table` now needs
@@ -61,8 +64,8 @@ fn save_block(store: &mut Option<PrefixStore>, table: &mut BlockTable, h: &kv_ca
 pub fn kv_type(file: &GgufFile, cfg: &ModelConfig) -> KvType {
     let names = cfg.arch.recipe().names;
     let ty = |i: usize, name: &str| file.tensor(&format!("blk.{i}.{name}.weight")).map(|t| t.ty);
-    let tys: Option<Vec<_>> = (0..cfg.num_layers).flat_map(|i| [ty(i, names.attn_k), ty(i, names.attn_v)]).collect();
-    tys.map_or(KvType::F16, KvType::for_weights)
+    // A hybrid's recurrent layers have no K and V projections (and no KV cache).
+    KvType::for_weights((0..cfg.num_layers).flat_map(|i| [ty(i, names.attn_k), ty(i, names.attn_v)]).flatten())
 }
 
 pub struct CpuRunner {
@@ -78,6 +81,8 @@ pub struct CpuRunner {
     head_ids: Option<Vec<u32>>,
     /// Cached prefix blocks on disk, when enabled.
     store: Option<PrefixStore>,
+    /// Each sequence's recurrent state and the checkpoints (hybrid models; `crate::state`).
+    state: Option<StateCache<CpuBackend>>,
     /// `[rows, logits_width()]`: the head's logits by token id, when its rows are not the first ids.
     wide: Vec<f32>,
     /// Keeps the mapping alive for the matrices that borrow it.
@@ -88,11 +93,12 @@ impl CpuRunner {
     /// Loads a model from a parsed GGUF file. `num_threads == 0` uses every core.
     pub fn new(file: Arc<GgufFile>, num_threads: usize) -> Result<Self> {
         let cfg = crate::arch::config_from_gguf(&file)?;
-        let weights = Weights::load(&file, &cfg)?;
+        let weights = Weights::load_hybrid(&file, &cfg)?;
         let mut backend = CpuBackend::new(num_threads);
         let model = Transformer::new(&mut backend, &cfg, &weights)?;
+        let state = model.state_shape().map(StateCache::new);
         let kv = backend.kv_pages(KvLayout {
-            num_layers: cfg.num_layers,
+            num_layers: model.num_kv_layers(),
             kv_dim: cfg.kv_dim(),
             block_tokens: BLOCK_TOKENS,
             kv_type: kv_type(&file, &cfg),
@@ -109,6 +115,7 @@ impl CpuRunner {
             output_head: None,
             head_ids: None,
             store: None,
+            state,
             wide: Vec::new(),
             _file: file,
         })
@@ -128,7 +135,7 @@ impl CpuRunner {
     /// Caps the in-memory prefix cache (unreferenced cached blocks); `None` = the whole pool.
     pub fn set_prefix_cache_blocks(&mut self, max_blocks: Option<usize>) {
         self.table.set_max_cached_blocks(max_blocks);
-        self.free_kv();
+        self.free_kv_and_checkpoints();
     }
 
     /// Bytes of one KV block.
@@ -171,11 +178,40 @@ impl CpuRunner {
     /// storage.
     pub fn evict_prefix_cache(&mut self) {
         self.table.evict_all();
+        self.free_kv_and_checkpoints();
+    }
+
+    /// [`Self::free_kv`], and the state checkpoints whose blocks it evicted go too.
+    fn free_kv_and_checkpoints(&mut self) {
         self.free_kv();
+        if let Some(st) = self.state.as_mut() {
+            st.prune(&self.table);
+        }
     }
 
     pub fn num_threads(&self) -> usize {
         self.backend.pool().num_threads()
+    }
+
+    /// Caps the recurrent state's checkpoints kept in memory (the memory plan's; hybrid models).
+    pub fn set_max_checkpoints(&mut self, max: usize) {
+        if let Some(s) = self.state.as_mut() {
+            s.set_max_checkpoints(max);
+        }
+    }
+
+    /// Checkpoints the recurrent state every `tokens` tokens of a prefill (hybrid models; 0: only at the end of
+    /// prompts and requests).
+    pub fn set_checkpoint_every(&mut self, tokens: usize) {
+        if let Some(s) = self.state.as_mut() {
+            s.set_checkpoint_every(tokens, BLOCK_TOKENS);
+        }
+    }
+
+    /// `seq`'s recurrent state, every layer's values in order (hybrid models; for tests).
+    pub fn recurrent_state(&mut self, seq: SeqId) -> Option<Vec<f32>> {
+        let s = self.state.as_ref()?.state(seq)?;
+        s.to_host(&mut self.backend).ok()
     }
 
     /// Runs the batch through the layers and the output head (narrowed or not). Returns the head's logits,
@@ -213,12 +249,35 @@ impl CpuRunner {
         }
         let rows = AttnRows { positions: &positions, slots: &slots, seqs: &seqs };
         let head = (self.output_head.as_ref(), self.output_rows());
-        let logits = self.model.forward(&mut self.backend, &mut self.kv, &tokens, &rows, &out_rows, head)?;
+        // The recurrent states, and the snapshots this pass takes (checkpoints, rollback rows): `crate::state`.
+        let mut prepared = match self.state.as_mut() {
+            Some(st) => {
+                let chunks: Vec<(SeqId, usize, usize, bool)> = (batch.chunks.iter())
+                    .map(|c| (c.seq, c.start_pos, c.tokens.len(), c.logits != LogitsWanted::None))
+                    .collect();
+                Some(st.prepare(&mut self.backend, &chunks, BLOCK_TOKENS)?)
+            }
+            None => None,
+        };
+        let refs = match (self.state.as_mut(), prepared.as_mut()) {
+            (Some(st), Some(p)) => st.refs(p),
+            _ => StateRefs::none(),
+        };
+        let result = self.model.forward_states(&mut self.backend, &mut self.kv, refs, &tokens, &rows, &out_rows, head);
         drop(seqs);
+        if let Err(e) = result {
+            if let (Some(st), Some(p)) = (self.state.as_mut(), prepared) {
+                st.abandon(p);
+            }
+            return Err(e);
+        }
         for c in &batch.chunks {
             self.table.commit(c.seq, c.tokens);
         }
-        Ok(logits.rows(out_rows.len()))
+        if let (Some(st), Some(p)) = (self.state.as_mut(), prepared) {
+            st.finish(&mut self.backend, p, &self.table)?;
+        }
+        Ok(self.model.logits().rows(out_rows.len()))
     }
 
     /// Rows of the output head the forward pass computes.
@@ -239,8 +298,16 @@ impl CpuRunner {
         })
     }
 
-    fn validate(&self, batch: &Batch<'_>) -> Result<()> {
+    fn validate(&mut self, batch: &Batch<'_>) -> Result<()> {
         batch.validate(&self.cfg, |seq| self.seq_len(seq))?;
+        // A state a failed pass left half-advanced is rebuilt first.
+        let dirty: Vec<SeqId> = match &self.state {
+            Some(st) => batch.chunks.iter().map(|c| c.seq).filter(|&s| st.is_dirty(s)).collect(),
+            None => Vec::new(),
+        };
+        for seq in dirty {
+            self.sync_state(seq)?;
+        }
         let needed: usize =
             batch.chunks.iter().map(|c| self.table.blocks_needed(c.seq, c.start_pos + c.tokens.len())).sum();
         let available = self.table.num_available();
@@ -330,19 +397,70 @@ impl Runner for CpuRunner {
             self.grow_kv().expect("memory for the KV block of a rollback's copy");
             self.backend.kv_copy_block(&mut self.kv, copy.from, copy.to).expect("INVARIANT: the table's blocks exist");
         }
+        if self.sync_state(seq).is_err() {
+            // Only a failed replay gets here: the state is rebuilt again before the sequence's next pass, and that
+            // pass reports the error if it persists.
+            if let Some(st) = self.state.as_mut() {
+                st.abandon_seq(seq);
+            }
+        }
     }
 
     fn release(&mut self, seq: SeqId) {
+        if let Some(st) = self.state.as_mut() {
+            st.release(seq, &self.table);
+        }
         self.table.release(seq);
         self.free_kv();
     }
 
     fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
-        let mut n = self.table.attach_prefix(seq, tokens);
-        // Continue from disk, block by block, while the next block is there and intact.
+        if self.state.is_some() {
+            return self.attach_hybrid(seq, tokens);
+        }
+        let n = self.table.attach_prefix(seq, tokens);
+        self.attach_from_disk(seq, tokens, n, tokens.len())
+    }
+
+    fn idle_work(&mut self) -> bool {
+        let Some(store) = self.store.as_mut() else { return false };
+        let blocks = &self.kv.blocks;
+        let fetch = |b: u32, buf: &mut Vec<u16>| {
+            buf.clear();
+            buf.extend_from_slice(&blocks[b as usize]);
+            Ok(())
+        };
+        match store.save_pending(&self.table, &mut Vec::new(), fetch) {
+            Ok(true) => true,
+            // The blocks first, then the state checkpoints that resume on them.
+            Ok(false) => self.save_checkpoint(),
+            Err(e) => {
+                self.disable_store(&e);
+                false
+            }
+        }
+    }
+
+    fn kv_usage(&self) -> KvUsage {
+        KvUsage { state: self.state.as_ref().map(|s| s.usage()), ..self.table.usage() }
+    }
+}
+
+impl CpuRunner {
+    /// Turns the disk tier off after an error: a full or read-only disk only costs the warm restart (and spilling
+    /// stops).
+    fn disable_store(&mut self, e: &str) {
+        eprintln!("warning: prefix cache on disk disabled: {e}");
+        self.store = None;
+        self.table.set_spill(false);
+    }
+
+    /// Continues `seq` (which holds `n` tokens, whole blocks) from the disk tier, block by block while the next
+    /// block of `tokens` is there and intact, up to `limit` tokens; returns the tokens it holds then.
+    fn attach_from_disk(&mut self, seq: SeqId, tokens: &[u32], mut n: usize, limit: usize) -> usize {
         let block_len = self.kv.layout.block_words();
         let mut buf = Vec::new();
-        while n + BLOCK_TOKENS <= tokens.len() {
+        while n + BLOCK_TOKENS <= tokens.len().min(limit) {
             let Some(store) = self.store.as_mut() else { break };
             let chunk = &tokens[n..n + BLOCK_TOKENS];
             let h = kv_cache::chain_hash(&self.table.last_hash(seq), chunk);
@@ -362,29 +480,5 @@ impl Runner for CpuRunner {
             n += BLOCK_TOKENS;
         }
         n
-    }
-
-    fn idle_work(&mut self) -> bool {
-        let Some(store) = self.store.as_mut() else { return false };
-        let blocks = &self.kv.blocks;
-        let fetch = |b: u32, buf: &mut Vec<u16>| {
-            buf.clear();
-            buf.extend_from_slice(&blocks[b as usize]);
-            Ok(())
-        };
-        match store.save_pending(&self.table, &mut Vec::new(), fetch) {
-            Ok(more) => more,
-            Err(e) => {
-                // A full or read-only disk only costs the warm restart; stop trying (and stop spilling).
-                eprintln!("warning: prefix cache on disk disabled: {e}");
-                self.store = None;
-                self.table.set_spill(false);
-                false
-            }
-        }
-    }
-
-    fn kv_usage(&self) -> KvUsage {
-        self.table.usage()
     }
 }

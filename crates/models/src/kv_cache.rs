@@ -62,6 +62,8 @@ pub struct KvUsage {
     pub max_cached_blocks: Option<usize>,
     /// Blocks that hold storage now (referenced or cached).
     pub stored_blocks: usize,
+    /// The recurrent state's checkpoints (hybrid models).
+    pub state: Option<crate::state::StateUsage>,
 }
 
 #[derive(Debug, Default)]
@@ -336,12 +338,18 @@ impl BlockTable {
     /// Starts `seq` (which must hold nothing) with the cached blocks of the longest prefix of `tokens` made of full
     /// cached blocks; returns the number of tokens they cover.
     pub fn attach_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
+        self.attach_prefix_upto(seq, tokens, tokens.len())
+    }
+
+    /// [`Self::attach_prefix`] over at most the first `max_tokens` of `tokens` (a hybrid model resumes only where
+    /// it has a state checkpoint), counted as a lookup of all of `tokens`.
+    pub fn attach_prefix_upto(&mut self, seq: SeqId, tokens: &[u32], max_tokens: usize) -> usize {
         if self.seqs.get(&seq).is_some_and(|s| !s.tokens.is_empty()) {
             return 0;
         }
         let mut s = SeqBlocks::default();
         let mut prev = [0u8; 16];
-        for chunk in tokens.chunks_exact(self.block_tokens) {
+        for chunk in tokens[..max_tokens.min(tokens.len())].chunks_exact(self.block_tokens) {
             let h = chain_hash(&prev, chunk);
             let Some(&b) = self.by_hash.get(&h) else { break };
             self.take_ref(b);
@@ -355,6 +363,35 @@ impl BlockTable {
         self.usage.hit_tokens += n as u64;
         self.seqs.insert(seq, s);
         n
+    }
+
+    /// The chained hashes of the cached blocks that start `tokens`, in order (what [`Self::attach_prefix`] would
+    /// attach), without attaching them.
+    pub fn cached_chain(&self, tokens: &[u32]) -> Vec<BlockHash> {
+        let mut chain: Vec<BlockHash> = Vec::new();
+        for chunk in tokens.chunks_exact(self.block_tokens) {
+            let h = chain_hash(chain.last().unwrap_or(&[0; 16]), chunk);
+            if !self.by_hash.contains_key(&h) {
+                break;
+            }
+            chain.push(h);
+        }
+        chain
+    }
+
+    /// Whether a block is cached under `hash`.
+    pub fn is_registered(&self, hash: &BlockHash) -> bool {
+        self.by_hash.contains_key(hash)
+    }
+
+    /// The chained hash of each full block of `seq`, in order.
+    pub fn hashes(&self, seq: SeqId) -> &[BlockHash] {
+        self.seqs.get(&seq).map_or(&[], |s| &s.hashes)
+    }
+
+    /// The tokens `seq` holds.
+    pub fn tokens(&self, seq: SeqId) -> &[u32] {
+        self.seqs.get(&seq).map_or(&[], |s| &s.tokens)
     }
 
     /// The chained hash of `seq`'s last full block (the zero hash when it has none).

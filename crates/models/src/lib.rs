@@ -16,6 +16,7 @@ pub mod kv_cache;
 pub mod prefix_store;
 pub mod reference;
 mod runner;
+pub mod state;
 pub mod transformer;
 mod weights;
 

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use backend::cpu::matmul::Bytes;
 use backend::cpu::{CpuBackend, QMatrix};
-use backend::{ExpertGateUp, ExpertWeights, SharedExpert};
+use backend::{ExpertGateUp, ExpertWeights, Norm, RecurrentWeights, SharedExpert};
 use gguf::GgufFile;
 
 use crate::arch::qwen3moe::{ExpertNames, experts_spec};
+use crate::arch::qwen35::{DeltaNetNames, Hybrid, hybrid_from_gguf};
 use crate::arch::{FfnKind, MixerKind};
 use crate::{Error, ModelConfig, Result};
 
@@ -29,6 +30,11 @@ pub struct LayerWeights {
     pub k_norm: Option<Vec<f32>>,
     /// [hidden, q_dim]
     pub wo: QMatrix,
+    /// [q_dim, hidden]: gated attention's output gate (qwen35), split from each head's rows of `attn_q`.
+    pub wg: Option<QMatrix>,
+    /// A Gated DeltaNet layer's mixer (hybrids, [`Weights::load_hybrid`]); its attention matrices above are then
+    /// empty (0 rows).
+    pub recurrent: Option<RecurrentWeights<CpuBackend>>,
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
 }
@@ -58,19 +64,33 @@ pub struct Weights {
     pub output_norm: Vec<f32>,
     /// [vocab, hidden]; the token embedding when tied.
     pub output: QMatrix,
+    /// Which layers are Gated DeltaNet, and their numbers (hybrids only).
+    pub hybrid: Option<Hybrid>,
 }
 
 impl Weights {
-    /// Loads the weights the architecture's recipe names (`arch/`), checking every shape against `cfg`.
+    /// Loads the weights the architecture's recipe names (`arch/`), checking every shape against `cfg`. Refuses
+    /// the hybrids ([`Weights::load_hybrid`] loads them for runners whose backend runs Gated DeltaNet layers).
     pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Self> {
-        let recipe = cfg.arch.recipe();
-        let n = recipe.names;
-        let MixerKind::Attention { qkv_bias, qk_norm } = recipe.mixer else {
+        if cfg.arch.recipe().mixer == MixerKind::Hybrid {
             return Err(Error::UnsupportedArch(format!(
-                "{} on a backend (its Gated DeltaNet layers run in models::reference only so far)",
+                "{} on this backend (its Gated DeltaNet layers run on the CPU runner and in models::reference only \
+                 so far)",
                 cfg.arch.name()
             )));
+        }
+        Self::load_hybrid(file, cfg)
+    }
+
+    /// [`Weights::load`] for every architecture, the hybrids' Gated DeltaNet and gated attention layers included.
+    pub fn load_hybrid(file: &Arc<GgufFile>, cfg: &ModelConfig) -> Result<Self> {
+        let recipe = cfg.arch.recipe();
+        let n = recipe.names;
+        let (qkv_bias, qk_norm) = match recipe.mixer {
+            MixerKind::Attention { qkv_bias, qk_norm } => (qkv_bias, qk_norm),
+            MixerKind::Hybrid => (false, true),
         };
+        let hybrid = hybrid_from_gguf(file, cfg)?;
         let h = cfg.hidden_size;
         let token_embd = matrix(file, n.token_embd, cfg.vocab_size, h)?;
         let output = if cfg.tied_embeddings { token_embd.clone() } else { matrix(file, n.output, cfg.vocab_size, h)? };
@@ -82,9 +102,54 @@ impl Weights {
                 };
                 let qk_norm =
                     |s: &str| if qk_norm { vector(file, &weight(s), cfg.head_dim).map(Some) } else { Ok(None) };
+                let attn_norm = vector(file, &weight(n.attn_norm), h)?;
+                let ffn_norm = vector(file, &weight(n.ffn_norm), h)?;
+                let ffn = match recipe.ffn {
+                    FfnKind::SwiGlu => Ffn::SwiGlu {
+                        gate: matrix(file, &weight(n.ffn_gate), cfg.ffn_size, h)?,
+                        up: matrix(file, &weight(n.ffn_up), cfg.ffn_size, h)?,
+                        down: matrix(file, &weight(n.ffn_down), h, cfg.ffn_size)?,
+                    },
+                    FfnKind::Experts { names } => Ffn::Experts(experts(file, cfg, names, i)?),
+                };
+                if let Some(hy) = hybrid.as_ref().filter(|hy| hy.recurrent[i]) {
+                    let recurrent = Some(deltanet(file, cfg, hy, i, &attn_norm)?);
+                    let (wq, wk, wv, wo) =
+                        (empty_matrix(h), empty_matrix(h), empty_matrix(h), empty_matrix(cfg.q_dim()));
+                    let (bq, bk, bv, q_norm, k_norm, wg) = (None, None, None, None, None, None);
+                    return Ok(LayerWeights {
+                        attn_norm,
+                        wq,
+                        wk,
+                        wv,
+                        bq,
+                        bk,
+                        bv,
+                        q_norm,
+                        k_norm,
+                        wo,
+                        wg,
+                        recurrent,
+                        ffn_norm,
+                        ffn,
+                    });
+                }
+                // Gated attention: each head's query rows, then its gate's, in `attn_q`.
+                let (wq, wg) = if hybrid.is_some() {
+                    let both = matrix(file, &weight(n.attn_q), 2 * cfg.q_dim(), h)?;
+                    let hd = cfg.head_dim as u32;
+                    let rows = |gate: u32| -> Vec<u32> {
+                        (0..cfg.num_heads as u32)
+                            .flat_map(|hh| (0..hd).map(move |d| hh * 2 * hd + gate * hd + d))
+                            .collect()
+                    };
+                    (gathered(&both, &rows(0)), Some(gathered(&both, &rows(1))))
+                } else {
+                    (matrix(file, &weight(n.attn_q), cfg.q_dim(), h)?, None)
+                };
                 Ok(LayerWeights {
-                    attn_norm: vector(file, &weight(n.attn_norm), h)?,
-                    wq: matrix(file, &weight(n.attn_q), cfg.q_dim(), h)?,
+                    attn_norm,
+                    wq,
                     wk: matrix(file, &weight(n.attn_k), cfg.kv_dim(), h)?,
                     wv: matrix(file, &weight(n.attn_v), cfg.kv_dim(), h)?,
                     bq: bias(n.attn_q, cfg.q_dim())?,
@@ -93,19 +158,14 @@ impl Weights {
                     q_norm: qk_norm(n.attn_q_norm)?,
                     k_norm: qk_norm(n.attn_k_norm)?,
                     wo: matrix(file, &weight(n.attn_output), h, cfg.q_dim())?,
-                    ffn_norm: vector(file, &weight(n.ffn_norm), h)?,
-                    ffn: match recipe.ffn {
-                        FfnKind::SwiGlu => Ffn::SwiGlu {
-                            gate: matrix(file, &weight(n.ffn_gate), cfg.ffn_size, h)?,
-                            up: matrix(file, &weight(n.ffn_up), cfg.ffn_size, h)?,
-                            down: matrix(file, &weight(n.ffn_down), h, cfg.ffn_size)?,
-                        },
-                        FfnKind::Experts { names } => Ffn::Experts(experts(file, cfg, names, i)?),
-                    },
+                    wg,
+                    recurrent: None,
+                    ffn_norm,
+                    ffn,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Weights { token_embd, layers, output_norm: vector(file, n.output_norm, h)?, output })
+        Ok(Weights { token_embd, layers, output_norm: vector(file, n.output_norm, h)?, output, hybrid })
     }
 
     /// Every matrix of the model, for size accounting.
@@ -122,7 +182,8 @@ impl Weights {
                     [&e.router, &e.down].into_iter().chain(gate_up).chain(shared).collect()
                 }
             };
-            [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().chain(ffn)
+            let mixer = l.recurrent.iter().flat_map(|r| [&r.qkv, &r.z, &r.beta, &r.alpha, &r.out]);
+            [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().chain(&l.wg).chain(mixer).chain(ffn)
         });
         [&self.token_embd, &self.output].into_iter().chain(per_layer)
     }
@@ -173,6 +234,55 @@ fn experts(file: &Arc<GgufFile>, cfg: &ModelConfig, n: &ExpertNames, i: usize) -
         shared,
         spec,
     })
+}
+
+/// Layer `i`'s Gated DeltaNet mixer, `attn_norm` its input norm.
+fn deltanet(
+    file: &Arc<GgufFile>,
+    cfg: &ModelConfig,
+    hy: &Hybrid,
+    i: usize,
+    attn_norm: &[f32],
+) -> Result<RecurrentWeights<CpuBackend>> {
+    type N = DeltaNetNames;
+    let s = &hy.spec;
+    let (h, cd, vd, nv) = (cfg.hidden_size, s.conv_dim(), s.value_dim(), s.num_v_heads);
+    let name = |t: &str| format!("blk.{i}.{t}");
+    let norm = |w: Vec<f32>| Norm { dim: w.len(), weight: w, eps: cfg.rms_eps, kind: cfg.arch.recipe().norm };
+    Ok(RecurrentWeights {
+        norm: norm(attn_norm.to_vec()),
+        qkv: matrix(file, &name(N::QKV), cd, h)?,
+        z: matrix(file, &name(N::Z), vd, h)?,
+        beta: matrix(file, &name(N::BETA), nv, h)?,
+        alpha: matrix(file, &name(N::ALPHA), nv, h)?,
+        conv: values(file, &name(N::CONV), &[s.conv_kernel as u64, cd as u64])?,
+        dt_bias: vector(file, &name(N::DT_BIAS), nv)?,
+        a: vector(file, &name(N::A), nv)?,
+        // The output norm is plain in the checkpoint too (qwen35.rs).
+        out_norm: Norm { kind: backend::NormKind::Plain, ..norm(vector(file, &name(N::NORM), s.head_v_dim)?) },
+        out: matrix(file, &name(N::OUT), h, vd)?,
+    })
+}
+
+/// A matrix of no rows (the attention slots of a recurrent layer).
+fn empty_matrix(cols: usize) -> QMatrix {
+    QMatrix {
+        ty: gguf::GgmlType::F32,
+        rows: 0,
+        cols,
+        layout: backend::cpu::quant::Layout::Gguf,
+        bytes: Bytes::from_vec(Vec::new()),
+    }
+}
+
+/// The rows `rows` of a matrix in the file's layout, copied (no repacking: the backend lays it out when loading).
+fn gathered(m: &QMatrix, rows: &[u32]) -> QMatrix {
+    let rb = m.row_bytes();
+    let mut bytes = vec![0u8; rows.len() * rb];
+    for (out, &r) in bytes.chunks_exact_mut(rb).zip(rows) {
+        m.copy_row_gguf(r as usize, out);
+    }
+    QMatrix { rows: rows.len(), bytes: Bytes::from_vec(bytes), ..m.clone() }
 }
 
 /// A `[rows, cols]` matrix (ggml dims `[cols, rows]`) left in the file.

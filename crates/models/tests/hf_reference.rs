@@ -47,8 +47,10 @@ fn f32_file_matches(arch: &str) {
 }
 
 /// The q8_0 file: the CPU backend's top-1 equals transformers' (on the f32 model) at >= 99% of positions, and the
-/// backend is within `vs_reference` (relative) of the reference on the same file.
-fn q8_file_ranks(arch: &str, vs_reference: f64) {
+/// backend is within the reference's reach on the same file.
+/// `max_vs_ref`: the CPU backend's largest relative distance to the f32 reference on the same file (its 8-bit
+/// activations and f16 attention are what the reference does not have).
+fn q8_file_ranks(arch: &str, max_vs_ref: f64) {
     for g in configs(arch) {
         let file = open(&g.dir, "model-q8_0.gguf");
         let mut cpu = CpuRunner::new(file.clone(), 0).expect("loads on the CPU");
@@ -73,7 +75,7 @@ fn q8_file_ranks(arch: &str, vs_reference: f64) {
             100.0 * rate
         );
         assert!(rate >= 0.99, "{}: q8_0 top-1 agreement {:.2}% < 99%", g.dir.display(), 100.0 * rate);
-        assert!(worst_vs_ref < vs_reference, "{}: q8_0 cpu vs reference {worst_vs_ref:.3e}", g.dir.display());
+        assert!(worst_vs_ref < max_vs_ref, "{}: q8_0 cpu vs reference {worst_vs_ref:.3e}", g.dir.display());
     }
 }
 
@@ -303,62 +305,63 @@ fn qwen3moe_tokenizer_and_thinking_template() {
     tokenizer_and_template("qwen3moe");
 }
 
-/// Qwen3.5 (Gated DeltaNet + gated attention): the f32 reference against transformers (1e-4, greedy tokens) on
-/// the f32 file, and top-1 on the q8_0 file. The backends refuse the architecture with a clear error until they
-/// run its recurrent layers.
+/// Qwen3.5 (Gated DeltaNet + gated attention) on the f32 file: the CPU runner (Gated DeltaNet on the backend,
+/// gated attention with its f32 KV cache) and the f32 reference within 1e-4 of transformers, greedy tokens equal.
 #[test]
-fn qwen35_reference_matches_transformers() {
-    for g in configs("qwen35") {
-        for (file, tol) in [("model-f32.gguf", Some(1e-4)), ("model-q8_0.gguf", None)] {
-            let f = open(&g.dir, file);
-            let err = CpuRunner::new(f.clone(), 0).err().expect("the CPU runner refuses qwen35 so far");
-            assert!(err.to_string().contains("Gated DeltaNet"), "{err}");
-            let mut r = Reference::new(f, 0).expect("loads in the reference");
-            assert_eq!(r.config().arch.name(), "qwen35");
-            let (mut agree, mut total) = (0, 0);
-            for p in &g.prompts {
-                let got = prefill(&mut r, &p.ids);
-                let (err, top1) = compare(&got, &p.logits, g.vocab);
-                let n = p.ids.len();
-                eprintln!("{} {file} reference: {n} positions, max rel err {err:.2e}, top-1 {top1}", g.dir.display());
-                (agree, total) = (agree + top1, total + p.ids.len());
-                if let Some(tol) = tol {
-                    assert!(err < tol, "{} {file}: relative error {err:.3e} on {:?}", g.dir.display(), p.text);
-                    assert_eq!(greedy(&mut r, &p.ids, p.greedy.len()), p.greedy, "{}: greedy", g.dir.display());
-                }
-            }
-            // Untrained random models: near-ties, and a state that keeps ~500 tokens (decays near 1) carries the
-            // 8-bit weights' error along; measured 620/692 (89.6%) on tiny-a. Trained fixtures (tiny_hf.py
-            // --train-steps) are what the 99% of issue 28 needs.
-            assert!(agree * 100 >= total * 85, "{} {file}: top-1 {agree}/{total}", g.dir.display());
-        }
-    }
+fn qwen35_f32_matches_transformers() {
+    f32_file_matches("qwen35");
+}
+
+/// Qwen3.5 on the q8_0 file: the CPU runner's top-1 agrees with transformers' (the f32 model) at >= 99% of
+/// positions and its greedy tokens are the same (the fixtures are trained on all their prompts, the long one too).
+#[test]
+fn qwen35_q8_0_ranks_like_transformers() {
+    // The recurrent state carries each token's 8-bit rounding along a 557-token prompt: 8.8e-2 measured (tiny-a).
+    q8_file_ranks("qwen35", 1.5e-1);
+}
+
+#[test]
+fn qwen35_chunks_and_steps_agree() {
+    chunks_and_steps_agree("qwen35");
 }
 
 /// The recurrent state is exact across calls: the longest prompt (several 64-token chunks) in one chunk, in chunks
-/// of 64 and of 7, and one token at a time give bit-identical logits; cutting a sequence back is refused at its
-/// next forward (no checkpoint yet), and the released sequence starts afresh.
+/// of 64 and of 7, and one token at a time give bit-identical logits, on the CPU runner and in the reference. The
+/// reference refuses to cut a sequence back (it keeps no checkpoints; the CPU runner's are tested in
+/// hybrid_state.rs), and a released sequence starts afresh.
 #[test]
 fn qwen35_state_is_exact_across_chunks() {
     for g in configs("qwen35") {
         let p = g.prompts.iter().max_by_key(|p| p.ids.len()).expect("a prompt");
         assert!(p.ids.len() > 3 * 64, "{}: the long prompt has {} tokens", g.dir.display(), p.ids.len());
-        let mut r = Reference::new(open(&g.dir, "model-f32.gguf"), 0).expect("reference");
-        let whole = prefill(&mut r, &p.ids);
-        for chunk in [64, 7, 1] {
-            let seq = SeqId(4);
-            let mut parts = Vec::new();
-            for (i, c) in p.ids.chunks(chunk).enumerate() {
-                parts.extend_from_slice(r.forward(&one(seq, c, i * chunk, LogitsWanted::All)).expect("chunk"));
+        let f = open(&g.dir, "model-f32.gguf");
+        let runners: Vec<(&str, Box<dyn Runner>)> = vec![
+            ("reference", Box::new(Reference::new(f.clone(), 0).expect("reference"))),
+            ("cpu", Box::new(CpuRunner::new(f, 0).expect("cpu"))),
+        ];
+        for (name, mut r) in runners {
+            let whole = prefill(r.as_mut(), &p.ids);
+            for chunk in [64, 7, 1] {
+                let seq = SeqId(4);
+                let mut parts = Vec::new();
+                for (i, c) in p.ids.chunks(chunk).enumerate() {
+                    parts.extend_from_slice(r.forward(&one(seq, c, i * chunk, LogitsWanted::All)).expect("chunk"));
+                }
+                assert!(parts == whole, "{} {name}: chunks of {chunk} differ from one chunk", g.dir.display());
+                if name == "reference" {
+                    r.truncate(seq, p.ids.len() - 1);
+                    let last = &p.ids[p.ids.len() - 1..];
+                    let err = r.forward(&one(seq, last, p.ids.len() - 1, LogitsWanted::Last)).expect_err("refused");
+                    assert!(matches!(err, models::Error::StateRollback { .. }), "{err}");
+                }
+                r.release(seq);
             }
-            assert!(parts == whole, "{}: chunks of {chunk} differ from one chunk", g.dir.display());
-            r.truncate(seq, p.ids.len() - 1);
-            let last = &p.ids[p.ids.len() - 1..];
-            let err = r.forward(&one(seq, last, p.ids.len() - 1, LogitsWanted::Last)).expect_err("refused");
-            assert!(matches!(err, models::Error::StateRollback { .. }), "{err}");
-            r.release(seq);
+            assert!(
+                prefill(r.as_mut(), &p.ids) == whole,
+                "{} {name}: a released sequence starts afresh",
+                g.dir.display()
+            );
         }
-        assert!(prefill(&mut r, &p.ids) == whole, "{}: a released sequence starts afresh", g.dir.display());
     }
 }
 

@@ -40,6 +40,14 @@ pub const MIN_USEFUL_CONTEXT: usize = 2048;
 /// Speculative tokens per step the workspaces are sized for when a draft is present.
 pub const NUM_SPECULATIVE_TOKENS: usize = 8;
 
+/// Recurrent states one sequence of a hybrid model holds at once: its own, one per row a verification of
+/// [`NUM_SPECULATIVE_TOKENS`] drafts may be rolled back to, and its last two block boundaries'.
+pub const STATES_PER_SEQUENCE: usize = NUM_SPECULATIVE_TOKENS + 3;
+
+/// State checkpoints a hybrid model keeps per planned sequence (its prompt's end, its request's end, periodic ones
+/// of a long prefill), least recently used first out.
+pub const CHECKPOINTS_PER_SEQUENCE: usize = 4;
+
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
@@ -154,6 +162,19 @@ pub struct ModelInput {
     /// The expert-routed FFN of a mixture-of-experts model.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub experts: Option<ExpertShapes>,
+    /// The recurrent layers of a hybrid model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recurrent: Option<RecurrentShapes>,
+}
+
+/// The Gated DeltaNet layers of a hybrid model (qwen35): they keep no KV cache but a fixed-size state per sequence,
+/// and the state's checkpoints for prefix reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RecurrentShapes {
+    /// Layers with a KV cache (the attention layers), of [`ModelShapes::num_layers`].
+    pub num_kv_layers: usize,
+    /// Bytes of one sequence's state: every recurrent layer's conv tail and state matrices (f32).
+    pub state_bytes: u64,
 }
 
 /// The experts of a mixture-of-experts model: their part of the weights and the numbers that size its activations.
@@ -169,9 +190,13 @@ pub struct ExpertShapes {
 }
 
 impl ModelInput {
-    /// KV cache per token at this model's KV type.
+    /// KV cache per token at this model's KV type (a hybrid's attention layers only).
     pub fn kv_bytes_per_token(&self) -> u64 {
-        self.shapes.kv_values_per_token() * self.kv_value_bytes
+        let values = match self.recurrent {
+            Some(r) => (2 * r.num_kv_layers * self.shapes.kv_dim()) as u64,
+            None => self.shapes.kv_values_per_token(),
+        };
+        values * self.kv_value_bytes
     }
 
     /// Activations per batch row ([`ModelShapes::activation_bytes_per_token`]), plus an expert-routed FFN's: per
@@ -316,6 +341,8 @@ pub struct Plan {
     pub max_sequences: usize,
     /// Most tokens in one forward batch (largest prefill chunk).
     pub max_batch_tokens: usize,
+    /// Recurrent state checkpoints kept in memory (hybrid models; 0 for others).
+    pub max_state_checkpoints: usize,
     pub breakdown: Breakdown,
 }
 
@@ -367,6 +394,9 @@ impl fmt::Display for Plan {
                 human_bytes(bytes)
             )?,
             None => writeln!(f, "prefix cache     every page no sequence holds (no cap)")?,
+        }
+        if self.max_state_checkpoints > 0 {
+            writeln!(f, "state            {} recurrent state checkpoints in memory", self.max_state_checkpoints)?;
         }
         writeln!(f, "memory breakdown:")?;
         write!(f, "{}", self.breakdown)
@@ -446,6 +476,15 @@ pub fn plan(input: &PlanInput) -> Result<Plan, PlanError> {
             for (label, bytes) in workspaces(d, num_seqs as u64, batch, context as u64, threads, 1) {
                 items.push(Item { label: format!("draft {label}"), bytes });
             }
+        }
+        if let Some(r) = &input.target.recurrent {
+            let states = num_seqs * STATES_PER_SEQUENCE;
+            let label =
+                format!("recurrent state ({num_seqs} x {STATES_PER_SEQUENCE} of {})", human_bytes(r.state_bytes));
+            items.push(Item { label, bytes: states as u64 * r.state_bytes });
+            let checkpoints = num_seqs * CHECKPOINTS_PER_SEQUENCE;
+            let label = format!("state checkpoints ({checkpoints})");
+            items.push(Item { label, bytes: checkpoints as u64 * r.state_bytes });
         }
         let deducted: u64 = items.iter().map(|i| i.bytes).sum();
         let left = budget.saturating_sub(deducted);
@@ -540,6 +579,7 @@ pub fn plan(input: &PlanInput) -> Result<Plan, PlanError> {
         context_limit,
         max_sequences: num_seqs,
         max_batch_tokens: batch_cap.min(context),
+        max_state_checkpoints: if input.target.recurrent.is_some() { num_seqs * CHECKPOINTS_PER_SEQUENCE } else { 0 },
         breakdown: b,
     })
 }

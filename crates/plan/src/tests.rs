@@ -21,6 +21,7 @@ fn qwen_1_5b() -> ModelInput {
         weight_bytes: 1_117_320_768,
         kv_value_bytes: 2,
         experts: None,
+        recurrent: None,
     }
 }
 
@@ -40,6 +41,7 @@ fn qwen_0_5b() -> ModelInput {
         weight_bytes: 491_400_064,
         kv_value_bytes: 2,
         experts: None,
+        recurrent: None,
     }
 }
 
@@ -59,6 +61,7 @@ fn qwen_32b() -> ModelInput {
         weight_bytes: 19_851_336_384,
         kv_value_bytes: 2,
         experts: None,
+        recurrent: None,
     }
 }
 
@@ -82,7 +85,11 @@ fn assert_no_overcommit(i: &PlanInput, p: &Plan) {
     // The per-token KV the plan uses is the models' own (target + draft, f16 K and V of every layer).
     let expect_kv: u64 = std::iter::once(&i.target)
         .chain(i.draft.as_ref())
-        .map(|m| (m.shapes.num_layers * m.shapes.num_kv_heads * m.shapes.head_dim * 2 * 2) as u64)
+        .map(|m| {
+            // A hybrid's recurrent layers keep no KV.
+            let layers = m.recurrent.map_or(m.shapes.num_layers, |r| r.num_kv_layers);
+            (layers * m.shapes.num_kv_heads * m.shapes.head_dim * 2 * 2) as u64
+        })
         .sum();
     assert_eq!(p.kv_bytes_per_token, expect_kv);
     assert!(
@@ -354,6 +361,7 @@ fn qwen3_30b_a3b() -> ModelInput {
         weight_bytes: 18_550_716_416,
         kv_value_bytes: 2,
         experts: Some(ExpertShapes { num_experts: 128, num_used: 8, expert_ffn: 768, bytes: 17_553_162_240 }),
+        recurrent: None,
     }
 }
 
@@ -370,4 +378,54 @@ fn moe_counts_its_experts_and_fits_24_gib() {
     let m = qwen3_30b_a3b();
     let dense = m.shapes.activation_bytes_per_token();
     assert!(m.activation_bytes_per_token() > dense + 8 * 4 * (2 * 2048 + 3 * 768), "{text}");
+}
+
+/// A Qwen3.8-27B-shaped hybrid at Q4_K_M (64 layers, 16 of them gated attention with 4 KV heads of 256; 48 Gated
+/// DeltaNet layers of 16 key and 48 value heads of 128, conv kernel 4).
+fn qwen38_27b() -> ModelInput {
+    let conv_dim = 2 * 16 * 128 + 48 * 128;
+    let state_len = 3 * conv_dim + 48 * 128 * 128;
+    ModelInput {
+        shapes: ModelShapes {
+            num_layers: 64,
+            hidden_size: 5120,
+            ffn_size: 17_408,
+            num_heads: 24,
+            num_kv_heads: 4,
+            head_dim: 256,
+            vocab_size: 248_320,
+            max_context: 262_144,
+        },
+        weight_bytes: 16_500_000_000,
+        kv_value_bytes: 2,
+        experts: None,
+        recurrent: Some(RecurrentShapes { num_kv_layers: 16, state_bytes: 48 * 4 * state_len as u64 }),
+    }
+}
+
+/// A hybrid's KV cache counts its attention layers only; its states (each sequence's own, its rollback rows, its
+/// latest boundary) and checkpoints are in the breakdown and fit beside the KV; a machine too small is refused
+/// with the breakdown.
+#[test]
+fn a_hybrid_counts_its_recurrent_state_and_checkpoints() {
+    let m = qwen38_27b();
+    assert_eq!(m.kv_bytes_per_token(), 2 * 16 * 4 * 256 * 2, "attention layers only");
+    let i = input(m.clone(), None, 48);
+    let p = plan(&i).expect("fits 48 GiB");
+    assert_no_overcommit(&i, &p);
+    let state = m.recurrent.expect("recurrent").state_bytes;
+    let item = |label: &str| p.breakdown.items.iter().find(|it| it.label.starts_with(label)).map(|it| it.bytes);
+    let n = p.max_sequences as u64;
+    assert_eq!(item("recurrent state"), Some(n * STATES_PER_SEQUENCE as u64 * state), "{p}");
+    assert_eq!(item("state checkpoints"), Some(n * CHECKPOINTS_PER_SEQUENCE as u64 * state), "{p}");
+    assert_eq!(p.max_state_checkpoints, p.max_sequences * CHECKPOINTS_PER_SEQUENCE);
+    assert!(p.to_string().contains("recurrent state checkpoints in memory"), "{p}");
+    // Dense models keep none.
+    assert_eq!(plan(&input(qwen_1_5b(), None, 8)).expect("fits").max_state_checkpoints, 0);
+    match plan(&input(m, None, 16)) {
+        Err(PlanError::DoesNotFit { breakdown, .. }) => {
+            assert!(breakdown.items.iter().any(|it| it.label.starts_with("recurrent state")), "{breakdown}")
+        }
+        other => panic!("16 GiB for 16.5 GB of weights: {other:?}"),
+    }
 }

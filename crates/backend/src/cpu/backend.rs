@@ -9,7 +9,7 @@ use super::ops::{self, Rope};
 use super::{QMatrix, ThreadPool, matmul};
 use crate::{
     AttnRows, AttnShape, Backend, Error, ExpertGateUp, ExpertWeights, KvLayout, KvType, MatrixUse, Norm, NormKind,
-    RecurrentSpec, RecurrentWeights, Result, RopeSpec, SeqRows, Workspace,
+    RecurrentSpec, RecurrentWeights, Result, RopeSpec, SeqRows, StateSnapshot, Workspace,
 };
 
 /// `[rows, cols]` f32 values in host memory.
@@ -432,6 +432,7 @@ impl Backend for CpuBackend {
         spec: &RecurrentSpec,
         seqs: &[SeqRows<'_>],
         states: &mut [&mut CpuTensor],
+        snapshots: &mut [StateSnapshot<'_, Self>],
         ws: &mut Workspace<Self>,
     ) -> Result<()> {
         const OP: &str = "recurrent_sublayer";
@@ -442,6 +443,14 @@ impl Backend for CpuBackend {
                 OP,
                 format!("{} states of {} values for {} sequences", states.len(), spec.state_len(), seqs.len()),
             ));
+        }
+        let ordered = snapshots.windows(2).all(|p| (p[0].seq, p[0].rows_done) < (p[1].seq, p[1].rows_done));
+        let in_range = snapshots.iter().all(|s| {
+            seqs.get(s.seq).is_some_and(|q| (1..=q.num_rows).contains(&s.rows_done))
+                && s.state.data.len() >= spec.state_len()
+        });
+        if !ordered || !in_range {
+            return Err(shape_err(OP, format!("{} snapshots out of order or range", snapshots.len())));
         }
         let shapes_ok = spec.num_k_heads > 0
             && nv.is_multiple_of(spec.num_k_heads)
@@ -473,9 +482,10 @@ impl Backend for CpuBackend {
         };
         let mut scratch = vec![0f32; cd + spec.head_v_dim];
         let mut t = 0;
-        for (seq, state) in seqs.iter().zip(states.iter_mut()) {
+        let mut snaps = snapshots.iter_mut().peekable();
+        for (i, (seq, state)) in seqs.iter().zip(states.iter_mut()).enumerate() {
             let state = &mut state.data[..spec.state_len()];
-            for _ in 0..seq.num_rows {
+            for r in 0..seq.num_rows {
                 deltanet::step(
                     spec,
                     &p,
@@ -488,6 +498,9 @@ impl Backend for CpuBackend {
                     &mut o.data[t * vd..][..vd],
                 );
                 t += 1;
+                while let Some(s) = snaps.next_if(|s| (s.seq, s.rows_done) == (i, r + 1)) {
+                    s.state.data[..state.len()].copy_from_slice(state);
+                }
             }
         }
         self.linear(&o, m, &[&w.out], &[], &mut [proj])?;
@@ -508,6 +521,14 @@ impl Backend for CpuBackend {
     fn add(&mut self, x: &mut CpuTensor, y: &CpuTensor, rows: usize) -> Result<()> {
         check_pair("add", x, y, rows)?;
         ops::add(x.rows_mut(rows), y.rows(rows));
+        Ok(())
+    }
+
+    fn sigmoid_mul(&mut self, x: &mut CpuTensor, gate: &CpuTensor, rows: usize) -> Result<()> {
+        check_pair("sigmoid_mul", x, gate, rows)?;
+        for (v, &g) in x.rows_mut(rows).iter_mut().zip(gate.rows(rows)) {
+            *v /= 1.0 + (-g).exp();
+        }
         Ok(())
     }
 }
