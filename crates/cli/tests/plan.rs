@@ -219,12 +219,11 @@ fn manifest_shapes_match_the_files() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("from the pack manifest"));
 }
 
-/// A hybrid (the converter-written qwen35 fixture): its KV cache counts the attention layers only, and the breakdown
-/// holds every sequence's recurrent states and the checkpoints, sized from the transformers config the fixture was
-/// made from (fixtures/hf/qwen35/tiny-a/golden.json), not from the planner.
-#[test]
-fn a_hybrid_plans_its_recurrent_state() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf/qwen35/tiny-a");
+/// A hybrid (a converter-written fixture, `fixture` under fixtures/hf/): its KV cache counts the attention layers
+/// only, and the breakdown holds every sequence's recurrent states and the checkpoints, sized from the transformers
+/// config the fixture was made from (its golden.json), not from the planner. Returns the plan and that config.
+fn check_hybrid_plan(fixture: &str) -> (serde_json::Value, serde_json::Value) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf").join(fixture);
     let golden: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).expect("golden.json")).expect("json");
     let c = &golden["hf_config"];
@@ -254,4 +253,24 @@ fn a_hybrid_plans_its_recurrent_state() {
     let text = String::from_utf8_lossy(&splash(&["plan", "--model", file.to_str().unwrap(), "--memory", "2G"]).stdout)
         .into_owned();
     assert!(text.contains("recurrent state checkpoints in memory"), "{text}");
+    (p, c.clone())
+}
+
+#[test]
+fn a_hybrid_plans_its_recurrent_state() {
+    check_hybrid_plan("qwen35/tiny-a");
+}
+
+/// The MoE hybrid (fixtures/hf/qwen35moe/moe-a) plans its recurrent state as the dense one and counts its experts:
+/// the routed experts' f32 tensors of every layer, the MTP block's too (the shared expert is dense weight).
+#[test]
+fn a_moe_hybrid_plans_its_state_and_experts() {
+    let (p, c) = check_hybrid_plan("qwen35moe/moe-a");
+    let n = |k: &str| c[k].as_u64().expect(k);
+    let layers = n("num_hidden_layers") + n("mtp_num_hidden_layers");
+    let expert_bytes = layers * 3 * n("num_experts") * n("hidden_size") * n("moe_intermediate_size") * 4;
+    let label = format!("target experts ({} of {} per token)", n("num_experts_per_tok"), n("num_experts"));
+    let items = p["breakdown"]["items"].as_array().expect("items");
+    let item = items.iter().find(|i| i["label"] == label.as_str()).unwrap_or_else(|| panic!("{label}: {p}"));
+    assert_eq!(item["bytes"], expert_bytes, "{p}");
 }

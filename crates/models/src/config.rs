@@ -11,6 +11,8 @@ pub enum Arch {
     Qwen3Moe,
     /// The Qwen3.5/3.6 dense hybrids (Gated DeltaNet + gated attention).
     Qwen35,
+    /// The Qwen3.5/3.6 MoE hybrids: `Qwen35`'s layers with an expert-routed FFN and a shared expert.
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -21,6 +23,7 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
         }
     }
 }

@@ -1,10 +1,11 @@
 //! The f32 reference forward pass: the oracle that every backend's correctness is measured against.
 //!
-//! A plain transformer over any GGUF file an `arch/` reader accepts (qwen2, llama, qwen3, qwen3moe): weights are dequantized
-//! with `gguf::quant` (the scalar decoders that are bit-identical with ggml's), activations stay f32 (the norms, RoPE
-//! angles and softmax sums in f64) and the KV cache is f32, one growing vector per sequence and layer. It shares
-//! nothing with the backends' kernels (no quantized activations, no packed layouts, no paged cache): written from
-//! the maths, llama2.c style, so that a backend's distance to it is the backend's own error.
+//! A plain transformer over any GGUF file an `arch/` reader accepts (qwen2, llama, qwen3, qwen3moe, qwen35,
+//! qwen35moe): weights are dequantized with `gguf::quant` (the scalar decoders that are bit-identical with ggml's),
+//! activations stay f32 (the norms, RoPE angles and softmax sums in f64) and the KV cache is f32, one growing vector
+//! per sequence and layer. It shares nothing with the backends' kernels (no quantized activations, no packed layouts,
+//! no paged cache): written from the maths, llama2.c style, so that a backend's distance to it is the backend's own
+//! error.
 //!
 //! Matrices stay quantized in the mapped file; each product dequantizes panels of rows into a small buffer per
 //! thread (plain `std::thread::scope` threads) and multiplies them with every row of the batch, so a long prompt
@@ -115,9 +116,19 @@ impl Experts {
             None => None,
             Some(t) => {
                 let sf = t.dims.get(1).copied().unwrap_or(0) as usize;
+                // `[hidden]` in qwen2moe files, `[hidden, 1]` in qwen35moe ones: either way one row of weights.
                 let gate = match f.tensor(&n(names.shared_gate_inp)) {
+                    Some(t) if t.dims.iter().product::<u64>() == h => {
+                        Some(values(f, &n(names.shared_gate_inp), &t.dims)?)
+                    }
+                    Some(t) => {
+                        return Err(Error::BadShape {
+                            name: n(names.shared_gate_inp),
+                            found: t.dims.clone(),
+                            expected: vec![h, 1],
+                        });
+                    }
                     None => None,
-                    Some(t) => Some(vector(f, &n(names.shared_gate_inp), t.dims.iter().product::<u64>() as usize)?),
                 };
                 let m = [
                     Matrix::load(f, &n(names.shared_gate), sf, h as usize)?,

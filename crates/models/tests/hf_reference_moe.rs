@@ -1,9 +1,10 @@
-//! Qwen3-MoE beyond hf_reference.rs's bars (which the qwen3moe fixtures pass too: f32 within 1e-4 of transformers,
-//! q8_0 top-1 >= 99%, greedy equal): the configs cover the routing forms, llama.cpp agrees with Splash on the q8_0
-//! files, and rows grouped by expert across sequences and chunks give each row what it gets alone.
+//! Qwen3-MoE and Qwen3.5-MoE beyond hf_reference.rs's bars (which their fixtures pass too: f32 within 1e-4 of
+//! transformers, q8_0 top-1 >= 99%, greedy equal): the configs cover the routing forms (and the hybrid's shared
+//! expert), llama.cpp agrees with Splash on the qwen3moe q8_0 files, and rows grouped by expert across sequences and
+//! chunks give each row what it gets alone.
 //!
-//! Fixtures: fixtures/hf/qwen3moe/<config>/ (scripts/fixtures/tiny_hf.py --arch qwen3moe, trained tiny models
-//! converted by the vendored converter), and beside them llama.cpp's logits on the q8_0 file, `llamacpp-q8_0.f32`
+//! Fixtures: fixtures/hf/qwen3moe/<config>/ and fixtures/hf/qwen35moe/<config>/ (scripts/fixtures/tiny_hf.py --arch
+//! qwen3moe / qwen3_5_moe, trained tiny models converted by the vendored converter), and beside them llama.cpp's logits on the q8_0 file, `llamacpp-q8_0.f32`
 //! (scripts/fixtures/llamacpp_logits.py: the llama-cpp-python 0.3.36 sdist's llama.cpp on the CPU).
 
 mod golden;
@@ -30,6 +31,31 @@ fn configs_cover_routing() {
         .collect();
     assert!(specs.iter().all(|s| s.num_experts >= 4 && s.num_used > 1), "{specs:?}");
     assert!(specs.iter().any(|s| s.normalise_weights) && specs.iter().any(|s| !s.normalise_weights), "{specs:?}");
+}
+
+/// The committed qwen35moe configs are the issue's: Gated DeltaNet layers and at least one attention layer, fewer
+/// key heads than value heads, several experts, top-k > 1, and in every layer a shared expert behind its sigmoid
+/// gate, of a width the file records.
+#[test]
+fn qwen35moe_configs_cover_the_hybrid_moe() {
+    let names = &models::arch::qwen3moe::EXPERT_NAMES;
+    for g in configs("qwen35moe") {
+        let file = open(&g.dir, "model-f32.gguf");
+        let cfg = models::arch::config_from_gguf(&file).expect("config");
+        let spec = models::arch::qwen3moe::experts_spec(&file, cfg.arch).expect("experts");
+        let hy = models::arch::qwen35::hybrid_from_gguf(&file, &cfg).expect("layout").expect("a hybrid");
+        let dir = g.dir.display();
+        assert!(spec.num_experts >= 4 && spec.num_used > 1, "{dir}: {spec:?}");
+        assert!(hy.recurrent.contains(&true) && hy.recurrent.contains(&false), "{dir}: {:?}", hy.recurrent);
+        assert!(hy.spec.num_k_heads < hy.spec.num_v_heads, "{dir}: {:?}", hy.spec);
+        let shared = file.get_u64("qwen35moe.expert_shared_feed_forward_length").expect("key").expect("shared width");
+        assert_ne!(shared as usize, spec.expert_ffn, "{dir}: the shared expert's width is the experts'");
+        for i in 0..cfg.num_layers {
+            for t in [names.shared_gate, names.shared_up, names.shared_down, names.shared_gate_inp] {
+                assert!(file.tensor(&format!("blk.{i}.{t}.weight")).is_some(), "{dir}: layer {i} has no {t}");
+            }
+        }
+    }
 }
 
 /// llama.cpp's logits of the q8_0 file (`[positions, vocab]`, the prompts in turn), when they were written.
@@ -87,7 +113,7 @@ fn llamacpp_agrees_where_it_is_sure() {
 /// give each the logits it gets alone (its rows grouped by expert with the other's), bit for bit on the CPU.
 #[test]
 fn batched_equals_unbatched() {
-    for g in configs(ARCH) {
+    for g in [ARCH, "qwen35moe"].into_iter().flat_map(configs) {
         for file in ["model-f32.gguf", "model-q8_0.gguf"] {
             let mut cpu = CpuRunner::new(open(&g.dir, file), 0).expect("cpu");
             // Attention differs by chunking (its tiles), the experts do not: bounded as for the dense models.

@@ -1,6 +1,7 @@
-//! The recurrent state of the qwen35 hybrids on the CPU runner (`models::state`), on the transformers fixtures
-//! (fixtures/hf/qwen35/, f32 and q8_0): exact in every way a sequence can be cut, resumed or batched. Each test
-//! compares logits bit for bit with an uninterrupted run of the same tokens on the same runner kind:
+//! The recurrent state of the qwen35 and qwen35moe hybrids on the CPU runner (`models::state`), on the transformers
+//! fixtures (fixtures/hf/qwen35/ and fixtures/hf/qwen35moe/, f32 and q8_0): exact in every way a sequence can be cut,
+//! resumed or batched. Each test compares logits bit for bit with an uninterrupted run of the same tokens on the same
+//! runner kind:
 //! - a request resumes from the longest cached prefix with a state checkpoint (periodic ones of a long prefill, the
 //!   end of a prompt, the end of a request) and recomputes only the rest; checkpoints leave with their KV blocks;
 //! - the second turn of a conversation (prompt, reply, new tokens) recomputes only the new tokens and the tail of
@@ -25,14 +26,14 @@ const FILES: [&str; 2] = ["model-f32.gguf", "model-q8_0.gguf"];
 /// A case's name, its file (directory and name), its prompt's ids and the file's runner.
 type Case = (String, (PathBuf, &'static str), Vec<u32>, CpuRunner);
 
-/// The longest prompt of each config (several prefill chunks), on each of the config's files.
+/// The longest prompt of each config of both hybrids (several prefill chunks), on each of the config's files.
 fn cases() -> Vec<Case> {
     let mut out = Vec::new();
-    for g in configs("qwen35") {
+    for g in ["qwen35", "qwen35moe"].into_iter().flat_map(configs) {
         let p = g.prompts.iter().max_by_key(|p| p.ids.len()).expect("a prompt");
         assert!(p.ids.len() > 300, "{}: the long prompt has {} tokens", g.dir.display(), p.ids.len());
         for file in FILES {
-            let r = CpuRunner::new(open(&g.dir, file), 0).expect("the CPU runner loads qwen35");
+            let r = CpuRunner::new(open(&g.dir, file), 0).expect("the CPU runner loads the hybrid");
             out.push((format!("{} {file}", g.dir.display()), (g.dir.clone(), file), p.ids.clone(), r));
         }
     }

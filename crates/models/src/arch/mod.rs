@@ -6,6 +6,7 @@ mod llama;
 mod qwen2;
 mod qwen3;
 pub mod qwen35;
+pub mod qwen35moe;
 pub mod qwen3moe;
 
 use backend::{NormKind, RopeStyle};
@@ -58,7 +59,7 @@ pub enum MixerKind {
 pub enum FfnKind {
     /// `down · (silu(gate · x) * (up · x))`
     SwiGlu,
-    /// Expert-routed SwiGLU experts, with a shared expert where the file has one (`qwen3moe`).
+    /// Expert-routed SwiGLU experts (`qwen3moe`), with a shared expert where the file has one (`qwen35moe`).
     Experts { names: &'static qwen3moe::ExpertNames },
 }
 
@@ -109,6 +110,7 @@ impl Arch {
             Arch::Qwen3 => &qwen3::RECIPE,
             Arch::Qwen3Moe => &qwen3moe::RECIPE,
             Arch::Qwen35 => &qwen35::RECIPE,
+            Arch::Qwen35Moe => &qwen35moe::RECIPE,
         }
     }
 }
@@ -116,7 +118,7 @@ impl Arch {
 /// Reads the model configuration of any supported architecture.
 pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     let name = file.get_str("general.architecture")?.ok_or_else(|| Error::MissingKey("general.architecture".into()))?;
-    let recipe = [Arch::Qwen2, Arch::Llama, Arch::Qwen3, Arch::Qwen3Moe, Arch::Qwen35]
+    let recipe = [Arch::Qwen2, Arch::Llama, Arch::Qwen3, Arch::Qwen3Moe, Arch::Qwen35, Arch::Qwen35Moe]
         .into_iter()
         .find(|a| a.name() == name)
         .ok_or_else(|| Error::UnsupportedArch(name.into()))?
@@ -146,7 +148,15 @@ fn read_config(file: &GgufFile, recipe: &Recipe) -> Result<ModelConfig> {
         reason: format!("{nextn} MTP layers leave no trunk"),
     })?;
     let hidden_size = req("embedding_length")?;
-    let ffn_size = req("feed_forward_length")?;
+    // The widest FFN a row runs through. A MoE file whose layers are all expert-routed may have no dense width
+    // (the converter writes no `feed_forward_length` for qwen35moe): its experts' and shared expert's then.
+    let ffn_size = match (opt("feed_forward_length")?, recipe.ffn) {
+        (Some(_), _) | (None, FfnKind::SwiGlu) => req("feed_forward_length")?,
+        (None, FfnKind::Experts { .. }) => {
+            let shared = opt("expert_shared_feed_forward_length")?.unwrap_or(0);
+            req("expert_feed_forward_length")?.max(shared)
+        }
+    };
     let num_heads = req("attention.head_count")?;
     let num_kv_heads = opt("attention.head_count_kv")?.unwrap_or(num_heads);
     let head_dim = opt("attention.key_length")?.unwrap_or(hidden_size / num_heads);

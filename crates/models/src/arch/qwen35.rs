@@ -30,7 +30,7 @@ pub const RECIPE: Recipe = Recipe {
     default_rope_theta: 10_000_000.0,
 };
 
-const NAMES: TensorNames = TensorNames { ffn_norm: "post_attention_norm", ..LLAMA_NAMES };
+pub(super) const NAMES: TensorNames = TensorNames { ffn_norm: "post_attention_norm", ..LLAMA_NAMES };
 
 /// The GGUF names of a Gated DeltaNet layer's weights (`blk.{i}.{name}`).
 pub struct DeltaNetNames;
@@ -55,9 +55,9 @@ pub struct Hybrid {
     pub spec: RecurrentSpec,
 }
 
-/// The hybrid layout of a `qwen35` file (`None` for other architectures).
+/// The hybrid layout of a `qwen35` or `qwen35moe` file (`None` for architectures without Gated DeltaNet layers).
 pub fn hybrid_from_gguf(file: &GgufFile, cfg: &ModelConfig) -> Result<Option<Hybrid>> {
-    if cfg.arch != Arch::Qwen35 {
+    if cfg.arch.recipe().mixer != MixerKind::Hybrid {
         return Ok(None);
     }
     let p = cfg.arch.name();
