@@ -27,6 +27,9 @@ import os
 import struct
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
+from qwen35_tokenizer import byte_encoder  # noqa: E402  (GPT-2's bytes to byte-level characters)
+
 # Qwen3-Coder-30B-A3B-Instruct's tokenizer_config.json `added_tokens_decoder` (id: content, special), `eos_token`,
 # `pad_token`; config.json `vocab_size`, `eos_token_id`.
 QWEN3_CODER = {
@@ -65,19 +68,6 @@ QWEN3_CODER = {
 }
 
 
-def byte_decoder():
-    """GPT-2's byte-to-unicode table, inverted: the vocabulary's characters back to bytes."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
 def digest(items):
     h = hashlib.sha256()
     for b in items:
@@ -101,7 +91,7 @@ def main():
 
     tj = json.load(open(os.path.join(models, "tokenizer.json")))
     tc = json.load(open(os.path.join(models, "tokenizer_config.json")))
-    dec = byte_decoder()
+    dec = {c: b for b, c in byte_encoder().items()}
     vocab = {i: bytes(dec[c] for c in t) for t, i in tj["model"]["vocab"].items()}
     assert len(vocab) == n, f"{len(vocab)} BPE ids in tokenizer.json, {n} in qwen.tiktoken"
     differ = [i for i in range(n) if vocab[i] != ranks[i]]
