@@ -253,12 +253,12 @@ pub fn model_path(model: &str) -> Result<std::path::PathBuf> {
     }
     match pack::resolve(model) {
         Ok(p) => Ok(p),
-        Err(e) if pack::catalog().get(model).is_none() => Err(e.into()),
         Err(_) if pack::pack(model).is_some() => {
             eprintln!("pack {model} is not in the cache yet; pulling it");
             let paths = pack::pull(model, &mut crate::pull::print_progress(), &mut crate::pull::print_download())?;
             paths.into_iter().next().context("a pack has a target file")
         }
+        Err(e) if pack::catalog().get(model).is_none() => Err(e.into()),
         Err(_) => {
             eprintln!("{model} is not in the cache yet; fetching it");
             Ok(pack::fetch(model, &mut crate::pull::print_progress())?)

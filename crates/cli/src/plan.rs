@@ -11,7 +11,8 @@ use plan::{Device, DeviceMemory, ModelInput, Plan, PlanInput};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model: a catalog name (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, smollm2-135m) or a .gguf path.
+    /// Model: a pack or catalog name (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, smollm2-135m, qwen3-coder-30b-a3b) or
+    /// a .gguf path.
     #[arg(long, short, default_value = "qwen2.5-coder-1.5b")]
     model: String,
     /// Draft model to plan for alongside (default: the pack's draft, if it has one).
@@ -106,20 +107,15 @@ fn input_for(name: &str, spec: Option<&pack::FileSpec>) -> Result<(ModelInput, b
 /// The plan input a pack manifest records for one of its files (tested equal to the file's GGUF header).
 pub fn manifest_input(s: &pack::Shapes) -> ModelInput {
     // A manifest records no weight types: an f16 cache, as every quantized file's.
-    ModelInput { shapes: s.model, weight_bytes: s.weight_bytes, kv_value_bytes: 2, experts: None, recurrent: None }
+    ModelInput { shapes: s.model, weight_bytes: s.weight_bytes, kv_value_bytes: 2, experts: s.experts, recurrent: None }
 }
 
-/// Shapes and weight bytes from a GGUF header.
-pub fn model_input(path: &Path) -> Result<ModelInput> {
-    let file = gguf::GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let c =
-        models::arch::config_from_gguf(&file).with_context(|| format!("reading the shapes of {}", path.display()))?;
-    let weight_bytes = file.tensors.iter().map(|t| t.size_bytes).sum();
-    let kv_value_bytes = models::cpu::kv_type(&file, &c).bytes() as u64;
-    let experts = match c.arch.recipe().ffn {
+/// The experts of a mixture-of-experts file, `None` for a dense one.
+pub fn experts_input(file: &gguf::GgufFile, c: &models::ModelConfig) -> Result<Option<plan::ExpertShapes>> {
+    Ok(match c.arch.recipe().ffn {
         models::arch::FfnKind::SwiGlu => None,
         models::arch::FfnKind::Experts { .. } => {
-            let e = models::arch::qwen3moe::experts_spec(&file, c.arch)?;
+            let e = models::arch::qwen3moe::experts_spec(file, c.arch)?;
             // The experts' 3-D tensors (`ffn_{gate,up,down,gate_up}_exps`); the shared expert counts as dense.
             let bytes = file.tensors.iter().filter(|t| t.dims.len() == 3).map(|t| t.size_bytes).sum();
             Some(plan::ExpertShapes {
@@ -129,7 +125,17 @@ pub fn model_input(path: &Path) -> Result<ModelInput> {
                 bytes,
             })
         }
-    };
+    })
+}
+
+/// Shapes and weight bytes from a GGUF header.
+pub fn model_input(path: &Path) -> Result<ModelInput> {
+    let file = gguf::GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let c =
+        models::arch::config_from_gguf(&file).with_context(|| format!("reading the shapes of {}", path.display()))?;
+    let weight_bytes = file.tensors.iter().map(|t| t.size_bytes).sum();
+    let kv_value_bytes = models::cpu::kv_type(&file, &c).bytes() as u64;
+    let experts = experts_input(&file, &c)?;
     // A hybrid's Gated DeltaNet layers: no KV, a state per sequence (and its checkpoints).
     let recurrent = models::arch::qwen35::hybrid_from_gguf(&file, &c)?.map(|h| {
         let num_recurrent = h.recurrent.iter().filter(|&&r| r).count();

@@ -13,9 +13,9 @@ use pack::Progress;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Packs (qwen2.5-coder-1.5b with its draft, qwen2.5-coder-0.5b, smollm2-135m, ...), other catalog names, or a
-    /// local pack: a manifest `.toml` file or a directory holding `pack.toml`, or a Hugging Face GGUF as
-    /// `OWNER/REPO:FILE-OR-QUANT` (e.g. `Qwen/Qwen2.5-Coder-7B-Instruct-GGUF:q4_k_m`).
+    /// Packs (qwen2.5-coder-1.5b with its draft, qwen2.5-coder-0.5b, smollm2-135m, qwen3-coder-30b-a3b, ...), other
+    /// catalog names, or a local pack: a manifest `.toml` file or a directory holding `pack.toml`, or a Hugging Face
+    /// GGUF as `OWNER/REPO:FILE-OR-QUANT` (e.g. `Qwen/Qwen2.5-Coder-7B-Instruct-GGUF:q4_k_m`).
     #[arg(required = true)]
     names: Vec<String>,
 }

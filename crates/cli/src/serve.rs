@@ -197,7 +197,11 @@ pub(crate) fn pack_of(model: &str) -> Result<Option<&'static pack::Manifest>> {
     let Ok(fingerprint) = pack::tokenizer_fingerprint(&file) else { return Ok(None) };
     let config =
         models::arch::config_from_gguf(&file).with_context(|| format!("reading the shapes of {}", path.display()))?;
-    let shapes = pack::Shapes { model: config.shapes, weight_bytes: file.tensors.iter().map(|t| t.size_bytes).sum() };
+    let shapes = pack::Shapes {
+        model: config.shapes,
+        weight_bytes: file.tensors.iter().map(|t| t.size_bytes).sum(),
+        experts: crate::plan::experts_input(&file, &config)?,
+    };
     let size = std::fs::metadata(&path).with_context(|| format!("reading {}", path.display()))?.len();
     Ok(pack::pack_for_target(pack::builtin_packs(), &fingerprint, &shapes, size))
 }
@@ -544,6 +548,11 @@ mod tests {
             let t = apply_pack_template(pack::pack(model), file_template()).expect("applies").expect("a template");
             assert_eq!((t.source(), t.eos_token()), (corrected, "<|im_end|>"), "{model}");
         }
+        // Qwen3-Coder's vendored template (compiled by our engine), so calls are read and written in its XML form.
+        let t = apply_pack_template(pack::pack("qwen3-coder-30b-a3b"), file_template()).expect("compiles");
+        let t = t.expect("a template");
+        assert_eq!(t.source(), pack::builtin_template("qwen3-coder.jinja").expect("built in"));
+        assert!(t.source().contains("<function=") && t.eos_token() == "<|im_end|>");
         for pack in [pack::pack("smollm2-135m"), None] {
             let t = apply_pack_template(pack, file_template()).expect("applies").expect("a template");
             assert_eq!(t.source(), "{{ messages }}", "{pack:?}");

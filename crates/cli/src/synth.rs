@@ -502,6 +502,28 @@ mod tests {
         assert!(std > 0.5 && std < 20.0, "logit spread {std}");
     }
 
+    /// The qwen3-coder-30b-a3b pack records the tensor bytes of llama.cpp's Q4_K_M rule for the Qwen3-30B-A3B
+    /// shapes (its file could not be read here): the full 48-layer layout this synthesiser lays out has those bytes,
+    /// the experts' 3-D tensors included, and the same numbers of experts.
+    #[test]
+    fn the_moe_pack_records_the_q4_k_m_layout() {
+        let s = *SHAPES.iter().find(|s| s.name == "qwen3-30b-a3b").expect("shape");
+        let w = build(&s, None, 0, 1).expect("builds");
+        let m = pack::pack("qwen3-coder-30b-a3b").expect("built in").target.shapes.expect("shapes");
+        let e = m.experts.expect("experts");
+        assert_eq!(w.tensors().map(|(_, _, b)| b).sum::<u64>(), m.weight_bytes);
+        assert_eq!(w.tensors().filter(|(_, d, _)| d.len() == 3).map(|(_, _, b)| b).sum::<u64>(), e.bytes);
+        let moe = s.moe.expect("a MoE shape");
+        assert_eq!((moe.num_experts, moe.num_used, moe.expert_ffn), (e.num_experts, e.num_used, e.expert_ffn));
+        assert_eq!((s.num_layers, s.hidden, s.num_heads, s.num_kv_heads), (48, 2048, 32, 4));
+        assert_eq!(
+            (m.model.num_layers, m.model.hidden_size, m.model.num_heads, m.model.num_kv_heads),
+            (48, 2048, 32, 4)
+        );
+        assert_eq!((moe.head_dim, s.vocab), (m.model.head_dim, m.model.vocab_size));
+        assert_eq!(w.tensors().count(), 3 + 48 * 12, "579 tensors");
+    }
+
     /// A one-layer Qwen3-30B-A3B file: qwen3moe with the real file's tensor names, 3-D expert shapes and Q4_K_M
     /// types (layer 0 of 1 takes llama.cpp's "more bits": attn_v and ffn_down_exps Q6_K; the router f32), which the
     /// CPU runner loads (experts left in the file) and runs to finite, spread logits.

@@ -274,3 +274,58 @@ fn a_moe_hybrid_plans_its_state_and_experts() {
     let item = items.iter().find(|i| i["label"] == label.as_str()).unwrap_or_else(|| panic!("{label}: {p}"));
     assert_eq!(item["bytes"], expert_bytes, "{p}");
 }
+
+/// The qwen3-coder-30b-a3b pack before it is pulled (an empty cache: the manifest's shapes), sized from
+/// Qwen3-Coder-30B-A3B's config.json (48 layers, 4 KV heads of 128; 128 experts, 8 used) and the 0.5B's: on 24 GiB it
+/// fits memory-mapped with its draft, one sequence at the draft-capped 32K context, its experts a line of their own;
+/// on 16 GiB it is refused, saying what is short; without the draft its context is the target's own.
+#[test]
+fn the_moe_pack_plans_its_experts_and_refuses_a_small_machine() {
+    let empty = tempfile::tempdir().expect("temp dir");
+    let plan = |args: &[&str]| {
+        let mut all = vec!["plan", "-m", "qwen3-coder-30b-a3b", "--threads", "2"];
+        all.extend_from_slice(args);
+        Command::new(env!("CARGO_BIN_EXE_splash")).args(&all).env("SPLASH_HOME", empty.path()).output().expect("runs")
+    };
+    let o = plan(&["--memory", "24G", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    // K and V of every layer at f16: 48 x 4 x 128 (target) + 24 x 2 x 64 (draft).
+    assert_eq!(p["kv_bytes_per_token"], 2 * 2 * (48 * 4 * 128 + 24 * 2 * 64));
+    assert_eq!((p["max_context"].as_u64(), p["max_sequences"].as_u64()), (Some(32768), Some(1)), "{p}");
+    let items = p["breakdown"]["items"].as_array().expect("items");
+    let bytes = |label: &str| items.iter().find(|i| i["label"] == label).and_then(|i| i["bytes"].as_u64());
+    // 48 layers of 128 experts' gate, up and down (2048 x 768 each): Q4_K (4.5 bits a value), down Q6_K (6.5625)
+    // in half the layers.
+    let values = 48 * 128 * 2048 * 768u64;
+    let experts = bytes("target experts (8 of 128 per token)").expect("an experts line");
+    assert_eq!(experts, values * 3 * 144 / 256 + values / 2 * (210 - 144) / 256);
+    let rest = bytes("target weights (all but the experts)").expect("the dense weights");
+    assert!(rest > 500 << 20 && rest < 2 << 30, "embeddings, attention and output: {rest}");
+    assert_eq!(bytes("draft weights"), Some(485_452_288));
+
+    let o = plan(&["--memory", "16G"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "16 GiB cannot hold 17.3 GiB of weights");
+    assert!(stderr.contains("not enough memory") && stderr.contains("target experts (8 of 128 per token)"), "{stderr}");
+
+    let o = plan(&["--memory", "24G", "--no-draft", "--json"]);
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(p["model_max_context"], 262_144, "{p}");
+    assert_eq!(p["context_limit"], "memory");
+}
+
+/// With the real Qwen3-Coder file in the cache, the manifest's shapes (experts included) are its header's.
+#[test]
+fn the_moe_pack_manifest_matches_its_file() {
+    let file = pack::pack("qwen3-coder-30b-a3b").expect("built in").target.file.clone();
+    if !home().join("models").join(&file).is_file() {
+        eprintln!("skipped: {file} is not cached (splash pull qwen3-coder-30b-a3b)");
+        return;
+    }
+    let args = ["plan", "-m", "qwen3-coder-30b-a3b", "--memory", "24G", "--threads", "2", "--json"];
+    let empty = tempfile::tempdir().expect("temp dir");
+    let o = Command::new(env!("CARGO_BIN_EXE_splash")).args(args).env("SPLASH_HOME", empty.path()).output();
+    let from_manifest: serde_json::Value = serde_json::from_slice(&o.expect("runs").stdout).expect("JSON");
+    assert_eq!(from_manifest, json(&args));
+}

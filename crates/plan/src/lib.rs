@@ -177,8 +177,10 @@ pub struct RecurrentShapes {
     pub state_bytes: u64,
 }
 
-/// The experts of a mixture-of-experts model: their part of the weights and the numbers that size its activations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// The experts of a mixture-of-experts model: their part of the weights and the numbers that size its activations
+/// (read from the GGUF header, or recorded in a pack manifest's `[*.shapes.experts]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExpertShapes {
     pub num_experts: usize,
     /// Experts each token runs.
