@@ -295,6 +295,13 @@ fn qwen3moe_q8_0_ranks_like_transformers() {
     q8_file_ranks("qwen3moe", 0.6);
 }
 
+/// The CUDA runner's grouped expert kernels (routing on the device, in CUDA graphs) on the MoE configs whose shapes
+/// its kernels take (moe-a; the others' head_dim 16 is refused), with the dense models' bars.
+#[test]
+fn qwen3moe_cuda_matches_transformers() {
+    cuda_matches_transformers("qwen3moe");
+}
+
 #[test]
 fn qwen3moe_chunks_and_steps_agree() {
     chunks_and_steps_agree("qwen3moe");

@@ -33,6 +33,7 @@ mod layer;
 mod layout;
 mod load;
 mod meta;
+mod moe;
 pub mod options;
 mod pick;
 mod prefill;
