@@ -204,7 +204,9 @@ fn cuda_matches_transformers(arch: &str) {
     let loaded: Vec<models::Result<models::cuda::CudaRunner>> = std::thread::scope(|s| {
         let handles: Vec<_> = (files.iter())
             .map(|&(g, file)| {
-                let opts = models::cuda::CudaOptions { kv_tokens: 4096, ..Default::default() };
+                // SPLASH_CUDA_CACHE=DIR keeps the compiled kernels for the next test.
+                let cache_dir = std::env::var_os("SPLASH_CUDA_CACHE").map(std::path::PathBuf::from);
+                let opts = models::cuda::CudaOptions { kv_tokens: 4096, cache_dir, ..Default::default() };
                 s.spawn(move || models::cuda::CudaRunner::new(open(&g.dir, file), opts))
             })
             .collect();

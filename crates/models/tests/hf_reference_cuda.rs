@@ -190,7 +190,8 @@ fn qwen3moe_batched_equals_unbatched() {
 fn fast_runners(g: &golden::Golden) -> Vec<(&'static str, models::cuda::CudaRunner)> {
     let mut out = Vec::new();
     for file in ["model-f32.gguf", "model-q8_0.gguf"] {
-        let opts = models::cuda::CudaOptions { kv_tokens: 4096, ..Default::default() };
+        let cache_dir = std::env::var_os("SPLASH_CUDA_CACHE").map(std::path::PathBuf::from);
+        let opts = models::cuda::CudaOptions { kv_tokens: 4096, cache_dir, ..Default::default() };
         match models::cuda::CudaRunner::new(open(&g.dir, file), opts) {
             Ok(r) => out.push((file, r)),
             Err(e) => {
