@@ -24,8 +24,7 @@ use backend::cpu::QMatrix;
 use backend::cuda::{Blas, DevBuf, Gpu};
 use backend::{
     AttentionSpec, AttentionWeights, AttnRows, AttnShape, Backend, ExpertsSpec, FfnWeights, KvLayout, KvType,
-    MatrixUse, Norm,
-    RopeSpec, Workspace,
+    MatrixUse, Norm, RopeSpec, Workspace,
 };
 use cudarc::driver::{CudaGraph, CudaModule};
 use gguf::GgmlType;
@@ -702,7 +701,9 @@ impl Backend for FusedBackend {
         for seg in &self.segs {
             let sr = self.seg_rows(seg, x, ws);
             let res = match (w, seg.gemm) {
-                (FfnWeights::SwiGlu { norm, gate, up, down }, Some(_)) => self.gemm_ffn_rows(norm, [gate, up, down], &sr),
+                (FfnWeights::SwiGlu { norm, gate, up, down }, Some(_)) => {
+                    self.gemm_ffn_rows(norm, [gate, up, down], &sr)
+                }
                 (FfnWeights::SwiGlu { norm, gate, up, down }, None) => self.ffn_rows(norm, [gate, up, down], &sr),
                 (FfnWeights::Experts { norm, experts }, Some(_)) => self.gemm_experts_rows(norm, experts, &sr),
                 (FfnWeights::Experts { norm, experts }, None) => self.experts_rows(norm, experts, &sr),

@@ -394,7 +394,8 @@ pub fn kernel_source(
     embd: (GgmlType, usize),
     q8: &Q8Kernels,
 ) -> String {
-    let set = KernelSet { mats: mats.to_vec(), gu: gu.to_vec(), moe: Vec::new(), qkv: qkv.to_vec(), embd, q8: q8.clone() };
+    let set =
+        KernelSet { mats: mats.to_vec(), gu: gu.to_vec(), moe: Vec::new(), qkv: qkv.to_vec(), embd, q8: q8.clone() };
     set.source(cfg)
 }
 

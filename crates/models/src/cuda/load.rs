@@ -53,7 +53,8 @@ impl CudaRunner {
             }
         }
         // Each layer's FFN: dense (gate, up, down) or expert-routed (checked here: shapes, no shared expert).
-        let ffns: Vec<LayerFfn> = weights.layers.iter().map(|l| layer_ffn(l, cfg.hidden_size)).collect::<Result<_>>()?;
+        let ffns: Vec<LayerFfn> =
+            weights.layers.iter().map(|l| layer_ffn(l, cfg.hidden_size)).collect::<Result<_>>()?;
         let moe = moe_spec(&ffns);
         for (l, ffn) in weights.layers.iter().zip(&ffns) {
             for m in [&l.wq, &l.wk, &l.wv, &l.wo] {
@@ -107,35 +108,42 @@ impl CudaRunner {
             let [w_gate, w_up, w_down] = match *ffn {
                 LayerFfn::Dense(d) => d,
                 LayerFfn::Experts { gate, up, down, num_used, .. } => {
-                let attn = [&l.wq, &l.wk, &l.wv, &l.wo];
-                if q8_on && attn.iter().all(|m| q8_ok(m.ty, m.cols)) && attn[..3].iter().all(|m| m.cols == cfg.hidden_size)
-                {
-                    q8_mats.extend(attn.iter().map(|m| addr(m)));
-                    let t = (l.wq.ty, l.wk.ty, l.wv.ty, q8_threads(cfg.hidden_size, cfg.q_dim() + 2 * cfg.kv_dim(), it, 32));
-                    if !q8k.qkv.contains(&t) {
-                        q8k.qkv.push(t);
+                    let attn = [&l.wq, &l.wk, &l.wv, &l.wo];
+                    if q8_on
+                        && attn.iter().all(|m| q8_ok(m.ty, m.cols))
+                        && attn[..3].iter().all(|m| m.cols == cfg.hidden_size)
+                    {
+                        q8_mats.extend(attn.iter().map(|m| addr(m)));
+                        let t = (
+                            l.wq.ty,
+                            l.wk.ty,
+                            l.wv.ty,
+                            q8_threads(cfg.hidden_size, cfg.q_dim() + 2 * cfg.kv_dim(), it, 32),
+                        );
+                        if !q8k.qkv.contains(&t) {
+                            q8k.qkv.push(t);
+                        }
+                        add3(&mut q8k.mats, (l.wo.ty, l.wo.cols, q8_threads(l.wo.cols, l.wo.rows, it, 128)));
                     }
-                    add3(&mut q8k.mats, (l.wo.ty, l.wo.cols, q8_threads(l.wo.cols, l.wo.rows, it, 128)));
-                }
-                // The experts' grouped products: on 8-bit activations where all three types have such kernels.
-                let (f, h) = (down.cols, cfg.hidden_size);
-                let add4 = |v: &mut Vec<(GgmlType, usize, usize, bool)>, e| {
-                    if !v.contains(&e) {
-                        v.push(e)
-                    }
-                };
-                if q8_on && [gate, up].iter().all(|m| q8_ok(m.ty, h)) && q8_ok(down.ty, f) {
-                    q8_mats.extend([gate, up, down].map(addr));
-                    add4(&mut q8k.moe, (gate.ty, h, super::moe::moe_threads(h, f, num_used, it), true));
-                    add4(&mut q8k.moe, (down.ty, f, super::moe::moe_threads(f, h, num_used, it), false));
-                } else {
-                    for e in [(gate.ty, h, true), (down.ty, f, false)] {
-                        if !moe_f32.contains(&e) {
-                            moe_f32.push(e);
+                    // The experts' grouped products: on 8-bit activations where all three types have such kernels.
+                    let (f, h) = (down.cols, cfg.hidden_size);
+                    let add4 = |v: &mut Vec<(GgmlType, usize, usize, bool)>, e| {
+                        if !v.contains(&e) {
+                            v.push(e)
+                        }
+                    };
+                    if q8_on && [gate, up].iter().all(|m| q8_ok(m.ty, h)) && q8_ok(down.ty, f) {
+                        q8_mats.extend([gate, up, down].map(addr));
+                        add4(&mut q8k.moe, (gate.ty, h, super::moe::moe_threads(h, f, num_used, it), true));
+                        add4(&mut q8k.moe, (down.ty, f, super::moe::moe_threads(f, h, num_used, it), false));
+                    } else {
+                        for e in [(gate.ty, h, true), (down.ty, f, false)] {
+                            if !moe_f32.contains(&e) {
+                                moe_f32.push(e);
+                            }
                         }
                     }
-                }
-                continue;
+                    continue;
                 }
             };
             let all = [&l.wq, &l.wk, &l.wv, &l.wo, w_gate, w_up, w_down];
@@ -249,7 +257,14 @@ impl CudaRunner {
 enum LayerFfn<'a> {
     Dense([&'a QMatrix; 3]),
     /// The router, the experts' gate and up (the same matrix when fused), their down, and the router's numbers.
-    Experts { router: &'a QMatrix, gate: &'a QMatrix, up: &'a QMatrix, down: &'a QMatrix, num_used: usize, spec: ExpertsSpec },
+    Experts {
+        router: &'a QMatrix,
+        gate: &'a QMatrix,
+        up: &'a QMatrix,
+        down: &'a QMatrix,
+        num_used: usize,
+        spec: ExpertsSpec,
+    },
 }
 
 /// Layer `l`'s FFN, with an expert-routed one checked against what the kernels take: its shapes, at most

@@ -190,12 +190,7 @@ impl FusedBackend {
     /// the rows in expert order in f16, every expert's matrices dequantized to f16, then per used expert (the
     /// assignments' counts copied back: this path is never captured) a GEMM for gate and up, the SwiGLU for all
     /// rows, a GEMM for down, and the mix.
-    pub(super) fn gemm_experts_rows(
-        &self,
-        norm: &Norm<DevBuf>,
-        e: &ExpertWeights<Self>,
-        rows: &SegRows,
-    ) -> Result<()> {
+    pub(super) fn gemm_experts_rows(&self, norm: &Norm<DevBuf>, e: &ExpertWeights<Self>, rows: &SegRows) -> Result<()> {
         let s = self.moe_scratch();
         let g = self.moe_gemm.as_ref().expect("INVARIANT: ensure_gemm_scratch sized the experts' GEMM scratch");
         let blas = self.blas.as_ref().expect("INVARIANT: GEMM segments only exist with cuBLAS");
@@ -225,7 +220,9 @@ impl FusedBackend {
         if bad {
             return Err(Error::Backend(format!("moe_group wrote inconsistent offsets for {n} assignments")));
         }
-        let used = || (0..ne).filter(|&x| offsets[x] < offsets[x + 1]).map(|x| (x, offsets[x] as usize, offsets[x + 1] as usize));
+        let used = || {
+            (0..ne).filter(|&x| offsets[x] < offsets[x + 1]).map(|x| (x, offsets[x] as usize, offsets[x + 1] as usize))
+        };
         let h16 = |ptr: u64, at: usize, ld: usize| BlasMat::new(ptr + 2 * at as u64, BlasType::F16, ld);
         let f32m = |ptr: u64, at: usize, ld: usize| BlasMat::new(ptr + 4 * at as u64, BlasType::F32, ld);
         for (x, p0, p1) in used() {
