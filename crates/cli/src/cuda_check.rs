@@ -197,6 +197,7 @@ pub fn main(a: Args) -> Result<()> {
         ),
         Some(why) => println!("no tensor-core prefill: {why}"),
     }
+    let file_for_disk = file.clone();
     let mut cpu = CpuRunner::new(file, a.threads).context("loading on the CPU")?;
     let vocab = cpu.config().vocab_size;
     let n = a.positions.max(1);
@@ -504,12 +505,47 @@ pub fn main(a: Args) -> Result<()> {
     if !same_tokens {
         failed.push("batched and unbatched greedy tokens differ".into());
     }
+    drop(gpu);
+    disk_restore(&file_for_disk, vocab, &mut failed)?;
     if failed.is_empty() {
         println!("PASS");
         Ok(())
     } else {
         bail!("FAIL: {}", failed.join("; "))
     }
+}
+
+/// The disk tier: pages a runner wrote to disk, read back by a fresh one (as after a server restart), give the
+/// logits of the tokens after them bit for bit as the pages the first runner kept (the same chunks on both).
+fn disk_restore(file: &Arc<gguf::GgufFile>, vocab: usize, failed: &mut Vec<String>) -> Result<()> {
+    let page = models::cuda::PAGE_SIZE;
+    let (cached, tokens) = (3 * page, pseudo_tokens(3 * page + 10, vocab, 11));
+    let dir = std::env::temp_dir().join(format!("splash-cuda-check-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (seq, rest) = (SeqId(900), &tokens[3 * page..]);
+    let mut first = CudaRunner::new(file.clone(), crate::load::cuda_options()).context("loading on the GPU")?;
+    first.enable_prefix_store(&dir, 1 << 34)?;
+    first.forward(&one(seq, &tokens[..cached], 0, LogitsWanted::Last))?;
+    let want = first.forward(&one(seq, rest, cached, LogitsWanted::All))?.to_vec();
+    first.release(seq);
+    while first.idle_work() {}
+    drop(first);
+    let mut second = CudaRunner::new(file.clone(), crate::load::cuda_options()).context("loading on the GPU")?;
+    let stored = second.enable_prefix_store(&dir, 1 << 34)?.num_blocks();
+    let hit = second.attach_prefix(seq, &tokens);
+    let got = if hit == cached { second.forward(&one(seq, rest, cached, LogitsWanted::All))?.to_vec() } else { vec![] };
+    let same = got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+    drop(second);
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "disk tier after a restart: {hit} of {cached} positions from {stored} pages on disk, logits of the next {} positions {}",
+        rest.len(),
+        if same { "bit-identical" } else { "DIFFER" }
+    );
+    if hit != cached || !same {
+        failed.push("pages read back from the disk tier do not give the uninterrupted run's logits".into());
+    }
+    Ok(())
 }
 
 /// The same ids and the same logit bits, row by row.

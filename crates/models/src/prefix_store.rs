@@ -126,10 +126,16 @@ impl PrefixStore {
     /// others); returns how many of the first blocks loaded before the first that failed (missing or failing a
     /// check; those are removed as in [`Self::load`]).
     pub fn load_many<D: AsMut<[u16]> + Send>(&mut self, hs: &[BlockHash], dsts: &mut [D]) -> usize {
+        let ok = self.read_many(hs, dsts);
+        self.forget_failed(hs, &ok)
+    }
+
+    /// [`Self::load_many`]'s reads alone, which share the store (a reader thread can run them while another
+    /// thread uses what an earlier call read): whether each block loaded.
+    pub fn read_many<D: AsMut<[u16]> + Send>(&self, hs: &[BlockHash], dsts: &mut [D]) -> Vec<bool> {
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(1, 16);
         let per = hs.len().div_ceil(threads).max(1);
-        let ok: Vec<bool> = std::thread::scope(|sc| {
-            let this = &*self;
+        std::thread::scope(|sc| {
             let jobs: Vec<_> = hs
                 .chunks(per)
                 .zip(dsts.chunks_mut(per))
@@ -137,14 +143,18 @@ impl PrefixStore {
                     sc.spawn(move || {
                         hs.iter()
                             .zip(ds)
-                            .map(|(h, d)| this.contains(h) && this.read(h, d.as_mut()).unwrap_or(false))
+                            .map(|(h, d)| self.contains(h) && self.read(h, d.as_mut()).unwrap_or(false))
                             .collect::<Vec<bool>>()
                     })
                 })
                 .collect();
             jobs.into_iter().flat_map(|j| j.join().unwrap_or_default()).collect::<Vec<bool>>()
-        });
-        for (h, _) in hs.iter().zip(&ok).filter(|(_, ok)| !**ok) {
+        })
+    }
+
+    /// After [`Self::read_many`]: removes the blocks that failed, and returns how many of the first loaded.
+    pub fn forget_failed(&mut self, hs: &[BlockHash], ok: &[bool]) -> usize {
+        for (h, _) in hs.iter().zip(ok).filter(|(_, ok)| !**ok) {
             if self.contains(h) {
                 self.remove(h);
             }

@@ -232,6 +232,24 @@ fn dev(op: &'static str) -> impl Fn(Error) -> backend::Error {
 }
 
 impl FusedBackend {
+    /// [`Backend::kv_block_from_host`] for several pages at once, in one batch of copies (`Gpu::htod_many`).
+    pub(super) fn kv_blocks_from_host(&mut self, kv: &mut KvPool, pages: &[(u32, &[u16])]) -> backend::Result<()> {
+        let n = kv.page_bytes() / 2;
+        let mut copies = Vec::with_capacity(pages.len() * 2 * kv.kc.len());
+        for &(block, data) in pages {
+            if data.len() != 2 * n * kv.kc.len() {
+                let message = format!("a page of {} values, not {}", data.len(), 2 * n * kv.kc.len());
+                return Err(backend::Error::Device { op: "kv_blocks_from_host", message });
+            }
+            let at = block as u64 * kv.page_bytes() as u64;
+            for (li, (k, v)) in kv.kc.iter().zip(&kv.vc).enumerate() {
+                copies.push((k.ptr + at, &data[2 * li * n..(2 * li + 1) * n]));
+                copies.push((v.ptr + at, &data[(2 * li + 1) * n..(2 * li + 2) * n]));
+            }
+        }
+        self.gpu.htod_many(&copies).map_err(|e| dev("kv_blocks_from_host")(e.into()))
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         cfg: ModelConfig,
@@ -587,13 +605,7 @@ impl Backend for FusedBackend {
     /// `data` (as [`Backend::kv_block_to_host`] writes it) into page `block` of every layer (asynchronous: `data`
     /// must stay as it is until the stream has copied it when it is page-locked).
     fn kv_block_from_host(&mut self, kv: &mut KvPool, block: u32, data: &[u16]) -> backend::Result<()> {
-        let (at, n) = (block as usize * kv.page_bytes(), kv.page_bytes() / 2);
-        for (li, (k, v)) in kv.kc.iter().zip(&kv.vc).enumerate() {
-            let e = |e: backend::cuda::CudaError| dev("kv_block_from_host")(e.into());
-            self.gpu.htod_at(k, at, &data[2 * li * n..(2 * li + 1) * n]).map_err(e)?;
-            self.gpu.htod_at(v, at, &data[(2 * li + 1) * n..(2 * li + 2) * n]).map_err(e)?;
-        }
-        Ok(())
+        self.kv_blocks_from_host(kv, &[(block, data)])
     }
 
     /// The pass's tokens are its metadata's (on the device already: decode ahead writes them there), one launch per

@@ -43,7 +43,13 @@ impl CudaRunner {
     /// Keeps cached prefix pages on disk under `root` (at most `max_bytes`), in this model's own directory: written
     /// while idle, read back when a prompt's prefix is not in device memory.
     pub fn enable_prefix_store(&mut self, root: &std::path::Path, max_bytes: u64) -> std::io::Result<&PrefixStore> {
-        Ok(self.store.insert(PrefixStore::open(root, &self.identity, max_bytes)?))
+        let store = PrefixStore::open(root, &self.identity, max_bytes)?;
+        let restarted = store.num_blocks() > 0;
+        self.store = Some(store);
+        if restarted {
+            self.ensure_stage();
+        }
+        Ok(self.store.as_ref().expect("INVARIANT: set above"))
     }
 
     /// Drops every cached prefix page no sequence is using.
@@ -57,9 +63,7 @@ impl CudaRunner {
     }
 
     /// [`crate::Runner::attach_prefix`]: the longest prefix of `tokens` in cached pages, then from disk while the
-    /// next page is there and intact and a page is free: batches of pages read and checked on several threads into
-    /// one half of a page-locked staging while the other half's are copied to the device (asynchronously, at the
-    /// link's speed).
+    /// next page is there and intact and a page is free (`attach_from_disk`).
     pub(super) fn attach_cached_prefix(&mut self, seq: SeqId, tokens: &[u32]) -> usize {
         let n = self.table.attach_prefix(seq, tokens);
         if self.store.is_none() {
@@ -75,10 +79,49 @@ impl CudaRunner {
         n
     }
 
+    /// Pages per half of the staging ([`STAGE_BYTES`], at most [`LOAD_BATCH`] / 2).
+    fn stage_half(&self) -> usize {
+        (STAGE_BYTES / (4 * self.page_values())).clamp(1, LOAD_BATCH / 2)
+    }
+
+    /// The page-locked staging, allocated once (before the first request when the disk already holds pages: a
+    /// restarted server's first prompt does not wait for it).
+    fn ensure_stage(&mut self) {
+        if self.stage.is_none() {
+            match self.backend.gpu.alloc_pinned::<u16>(2 * self.stage_half() * self.page_values()) {
+                Ok(s) => self.stage = Some(s),
+                Err(e) => eprintln!("warning: no page-locked memory for reading prefix pages back: {e}"),
+            }
+        }
+    }
+
+    /// The pages on disk that continue `seq`'s `n` cached positions of `tokens`, attached and copied to the device:
+    /// batches of pages read and checked on several threads into one half of the staging while the pages of the
+    /// batch before are attached and copied out of the other half (one batch of copies, asynchronous, at the link's
+    /// speed). Returns the positions `seq` holds then.
     fn attach_from_disk(&mut self, seq: SeqId, tokens: &[u32], mut n: usize, stage: &mut Option<Pinned<u16>>) -> usize {
-        let values = self.page_values();
-        // The staging in two halves: the disk fills one while the other's pages are copied to the device.
-        let half = (STAGE_BYTES / (4 * values)).clamp(1, LOAD_BATCH / 2);
+        let (values, half) = (self.page_values(), self.stage_half());
+        // The chain of pages the disk has from here on.
+        let mut hashes = Vec::new();
+        let mut prev = self.table.last_hash(seq);
+        let store = self.store.as_ref().expect("INVARIANT: checked by the caller");
+        while n + (hashes.len() + 1) * PAGE_SIZE <= tokens.len() {
+            let at = n + hashes.len() * PAGE_SIZE;
+            let h = chain_hash(&prev, &tokens[at..at + PAGE_SIZE]);
+            if !store.contains(&h) {
+                break;
+            }
+            hashes.push(h);
+            prev = h;
+        }
+        if hashes.is_empty() {
+            return n;
+        }
+        if stage.is_none() {
+            self.ensure_stage();
+            *stage = self.stage.take();
+        }
+        let Some(staging) = stage.as_mut() else { return n };
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let copied = match (self.backend.gpu.ctx.new_event(flags), self.backend.gpu.ctx.new_event(flags)) {
             (Ok(a), Ok(b)) => [a, b],
@@ -87,59 +130,63 @@ impl CudaRunner {
                 return n;
             }
         };
-        let mut turn = 0;
-        loop {
-            // The next pages' hashes, while the disk has them.
-            let mut hashes = Vec::new();
-            let mut prev = self.table.last_hash(seq);
-            let store = self.store.as_mut().expect("INVARIANT: checked by the caller");
-            while hashes.len() < half && n + (hashes.len() + 1) * PAGE_SIZE <= tokens.len() {
-                let at = n + hashes.len() * PAGE_SIZE;
-                let h = chain_hash(&prev, &tokens[at..at + PAGE_SIZE]);
-                if !store.contains(&h) {
-                    break;
+        let Self { store, table, backend, kv, .. } = self;
+        let store_ref = store.as_ref().expect("INVARIANT: checked by the caller");
+        let (h0, h1) = staging.as_mut_slice()[..2 * half * values].split_at_mut(half * values);
+        let mut halves = [h0, h1];
+        let batches: Vec<&[_]> = hashes.chunks(half).collect();
+        let mut ok = {
+            let mut bufs: Vec<&mut [u16]> = halves[0].chunks_mut(values).take(batches[0].len()).collect();
+            store_ref.read_many(batches[0], &mut bufs)
+        };
+        let mut failed: Vec<(crate::kv_cache::BlockHash, bool)> = Vec::new();
+        for (i, batch) in batches.iter().enumerate() {
+            let next = batches.get(i + 1).copied();
+            let [a, b] = &mut halves;
+            let (cur, other) = if i % 2 == 0 { (&**a, &mut **b) } else { (&**b, &mut **a) };
+            // The copies of batch i - 1 read the other half: done before it is read into again.
+            if next.is_some() && copied[(i + 1) % 2].synchronize().is_err() {
+                break;
+            }
+            let loaded = ok.iter().take_while(|&&o| o).count();
+            failed.extend(batch.iter().zip(&ok).map(|(h, o)| (*h, *o)));
+            let (attached, next_ok) = std::thread::scope(|sc| {
+                let reader = next.map(|nb| {
+                    sc.spawn(move || {
+                        let mut bufs: Vec<&mut [u16]> = other.chunks_mut(values).take(nb.len()).collect();
+                        store_ref.read_many(nb, &mut bufs)
+                    })
+                });
+                let start = n;
+                let mut pages = Vec::with_capacity(loaded);
+                for (h, buf) in batch.iter().zip(cur.chunks(values)).take(loaded) {
+                    let Some(b) = table.attach_loaded(seq, *h, &tokens[n..n + PAGE_SIZE]) else { break };
+                    pages.push((b, buf));
+                    n += PAGE_SIZE;
                 }
-                hashes.push(h);
-                prev = h;
-            }
-            if hashes.is_empty() {
-                return n;
-            }
-            if stage.is_none() {
-                match self.backend.gpu.alloc_pinned::<u16>(2 * half * values) {
-                    Ok(s) => *stage = Some(s),
-                    Err(e) => {
-                        eprintln!("warning: no page-locked memory for reading prefix pages back: {e}");
-                        return n;
-                    }
+                let mut all = pages.len() == batch.len();
+                if let Err(e) = backend.kv_blocks_from_host(kv, &pages) {
+                    eprintln!("warning: reading prefix pages back onto the GPU failed: {e}");
+                    // The pages hold nothing valid: the sequence keeps only the pages before them, and the pages
+                    // (cached under their hashes once dropped) are evicted with the other unused ones.
+                    table.truncate(seq, start);
+                    table.evict_all();
+                    n = start;
+                    all = false;
                 }
+                all &= copied[i % 2].record(&backend.gpu.stream).is_ok();
+                let next_ok = reader.map(|r| r.join().unwrap_or_default());
+                (all, next_ok)
+            });
+            match next_ok {
+                Some(o) if attached => ok = o,
+                _ => break,
             }
-            let staging = stage.as_mut().expect("INVARIANT: allocated above").as_mut_slice();
-            let part = &mut staging[turn % 2 * half * values..][..half * values];
-            let mut bufs: Vec<&mut [u16]> = part.chunks_mut(values).take(hashes.len()).collect();
-            // The copies of the batch before the last read this half (an event never recorded is complete).
-            if copied[turn % 2].synchronize().is_err() {
-                return n;
-            }
-            let loaded = store.load_many(&hashes, &mut bufs);
-            for (h, buf) in hashes.iter().zip(&bufs).take(loaded) {
-                let chunk = &tokens[n..n + PAGE_SIZE];
-                let Some(b) = self.table.attach_loaded(seq, *h, chunk) else { return n };
-                if let Err(e) = self.backend.kv_block_from_host(&mut self.kv, b, buf) {
-                    eprintln!("warning: reading a prefix page back onto the GPU failed: {e}");
-                    // The page holds nothing valid: the sequence keeps only the pages before it, and the page
-                    // (cached under its hash once dropped) is evicted with the other unused ones.
-                    self.table.truncate(seq, n);
-                    self.table.evict_all();
-                    return n;
-                }
-                n += PAGE_SIZE;
-            }
-            if loaded < hashes.len() || copied[turn % 2].record(&self.backend.gpu.stream).is_err() {
-                return n;
-            }
-            turn += 1;
         }
+        let store = store.as_mut().expect("INVARIANT: checked by the caller");
+        let (hs, oks): (Vec<_>, Vec<_>) = failed.into_iter().unzip();
+        store.forget_failed(&hs, &oks);
+        n
     }
 
     /// [`crate::Runner::idle_work`]: cached pages not yet on disk written there for a few milliseconds

@@ -35,7 +35,8 @@ pub struct CudaRunner {
     pub(super) table: BlockTable,
     /// Prefix pages on disk, when enabled (`kv.rs`).
     pub(super) store: Option<PrefixStore>,
-    /// Page-locked staging for pages read back from disk (allocated at the first read: `kv.rs`).
+    /// Page-locked staging for pages read back from disk (allocated when the disk tier opens with pages on it, else
+    /// at the first read: `kv.rs`).
     pub(super) stage: Option<backend::cuda::Pinned<u16>>,
     /// The model's identity for the disk tier (`prefix_store::model_identity`, with the device's KV layout).
     pub(super) identity: String,
