@@ -11,12 +11,13 @@
 #
 # Steps (default: side-by-side = synth warm check spec side pp aggregate; llama.cpp builds in the background from the
 # start whenever a step needs it, and the timed runs wait for that build, so they share the machine with nothing):
-#   synth      synthetic GGUF files with the shapes of --models (q05, q15, q32 = Qwen2.5-Coder 0.5B / 1.5B / 32B, Q4_K_M)
+#   synth      synthetic GGUF files with the shapes of --models (q05, q15, q32 = Qwen2.5-Coder 0.5B / 1.5B / 32B, q30a =
+#              Qwen3-30B-A3B, the MoE; all Q4_K_M)
 #   warm       first start of every model at once (NVRTC compiles), then a second start of the first (kernel cache)
 #   check      splash cuda-check (CUDA against the CPU, batched against unbatched) on each model but the 32B
 #   spec       speculation identity: bench --spec on q15 with q05 as the draft
 #   side       batch-1 decode at each --contexts: splash twice around llama-bench tg128 -d CTX
-#   pp         prefill of --pp-tokens tokens (q15, q32): splash against llama-bench's best setting (-b 4096 -ub 2048)
+#   pp         prefill of --pp-tokens tokens (every model but q05): splash against llama-bench's best setting (-b 4096 -ub 2048)
 #   aggregate  decode of 16 and 64 concurrent sequences (q15)
 #   ab         A/B of each --ab switch: decode at each --contexts on each --models, the values alternated --rounds times
 #   ab-aggregate  the same A/B for aggregate decode (q15)
@@ -91,14 +92,16 @@ done
 IFS=, read -r -a MODEL_LIST <<< "$MODELS"
 IFS=, read -r -a CONTEXT_LIST <<< "$CONTEXTS"
 for m in "${MODEL_LIST[@]}"; do
-  case $m in q05|q15|q32) ;; *) echo "unknown model $m (q05, q15, q32)" >&2; exit 2 ;; esac
+  case $m in q05|q15|q32|q30a) ;; *) echo "unknown model $m (q05, q15, q32, q30a)" >&2; exit 2 ;; esac
 done
 for a in "${AB[@]}"; do
   case $a in SPLASH_*=*) ;; *) echo "--ab wants SPLASH_VAR=V1,V2, got $a" >&2; exit 2 ;; esac
 done
 case " ${EXPANDED[*]} " in *" ab"*) [ ${#AB[@]} -gt 0 ] || { echo "the ab steps need --ab VAR=V1,V2" >&2; exit 2; } ;; esac
 
-LIKE() { case $1 in q05) echo qwen2.5-coder-0.5b ;; q15) echo qwen2.5-coder-1.5b ;; q32) echo qwen2.5-coder-32b ;; esac; }
+LIKE() {
+  case $1 in q05) echo qwen2.5-coder-0.5b ;; q15) echo qwen2.5-coder-1.5b ;; q32) echo qwen2.5-coder-32b ;; q30a) echo qwen3-30b-a3b ;; esac
+}
 
 D=${D:-$R/.dev/cuda/current}; B=$D/splash; OUT=${OUT:-$R/cuda-out}; F=${FILES:-/tmp}
 LLAMA_TAR=${LLAMA_TAR:-$R/.dev/cuda/llama.tar.xz}; BUILD_S=${BUILD_S:-380}

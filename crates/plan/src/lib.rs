@@ -479,6 +479,16 @@ pub fn plan(input: &PlanInput) -> Result<Plan, PlanError> {
                 items.push(Item { label: format!("draft {label}"), bytes });
             }
         }
+        // On a GPU, long chunks multiply a layer's experts from f16 copies of all of them (cuda/moe.rs), their
+        // inputs and SwiGLU rows in f16 too.
+        if input.device == Device::Cuda
+            && let Some(e) = &input.target.experts
+        {
+            let (h, f, ne, k) =
+                (input.target.shapes.hidden_size as u64, e.expert_ffn as u64, e.num_experts as u64, e.num_used as u64);
+            let label = "target experts' f16 copies (one layer, tensor-core prefill)".into();
+            items.push(Item { label, bytes: ne * 3 * f * h * 2 + batch * k * (h + f) * 2 });
+        }
         if let Some(r) = &input.target.recurrent {
             let states = num_seqs * STATES_PER_SEQUENCE;
             let label =

@@ -380,6 +380,22 @@ fn moe_counts_its_experts_and_fits_24_gib() {
     assert!(m.activation_bytes_per_token() > dense + 8 * 4 * (2 * 2048 + 3 * 768), "{text}");
 }
 
+/// On a GPU the plan also counts the tensor-core path's f16 copies of one layer's experts (128 x 3 x 768 x 2048
+/// values) and its f16 rows.
+#[test]
+fn moe_on_a_gpu_counts_the_experts_f16_copies() {
+    let mut i = input(qwen3_30b_a3b(), None, 141);
+    i.device = Device::Cuda;
+    let p = plan(&i).expect("fits");
+    assert_no_overcommit(&i, &p);
+    let item = (p.breakdown.items.iter()).find(|it| it.label.contains("f16 copies")).expect("the experts' f16 copies");
+    assert!(item.bytes >= 128 * 3 * 768 * 2048 * 2, "{}", item.bytes);
+    let mut cpu = input(qwen3_30b_a3b(), None, 141);
+    cpu.device = Device::Cpu;
+    let p = plan(&cpu).expect("fits");
+    assert!(!p.breakdown.items.iter().any(|it| it.label.contains("f16 copies")), "the CPU keeps no copies");
+}
+
 /// A Qwen3.8-27B-shaped hybrid at Q4_K_M (64 layers, 16 of them gated attention with 4 KV heads of 256; 48 Gated
 /// DeltaNet layers of 16 key and 48 value heads of 128, conv kernel 4).
 fn qwen38_27b() -> ModelInput {

@@ -12,9 +12,10 @@
 
 // The picks of row blockIdx.x of `logits` ([m, ne]): softmax over the ne experts, the k largest (ties to the lower
 // index; NaN never picked while a number is left), in order of decreasing probability: pick_e / pick_w
-// [m * k], the weights renormalised to sum to 1 when `norm`. One warp per row.
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int ne, int k, int norm,
-                                     u32* __restrict__ pick_e, float* __restrict__ pick_w) {
+// [m * k], the weights renormalised to sum to 1 when `norm`. One warp per row. (The bodies are device functions so
+// that the fused runner's library, moe.cu, wraps them with its programmatic-dependent-launch wait.)
+__device__ __forceinline__ void moe_route_body(const float* __restrict__ logits, int ne, int k, int norm,
+                                               u32* __restrict__ pick_e, float* __restrict__ pick_w) {
     __shared__ float p[MOE_MAX_EXPERTS];
     const int lane = threadIdx.x;
     const float* l = logits + (size_t)blockIdx.x * ne;
@@ -55,11 +56,17 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int ne, i
     if (norm)
         for (int j = lane; j < k; j += 32) pick_w[(size_t)blockIdx.x * k + j] /= total;
 }
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int ne, int k, int norm,
+                                     u32* __restrict__ pick_e, float* __restrict__ pick_w) {
+    moe_route_body(logits, ne, k, norm, pick_e, pick_w);
+}
 
 // The n = m * k assignments (a = row * k + slot) sorted by expert, stably: offsets [ne + 1] (expert e's assignments
-// at offsets[e] .. offsets[e + 1]), order[p] = a, at[a] = p. One block.
-extern "C" __global__ void moe_group(const u32* __restrict__ pick_e, int n, int ne, u32* __restrict__ offsets,
-                                     u32* __restrict__ order, u32* __restrict__ at) {
+// at offsets[e] .. offsets[e + 1]), order[p] = a, at[a] = p; where given, tok[p] = a / k (the row of assignment p)
+// and used = [count, the experts some assignment picked, in increasing order]. One block.
+__device__ __forceinline__ void moe_group_body(const u32* __restrict__ pick_e, int n, int ne, int k,
+                                               u32* __restrict__ offsets, u32* __restrict__ order, u32* __restrict__ at,
+                                               u32* __restrict__ tok, u32* __restrict__ used) {
     for (int e = threadIdx.x; e < ne; e += blockDim.x) {
         u32 c = 0;
         for (int a = 0; a < n; a++) c += pick_e[a] == (u32)e;
@@ -68,14 +75,28 @@ extern "C" __global__ void moe_group(const u32* __restrict__ pick_e, int n, int 
     __syncthreads();
     if (threadIdx.x == 0) {
         offsets[0] = 0;
-        for (int e = 0; e < ne; e++) offsets[e + 1] += offsets[e];
+        u32 c = 0;
+        for (int e = 0; e < ne; e++) {
+            if (used && offsets[e + 1] > 0) used[1 + c++] = e;
+            offsets[e + 1] += offsets[e];
+        }
+        if (used) used[0] = c;
     }
     __syncthreads();
     for (int e = threadIdx.x; e < ne; e += blockDim.x) {
         u32 q = offsets[e];
         for (int a = 0; a < n; a++)
-            if (pick_e[a] == (u32)e) order[q] = a, at[a] = q, q++;
+            if (pick_e[a] == (u32)e) {
+                order[q] = a, at[a] = q;
+                if (tok) tok[q] = a / k;
+                q++;
+            }
     }
+}
+extern "C" __global__ void moe_group(const u32* __restrict__ pick_e, int n, int ne, int k, u32* __restrict__ offsets,
+                                     u32* __restrict__ order, u32* __restrict__ at, u32* __restrict__ tok,
+                                     u32* __restrict__ used) {
+    moe_group_body(pick_e, n, ne, k, offsets, order, at, tok, used);
 }
 
 // Sums of one warp: acc[i] over the lanes, for the first `count` of MOE_TILE.

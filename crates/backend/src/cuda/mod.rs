@@ -20,8 +20,13 @@ mod backend;
 pub use backend::{CudaBackend, CudaKvPages, CudaMatrix, CudaTensor, CudaVector};
 
 /// The kernel library; the host prepends the model's constants and appends instantiations.
-pub const KERNELS: &str =
-    concat!(include_str!("prelude.cu"), include_str!("kernels.cu"), include_str!("flash_attention.cu"));
+pub const KERNELS: &str = concat!(
+    include_str!("prelude.cu"),
+    include_str!("kernels.cu"),
+    include_str!("flash_attention.cu"),
+    include_str!("experts.cu"),
+    include_str!("moe.cu")
+);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {

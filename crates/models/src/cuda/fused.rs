@@ -23,8 +23,8 @@ use std::sync::Arc;
 use backend::cpu::QMatrix;
 use backend::cuda::{Blas, DevBuf, Gpu};
 use backend::{
-    AttentionSpec, AttentionWeights, AttnRows, AttnShape, Backend, FfnWeights, KvLayout, KvType, MatrixUse, Norm,
-    RopeSpec, Workspace,
+    AttentionSpec, AttentionWeights, AttnRows, AttnShape, Backend, ExpertsSpec, FfnWeights, KvLayout, KvType,
+    MatrixUse, Norm, RopeSpec, Workspace,
 };
 use cudarc::driver::{CudaGraph, CudaModule};
 use gguf::GgmlType;
@@ -33,6 +33,7 @@ use super::kernels::{Kernel as K, KernelTable};
 use super::layer::{Args, SegRows};
 use super::layout::device_layout;
 use super::meta::{GemmChunk, Meta, Seg, pack_meta};
+use super::moe::{MoeGemmScratch, MoeScratch};
 use super::prefill::GemmScratch;
 use super::tactics::{att_splits, decode_splits, on_tensor_cores};
 use super::{ARGMAX_BLOCKS, CudaOptions, DEVICE_CANDIDATES, GEMM_MIN_ROWS, MAX_GRAPH_ROWS, PAGE_SIZE, TOPK_BLOCKS};
@@ -181,6 +182,11 @@ pub struct FusedBackend {
     pub(super) max_matrix: usize,
     pub(super) scratch: Option<Scratch>,
     pub(super) gemm_scratch: Option<GemmScratch>,
+    /// The largest numbers of the model's expert-routed layers (None: a dense model), and their scratch on the
+    /// matrix-vector and the tensor-core paths (`moe`).
+    pub(super) moe: Option<ExpertsSpec>,
+    pub(super) moe_scratch: Option<MoeScratch>,
+    pub(super) moe_gemm: Option<MoeGemmScratch>,
     /// This pass's segments: runs of rows that go through each layer together.
     segs: Vec<Seg>,
     /// Where this pass's metadata lies (set by `prepare_pass`).
@@ -254,6 +260,7 @@ impl FusedBackend {
         blas: Option<Blas>,
         q8_mats: std::collections::HashSet<usize>,
         step_timer: Option<StepTimer>,
+        moe: Option<ExpertsSpec>,
     ) -> Result<Self> {
         // RoPE inverse frequencies computed exactly as the CPU's `Rope` does: a running product of theta^(-2/d) in f32.
         let half = cfg.rope_dim / 2;
@@ -276,6 +283,9 @@ impl FusedBackend {
             max_matrix: 0,
             scratch: None,
             gemm_scratch: None,
+            moe,
+            moe_scratch: None,
+            moe_gemm: None,
             segs: Vec::new(),
             meta: Meta::default(),
             pick: Pick::None,
@@ -315,6 +325,10 @@ impl FusedBackend {
         // A copy from the old page-locked metadata may still be in flight.
         self.invalidate()?;
         self.scratch = None;
+        self.moe_scratch = None;
+        if let Some(spec) = &self.moe {
+            self.moe_scratch = Some(MoeScratch::new(&self.gpu, &self.cfg, spec, m)?);
+        }
         let c = &self.cfg;
         let g = &self.gpu;
         let f = 4usize;
@@ -497,10 +511,13 @@ impl Backend for FusedBackend {
         Ok(out)
     }
 
-    fn load_matrix(&mut self, m: &QMatrix, _usage: MatrixUse) -> backend::Result<GMat> {
+    fn load_matrix(&mut self, m: &QMatrix, usage: MatrixUse) -> backend::Result<GMat> {
         let host = m.bytes.as_slice();
         let addr = host.as_ptr() as usize;
-        self.max_matrix = self.max_matrix.max(m.rows * m.cols);
+        // The experts' matrices are dequantized into scratch of their own (`moe::MoeGemmScratch`).
+        if usage != MatrixUse::Experts {
+            self.max_matrix = self.max_matrix.max(m.rows * m.cols);
+        }
         let buf = match self.uploads.get(&addr).cloned() {
             Some(b) => b,
             None => {
@@ -693,18 +710,15 @@ impl Backend for FusedBackend {
         if self.replaying() {
             return Ok(());
         }
-        let FfnWeights::SwiGlu { norm, gate, up, down } = w else {
-            return Err(backend::Error::Unsupported {
-                backend: self.name(),
-                op: "ffn_sublayer",
-                reason: "expert-routed FFN layers".into(),
-            });
-        };
         for seg in &self.segs {
             let sr = self.seg_rows(seg, x, ws);
-            let res = match seg.gemm {
-                Some(_) => self.gemm_ffn_rows(norm, [gate, up, down], &sr),
-                None => self.ffn_rows(norm, [gate, up, down], &sr),
+            let res = match (w, seg.gemm) {
+                (FfnWeights::SwiGlu { norm, gate, up, down }, Some(_)) => {
+                    self.gemm_ffn_rows(norm, [gate, up, down], &sr)
+                }
+                (FfnWeights::SwiGlu { norm, gate, up, down }, None) => self.ffn_rows(norm, [gate, up, down], &sr),
+                (FfnWeights::Experts { norm, experts }, Some(_)) => self.gemm_experts_rows(norm, experts, &sr),
+                (FfnWeights::Experts { norm, experts }, None) => self.experts_rows(norm, experts, &sr),
             };
             res.map_err(dev("ffn_sublayer"))?;
         }

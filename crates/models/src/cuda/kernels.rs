@@ -18,13 +18,15 @@ use crate::{Error, ModelConfig, Result};
 pub(super) const MRS: [usize; 4] = [1, 2, 4, 8];
 
 /// The 8-bit-activation kernels a model needs: (type, row length, threads per row) for plain and gate/up products,
-/// (q, k, v types, threads per row) for the fused QKV; and the switches the source is written with (`opts`, as the
-/// loader settled them for the model: `fuse_norm` and `qkv_rope` only where the shapes allow).
+/// (q, k, v types, threads per row) for the fused QKV, (type, row length, threads per row, gate/up) for the experts'
+/// grouped products; and the switches the source is written with (`opts`, as the loader settled them for the model:
+/// `fuse_norm` and `qkv_rope` only where the shapes allow).
 #[derive(Debug, Clone, Default)]
 pub struct Q8Kernels {
     pub mats: Vec<(GgmlType, usize, usize)>,
     pub gu: Vec<(GgmlType, usize, usize)>,
     pub qkv: Vec<(GgmlType, GgmlType, GgmlType, usize)>,
+    pub moe: Vec<(GgmlType, usize, usize, bool)>,
     pub opts: CudaOptions,
 }
 
@@ -51,6 +53,28 @@ pub enum Kernel {
     ArgmaxRows,
     TopkRows,
     QuantQ8,
+    /// The router's softmax and top-k, the assignments sorted by expert, the weighted mix added to the residual
+    /// (experts.cu, moe.cu), and the tensor-core path's SwiGLU into f16.
+    MoeRoute,
+    MoeGroup,
+    MoeMixAdd,
+    MoeSiluF16,
+    /// The experts' grouped products on f32 activations: one block row per used expert (`gu`: gate and up
+    /// together, silu(gate) * up).
+    MoeMmv {
+        ty: GgmlType,
+        k: usize,
+        mr: usize,
+        gu: bool,
+    },
+    /// ... on 8-bit activations with `p` threads per weight row.
+    MoeMmvq {
+        ty: GgmlType,
+        k: usize,
+        p: usize,
+        mr: usize,
+        gu: bool,
+    },
     /// Y (+)= W X on f32 activations (`residual`: added to Y).
     Mmv {
         ty: GgmlType,
@@ -138,6 +162,10 @@ impl Kernel {
             ArgmaxRows => "argmax_rows",
             TopkRows => "topk_rows",
             QuantQ8 => "quant_q8",
+            MoeRoute => "moe_route_pdl",
+            MoeGroup => "moe_group_pdl",
+            MoeMixAdd => "moe_mix_add",
+            MoeSiluF16 => "moe_silu_f16",
             _ => "",
         };
         if !fixed.is_empty() {
@@ -153,6 +181,8 @@ impl Kernel {
             Mmvq { ty, k, p, mr, residual } => format!("mmvq_{}_{k}_{p}_{mr}_{}", type_id(ty), u8::from(residual)),
             Guq { ty, k, p, mr } => format!("guq_{}_{k}_{p}_{mr}", type_id(ty)),
             Qkvq { t, p, mr } => format!("qkvq_{}_{p}_{mr}", t3(&t)),
+            MoeMmv { ty, k, mr, gu } => format!("moe_mmv_{}_{k}_{mr}_{}", type_id(ty), u8::from(gu)),
+            MoeMmvq { ty, k, p, mr, gu } => format!("moe_mmvq_{}_{k}_{p}_{mr}_{}", type_id(ty), u8::from(gu)),
             _ => unreachable!("fixed kernels are named above"),
         }
     }
@@ -225,17 +255,31 @@ impl Kernel {
                      Xd, bq, bk, bv, q, k, v, m, X, g, inv_freq, pos, slot, table, kc, vc); }}\n"
                 )
             }
+            MoeMmv { ty, k, mr, gu } => format!(
+                "extern \"C\" __global__ void __launch_bounds__(128) {name}(const u8* W, const u8* U, int stride, \
+                 const float* X, const u32* used, const u32* offsets, float* Y, int N) {{ pdl_trigger(); \
+                 moe_mmv_body<{}, {k}, {mr}, {gu}>(W, U, stride, X, used, offsets, Y, N); }}\n",
+                type_id(ty)
+            ),
+            MoeMmvq { ty, k, p, mr, gu } => format!(
+                "extern \"C\" __global__ void __launch_bounds__(128) {name}(const u8* W, const u8* U, int stride, \
+                 const i8* Xq, const float2* Xd, const u32* used, const u32* offsets, float* Y, int N) {{ \
+                 pdl_trigger(); moe_mmvq_body<{}, {k}, {mr}, {p}, {gu}>(W, U, stride, Xq, Xd, used, offsets, Y, N); }}\n",
+                type_id(ty)
+            ),
             _ => return None,
         })
     }
 }
 
 /// What one model instantiates: the (type, row length) of every matrix on f32 activations, the gate/up pairs of
-/// one type, the (q, k, v) type triples, the token embedding, and the 8-bit-activation kernels.
+/// one type, the (q, k, v) type triples, the token embedding, the experts' grouped products on f32 activations
+/// (type, row length, gate/up), and the 8-bit-activation kernels.
 #[derive(Debug, Clone)]
 pub struct KernelSet {
     pub mats: Vec<(GgmlType, usize)>,
     pub gu: Vec<(GgmlType, usize)>,
+    pub moe: Vec<(GgmlType, usize, bool)>,
     pub qkv: Vec<(GgmlType, GgmlType, GgmlType)>,
     pub embd: (GgmlType, usize),
     pub q8: Q8Kernels,
@@ -248,6 +292,7 @@ impl KernelSet {
         use Kernel::*;
         let mut v = vec![RmsNorm, SiluMul, QkNorm, RopeKv, Attention, AttnCombine, ActQ8_0, ActQ8K];
         v.extend([ToF16, AddBias, FlashAttention, FlashCombine, ArgmaxRows, TopkRows, QuantQ8]);
+        v.extend([MoeRoute, MoeGroup, MoeMixAdd, MoeSiluF16]);
         if self.q8.opts.att_cl > 1 {
             v.push(AttentionCl);
         }
@@ -287,6 +332,12 @@ impl KernelSet {
         }
         for &(tq, tk, tv, p) in &q8.qkv {
             v.extend(MRS.map(|mr| Qkvq { t: [tq, tk, tv], p, mr }));
+        }
+        for &(ty, k, gu) in &self.moe {
+            v.extend(MRS.map(|mr| MoeMmv { ty, k, mr, gu }));
+        }
+        for &(ty, k, p, gu) in &q8.moe {
+            v.extend(MRS.map(|mr| MoeMmvq { ty, k, p, mr, gu }));
         }
         v
     }
@@ -343,7 +394,8 @@ pub fn kernel_source(
     embd: (GgmlType, usize),
     q8: &Q8Kernels,
 ) -> String {
-    let set = KernelSet { mats: mats.to_vec(), gu: gu.to_vec(), qkv: qkv.to_vec(), embd, q8: q8.clone() };
+    let set =
+        KernelSet { mats: mats.to_vec(), gu: gu.to_vec(), moe: Vec::new(), qkv: qkv.to_vec(), embd, q8: q8.clone() };
     set.source(cfg)
 }
 
@@ -421,9 +473,18 @@ mod tests {
             ],
             gu: vec![(Q4_K, 1536, 8), (Q6_K, 5120, 32), (Q5_0, 1536, 8)],
             qkv: vec![(Q4_K, Q4_K, Q6_K, 16), (Q5_0, Q5_0, Q8_0, 32)],
+            moe: vec![(Q4_K, 1536, 8, true), (Q6_K, 768, 4, false), (Q8_0, 768, 4, false)],
             opts: CudaOptions { att_warps: 16, att_cl: 16, ..CudaOptions::default() },
         };
-        let src = kernel_source(&cfg, &mats, &[(Q4_K, 1536), (Q5_0, 1536)], &[(Q4_K, Q4_K, Q6_K)], (Q6_K, 1536), &q8);
+        let set = KernelSet {
+            mats,
+            gu: vec![(Q4_K, 1536), (Q5_0, 1536)],
+            moe: vec![(F32, 1536, true), (Q8_0, 32, false), (F16, 768, false)],
+            qkv: vec![(Q4_K, Q4_K, Q6_K)],
+            embd: (Q6_K, 1536),
+            q8,
+        };
+        let src = set.source(&cfg);
         if let Ok(p) = std::env::var("SPLASH_DUMP_KERNEL_SOURCE") {
             std::fs::write(p, &src).expect("writing the kernel source");
         }

@@ -32,6 +32,18 @@ pub(super) fn device_layout(ty: GgmlType, cols: usize, bytes: &[u8], repack: boo
     std::borrow::Cow::Owned(out)
 }
 
+/// Bytes of one row of `cols` values of a `ty` matrix in its device layout ([`device_layout`]: padded Q6_K, Q8_0 and
+/// Q5_0 blocks; rows repacked in place keep their size).
+pub(super) fn device_row_bytes(ty: GgmlType, cols: usize) -> usize {
+    let per_block = match ty {
+        GgmlType::Q6_K => 224,
+        GgmlType::Q8_0 => 36,
+        GgmlType::Q5_0 => 24,
+        _ => ty.block_bytes(),
+    };
+    cols / ty.block_len() * per_block
+}
+
 /// One row of `nsb` Q4_K or Q6_K superblocks (`src`, as stored) into the repacked layout (`dst`, zeroed). Pair p of
 /// the row is its 64 weights that one thread of the 8-bit kernels takes (superblock p / 4); its 32 quant bytes are
 /// split into two 16-byte halves stored in two regions, so threads p and p + 1 load neighbouring 16 bytes.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use backend::cpu::QMatrix;
 use backend::cuda::{Blas, Gpu};
-use backend::{Backend, KvLayout, KvType};
+use backend::{Backend, ExpertGateUp, ExpertsSpec, KvLayout, KvType};
 use gguf::{GgmlType, GgufFile};
 
 use super::fused::{FusedBackend, StepTimer, event_err};
@@ -16,6 +16,7 @@ use super::tactics::{q8_ok, q8_threads, supported};
 use super::{CudaOptions, CudaRunner, FUSE_NORM_MAX_HIDDEN, PAGE_SIZE};
 use crate::kv_cache::BlockTable;
 use crate::transformer::Transformer;
+use crate::weights::Ffn;
 use crate::{Error, Result, Weights};
 
 /// The address of a host matrix's bytes: how the backend knows it again when the forward pass loads it.
@@ -51,16 +52,30 @@ impl CudaRunner {
                 return Err(Error::Backend(format!("the CUDA backend does not support {} matrices yet", m.ty)));
             }
         }
-        // Expert-routed layers have no CUDA kernels yet: refused here, so every loop below sees a dense FFN.
-        let dense: Vec<[&QMatrix; 3]> = (weights.layers.iter())
-            .map(|l| l.dense_ffn().ok_or_else(|| Error::Backend("the CUDA backend does not run MoE layers yet".into())))
-            .collect::<Result<_>>()?;
-        for (l, &[w_gate, w_up, w_down]) in weights.layers.iter().zip(&dense) {
-            for m in [&l.wq, &l.wk, &l.wv, &l.wo, w_gate, w_up, w_down] {
+        // Each layer's FFN: dense (gate, up, down) or expert-routed (checked here: shapes, no shared expert).
+        let ffns: Vec<LayerFfn> =
+            weights.layers.iter().map(|l| layer_ffn(l, cfg.hidden_size)).collect::<Result<_>>()?;
+        let moe = moe_spec(&ffns);
+        for (l, ffn) in weights.layers.iter().zip(&ffns) {
+            for m in [&l.wq, &l.wk, &l.wv, &l.wo] {
                 add(&mut mats, m.ty, m.cols);
             }
-            if w_gate.ty == w_up.ty {
-                add(&mut gu, w_gate.ty, w_gate.cols);
+            match *ffn {
+                LayerFfn::Dense([w_gate, w_up, w_down]) => {
+                    for m in [w_gate, w_up, w_down] {
+                        add(&mut mats, m.ty, m.cols);
+                    }
+                    if w_gate.ty == w_up.ty {
+                        add(&mut gu, w_gate.ty, w_gate.cols);
+                    }
+                }
+                // The router on the f32-activation kernels; the experts' matrices dequantized whole on the
+                // tensor-core path (`Dequant` comes with every entry of `mats`).
+                LayerFfn::Experts { router, gate, down, .. } => {
+                    for m in [router, gate, down] {
+                        add(&mut mats, m.ty, m.cols);
+                    }
+                }
             }
         }
         add(&mut mats, weights.output.ty, weights.output.cols);
@@ -88,7 +103,49 @@ impl CudaRunner {
                 v.push(e);
             }
         };
-        for (l, &[w_gate, w_up, w_down]) in weights.layers.iter().zip(&dense) {
+        let mut moe_f32: Vec<(GgmlType, usize, bool)> = Vec::new();
+        for (l, ffn) in weights.layers.iter().zip(&ffns) {
+            let [w_gate, w_up, w_down] = match *ffn {
+                LayerFfn::Dense(d) => d,
+                LayerFfn::Experts { gate, up, down, num_used, .. } => {
+                    let attn = [&l.wq, &l.wk, &l.wv, &l.wo];
+                    if q8_on
+                        && attn.iter().all(|m| q8_ok(m.ty, m.cols))
+                        && attn[..3].iter().all(|m| m.cols == cfg.hidden_size)
+                    {
+                        q8_mats.extend(attn.iter().map(|m| addr(m)));
+                        let t = (
+                            l.wq.ty,
+                            l.wk.ty,
+                            l.wv.ty,
+                            q8_threads(cfg.hidden_size, cfg.q_dim() + 2 * cfg.kv_dim(), it, 32),
+                        );
+                        if !q8k.qkv.contains(&t) {
+                            q8k.qkv.push(t);
+                        }
+                        add3(&mut q8k.mats, (l.wo.ty, l.wo.cols, q8_threads(l.wo.cols, l.wo.rows, it, 128)));
+                    }
+                    // The experts' grouped products: on 8-bit activations where all three types have such kernels.
+                    let (f, h) = (down.cols, cfg.hidden_size);
+                    let add4 = |v: &mut Vec<(GgmlType, usize, usize, bool)>, e| {
+                        if !v.contains(&e) {
+                            v.push(e)
+                        }
+                    };
+                    if q8_on && [gate, up].iter().all(|m| q8_ok(m.ty, h)) && q8_ok(down.ty, f) {
+                        q8_mats.extend([gate, up, down].map(addr));
+                        add4(&mut q8k.moe, (gate.ty, h, super::moe::moe_threads(h, f, num_used, it), true));
+                        add4(&mut q8k.moe, (down.ty, f, super::moe::moe_threads(f, h, num_used, it), false));
+                    } else {
+                        for e in [(gate.ty, h, true), (down.ty, f, false)] {
+                            if !moe_f32.contains(&e) {
+                                moe_f32.push(e);
+                            }
+                        }
+                    }
+                    continue;
+                }
+            };
             let all = [&l.wq, &l.wk, &l.wv, &l.wo, w_gate, w_up, w_down];
             let on = q8_on
                 && all.iter().all(|m| q8_ok(m.ty, m.cols))
@@ -118,7 +175,7 @@ impl CudaRunner {
             q8_mats.insert(addr(m));
             add3(&mut q8k.mats, (m.ty, m.cols, q8_threads(m.cols, m.rows, it, 128)));
         }
-        let set = KernelSet { mats, gu, qkv, embd: (weights.token_embd.ty, cfg.hidden_size), q8: q8k };
+        let set = KernelSet { mats, gu, moe: moe_f32, qkv, embd: (weights.token_embd.ty, cfg.hidden_size), q8: q8k };
         let source = set.source(&cfg);
         let identity = super::kv::identity(file.bytes(), &source, &opts);
         let (module, compile_s, hit) = gpu.compile(&source, opts.cache_dir.clone())?;
@@ -154,7 +211,7 @@ impl CudaRunner {
 
         let t0 = std::time::Instant::now();
         let mut backend =
-            FusedBackend::new(cfg.clone(), gpu, module, kernels, opts.clone(), blas, q8_mats, step_timer)?;
+            FusedBackend::new(cfg.clone(), gpu, module, kernels, opts.clone(), blas, q8_mats, step_timer, moe)?;
         let model = Transformer::new(&mut backend, &cfg, &weights)?;
         backend.gpu.sync()?;
         stats.upload_s = t0.elapsed().as_secs_f64();
@@ -194,4 +251,64 @@ impl CudaRunner {
             stats,
         })
     }
+}
+
+/// One layer's FFN as the loader sees it.
+enum LayerFfn<'a> {
+    Dense([&'a QMatrix; 3]),
+    /// The router, the experts' gate and up (the same matrix when fused), their down, and the router's numbers.
+    Experts {
+        router: &'a QMatrix,
+        gate: &'a QMatrix,
+        up: &'a QMatrix,
+        down: &'a QMatrix,
+        num_used: usize,
+        spec: ExpertsSpec,
+    },
+}
+
+/// Layer `l`'s FFN, with an expert-routed one checked against what the kernels take: its shapes, at most
+/// `MOE_MAX_EXPERTS` experts (experts.cu), gate and up of one type, expert rows a multiple of 32 values, no
+/// shared expert.
+fn layer_ffn(l: &crate::LayerWeights, hidden: usize) -> Result<LayerFfn<'_>> {
+    let e = match &l.ffn {
+        Ffn::SwiGlu { gate, up, down } => return Ok(LayerFfn::Dense([gate, up, down])),
+        Ffn::Experts(e) => e,
+    };
+    let refuse = |why: String| Err(Error::Backend(format!("the CUDA backend does not run this MoE layer: {why}")));
+    if let Err(why) = e.check_shapes(hidden, |m| (m.rows, m.cols)) {
+        return refuse(why);
+    }
+    let s = e.spec;
+    if s.num_experts > super::moe::MAX_EXPERTS {
+        return refuse(format!("{} experts (at most {})", s.num_experts, super::moe::MAX_EXPERTS));
+    }
+    if e.shared.is_some() {
+        return refuse("a shared expert".into());
+    }
+    if !s.expert_ffn.is_multiple_of(32) {
+        return refuse(format!("expert FFN width {} (a multiple of 32)", s.expert_ffn));
+    }
+    let (gate, up) = match &e.gate_up {
+        ExpertGateUp::Separate { gate, up } => (gate, up),
+        ExpertGateUp::Fused(m) => (m, m),
+    };
+    if gate.ty != up.ty {
+        return refuse(format!("gate {} and up {} of different types", gate.ty, up.ty));
+    }
+    Ok(LayerFfn::Experts { router: &e.router, gate, up, down: &e.down, num_used: s.num_used, spec: s })
+}
+
+/// The largest numbers of the model's expert-routed layers (the scratch's), if it has any.
+fn moe_spec(ffns: &[LayerFfn]) -> Option<ExpertsSpec> {
+    ffns.iter().fold(None, |acc, f| match (acc, f) {
+        (None, LayerFfn::Experts { spec, .. }) => Some(*spec),
+        (Some(a), LayerFfn::Experts { spec, .. }) => Some(ExpertsSpec {
+            num_experts: a.num_experts.max(spec.num_experts),
+            num_used: a.num_used.max(spec.num_used),
+            expert_ffn: a.expert_ffn.max(spec.expert_ffn),
+            normalise_weights: a.normalise_weights,
+        }),
+        (acc, _) => acc,
+    })
 }

@@ -9,6 +9,8 @@
 //! page tables) lives in fixed device buffers that the host rewrites before each launch. Chunks of at least
 //! [`GEMM_MIN_ROWS`] tokens (prefill) instead run on tensor cores: each weight matrix dequantized to f16 into scratch
 //! and multiplied with cuBLAS, attention as one fused causal flash-attention kernel over the paged cache.
+//! Expert-routed FFN layers (`moe`) route on the device and run grouped products, one block row per used expert,
+//! inside the same graphs; long chunks multiply each used expert's rows with cuBLAS.
 //!
 //! Decode-sized chunks of layers whose matrices all have such kernels (`CudaOptions::q8`) multiply on 8-bit
 //! activations: each activation row is quantized per 32 values (fused with the RMSNorm, or written by the attention
@@ -23,7 +25,7 @@
 //! source and the table of loaded functions, both from one list), `load` (compiling, uploading), `fused` (the
 //! backend: buffers, weights, KV pages, a pass's plan and its CUDA graph), `runner` (the [`Runner`] implementation:
 //! batches, the KV pages' table), `layer` (a sub-layer's launches on the matrix-vector kernels, the output head),
-//! `prefill` (long chunks on tensor cores), `pick` (device picks and decode ahead), `meta` (a pass's metadata),
+//! `prefill` (long chunks on tensor cores), `moe` (the expert-routed FFN on both paths), `pick` (device picks and decode ahead), `meta` (a pass's metadata),
 //! `tactics` (shape decisions: threads per row, attention splits) and `layout` (weights' device layout).
 
 mod fused;
@@ -33,6 +35,7 @@ mod layer;
 mod layout;
 mod load;
 mod meta;
+mod moe;
 pub mod options;
 mod pick;
 mod prefill;

@@ -10,6 +10,7 @@ use super::fused::{FusedBackend, GMat, KvPool};
 use super::kernels::Kernel as K;
 use super::layer::{Args, SegRows, i};
 use super::meta::GemmChunk;
+use super::moe::MoeGemmScratch;
 use crate::{Error, Result};
 
 /// `flash_attention` blocks a chunk's attention should fill the GPU with (two per SM of an H200) before it is split
@@ -196,6 +197,12 @@ impl FusedBackend {
     pub(super) fn ensure_gemm_scratch(&mut self, m: usize, r: usize) -> Result<()> {
         let c = &self.cfg;
         let rows = m.max(r);
+        if let Some(spec) = &self.moe
+            && self.moe_gemm.as_ref().is_none_or(|g| g.cap_m < m)
+        {
+            self.moe_gemm = None;
+            self.moe_gemm = Some(MoeGemmScratch::new(&self.gpu, c, spec, m)?);
+        }
         if let Some(g) = &self.gemm_scratch
             && g.cap_m >= rows
         {

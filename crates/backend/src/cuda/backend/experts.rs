@@ -138,7 +138,7 @@ impl CudaBackend {
         let normalise = int(usize::from(s.normalise_weights));
         let args = vec![at(sc.logits), int(ne), int(k), normalise, at(sc.pick_e), at(sc.pick_w)];
         self.launch(op, &self.moe_k.route, (m as u32, 1, 1), 32, args)?;
-        let args = vec![at(sc.pick_e), int(n), int(ne), at(sc.offsets), at(sc.order), at(sc.at)];
+        let args = vec![at(sc.pick_e), int(n), int(ne), int(k), at(sc.offsets), at(sc.order), at(sc.at), 0, 0];
         self.launch(op, &self.moe_k.group, (1, 1, 1), 256, args)?;
 
         // Expert e's gate row j at (e * stride + j) rows of `gate`, its up row as many rows into `up`.
