@@ -90,8 +90,18 @@ def llamacpp_worker(args):
 
     import numpy as np
     import llama_cpp
+    import llama_cpp.llama_cpp as lib
     from llama_cpp import Llama
 
+    if args.no_extra_bufts:
+        default_params = lib.llama_model_default_params
+
+        def without_extra_bufts():
+            mp = default_params()
+            mp.use_extra_bufts = False
+            return mp
+
+        lib.llama_model_default_params = without_extra_bufts
     p, g, n = args.prompt_tokens, args.gen_tokens, args.threads
     t0 = time.perf_counter()
     llm = Llama(
@@ -197,7 +207,7 @@ def llamacpp_cmd(args):
     cmd = [args.python, os.path.abspath(__file__), "--llamacpp-worker", "--model", args.model,
            "--threads", str(args.threads), "--prompt-tokens", str(args.prompt_tokens),
            "--gen-tokens", str(args.gen_tokens)]
-    return cmd + (["--flash-attn"] if args.flash_attn else [])
+    return cmd + (["--flash-attn"] if args.flash_attn else []) + (["--no-extra-bufts"] if args.no_extra_bufts else [])
 
 
 def median(xs):
@@ -230,6 +240,9 @@ def main():
     ap.add_argument("--python", default=DEFAULT_REF_PYTHON if os.path.exists(DEFAULT_REF_PYTHON) else sys.executable,
                     help="interpreter with llama-cpp-python 0.3.36 (default: ~/.cache/splash/refvenv)")
     ap.add_argument("--flash-attn", action="store_true", help="llama.cpp with flash attention")
+    ap.add_argument("--no-extra-bufts", action="store_true",
+                    help="llama.cpp without its extra CPU buffer types (weight repacking, AMX): 0.3.36's AMX matmul "
+                         "segfaults on the synthetic Qwen3-30B-A3B on a CPU with AMX")
     ap.add_argument("--only", choices=["splash", "llamacpp"], help="run one engine only")
     ap.add_argument("--splash-before", metavar="BINARY",
                     help="also run this (older) splash binary in every round, as engine 'before', for before/after "
@@ -310,6 +323,7 @@ def main():
             "rounds": args.rounds,
             "host": host_info(),
             "llamacpp_settings": {"n_batch": 512, "n_ubatch": 512, "flash_attn": args.flash_attn,
+                                  "extra_bufts": not args.no_extra_bufts,
                                   "n_ctx": args.prompt_tokens + args.gen_tokens + 16},
             "runs": results,
             "medians": medians,
