@@ -594,45 +594,35 @@ pub fn build(s: &Shape, forced: Option<GgmlType>, layers: usize, seed: u64) -> R
     for l in 0..num_blocks {
         let n = |s: &str| format!("blk.{l}.{s}");
         vec_with(&mut w, n("attn_norm.weight"), &[h], &normal(1.0, 0.1))?;
-        match s.hybrid {
-            None => {
-                mat(&mut w, n("attn_q.weight"), ty(Kind::Other, l), &[h, qd], inv_sqrt(h))?;
-                mat(&mut w, n("attn_k.weight"), ty(Kind::Other, l), &[h, kvd], inv_sqrt(h))?;
-                mat(&mut w, n("attn_v.weight"), ty(Kind::AttnV, l), &[h, kvd], inv_sqrt(h))?;
-                if s.moe.is_none() {
-                    vec_with(&mut w, n("attn_q.bias"), &[qd], &normal(0.0, 0.3))?;
-                    vec_with(&mut w, n("attn_k.bias"), &[kvd], &normal(0.0, 0.5))?;
-                    vec_with(&mut w, n("attn_v.bias"), &[kvd], &normal(0.0, 0.05))?;
-                } else {
-                    vec_with(&mut w, n("attn_q_norm.weight"), &[head_dim], &normal(1.0, 0.1))?;
-                    vec_with(&mut w, n("attn_k_norm.weight"), &[head_dim], &normal(1.0, 0.1))?;
-                }
-                mat(&mut w, n("attn_output.weight"), ty(Kind::Other, l), &[qd, h], inv_sqrt(qd))?;
-                vec_with(&mut w, n("ffn_norm.weight"), &[h], &normal(1.0, 0.1))?;
-            }
-            Some(hy) => {
-                if l >= num_layers {
-                    // The MTP block: the next token's embedding and the trunk's hidden state, normed, projected
-                    // from 2·hidden to hidden, then a gated-attention layer and the FFN, and its own head norm.
-                    mat(&mut w, n("nextn.eh_proj.weight"), ty(Kind::Other, l), &[2 * h, h], inv_sqrt(2 * h))?;
-                    for t in ["nextn.enorm.weight", "nextn.hnorm.weight", "nextn.shared_head_norm.weight"] {
-                        vec_with(&mut w, n(t), &[h], &normal(1.0, 0.1))?;
-                    }
-                }
-                if recurrent[l] {
-                    deltanet_layer(&mut w, &mut mat, &mut vec_with, &n, &ty, l, h, &hy)?;
-                } else {
-                    // Gated attention: each head's query, then its output gate.
-                    mat(&mut w, n("attn_q.weight"), ty(Kind::Other, l), &[h, 2 * qd], inv_sqrt(h))?;
-                    mat(&mut w, n("attn_k.weight"), ty(Kind::Other, l), &[h, kvd], inv_sqrt(h))?;
-                    mat(&mut w, n("attn_v.weight"), ty(Kind::AttnV, l), &[h, kvd], inv_sqrt(h))?;
-                    vec_with(&mut w, n("attn_q_norm.weight"), &[head_dim], &normal(1.0, 0.1))?;
-                    vec_with(&mut w, n("attn_k_norm.weight"), &[head_dim], &normal(1.0, 0.1))?;
-                    mat(&mut w, n("attn_output.weight"), ty(Kind::Other, l), &[qd, h], inv_sqrt(qd))?;
-                }
-                vec_with(&mut w, n("post_attention_norm.weight"), &[h], &normal(1.0, 0.1))?;
+        if l >= num_layers {
+            // The MTP block: the next token's embedding and the trunk's hidden state, normed, projected from
+            // 2·hidden to hidden, then a gated-attention layer and the FFN, and its own head norm.
+            mat(&mut w, n("nextn.eh_proj.weight"), ty(Kind::Other, l), &[2 * h, h], inv_sqrt(2 * h))?;
+            for t in ["nextn.enorm.weight", "nextn.hnorm.weight", "nextn.shared_head_norm.weight"] {
+                vec_with(&mut w, n(t), &[h], &normal(1.0, 0.1))?;
             }
         }
+        if let (Some(hy), true) = (s.hybrid, recurrent[l]) {
+            deltanet_layer(&mut w, &mut mat, &mut vec_with, &n, &ty, l, h, &hy)?;
+        } else {
+            // A hybrid's gated attention holds each head's query, then its output gate, in attn_q.
+            let q_rows = if s.hybrid.is_some() { 2 * qd } else { qd };
+            mat(&mut w, n("attn_q.weight"), ty(Kind::Other, l), &[h, q_rows], inv_sqrt(h))?;
+            mat(&mut w, n("attn_k.weight"), ty(Kind::Other, l), &[h, kvd], inv_sqrt(h))?;
+            mat(&mut w, n("attn_v.weight"), ty(Kind::AttnV, l), &[h, kvd], inv_sqrt(h))?;
+            if s.moe.is_none() && s.hybrid.is_none() {
+                vec_with(&mut w, n("attn_q.bias"), &[qd], &normal(0.0, 0.3))?;
+                vec_with(&mut w, n("attn_k.bias"), &[kvd], &normal(0.0, 0.5))?;
+                vec_with(&mut w, n("attn_v.bias"), &[kvd], &normal(0.0, 0.05))?;
+            } else {
+                vec_with(&mut w, n("attn_q_norm.weight"), &[head_dim], &normal(1.0, 0.1))?;
+                vec_with(&mut w, n("attn_k_norm.weight"), &[head_dim], &normal(1.0, 0.1))?;
+            }
+            mat(&mut w, n("attn_output.weight"), ty(Kind::Other, l), &[qd, h], inv_sqrt(qd))?;
+        }
+        // The hybrids' converter names the FFN's norm post_attention_norm.
+        let ffn_norm = if s.hybrid.is_some() { "post_attention_norm.weight" } else { "ffn_norm.weight" };
+        vec_with(&mut w, n(ffn_norm), &[h], &normal(1.0, 0.1))?;
         match s.moe {
             None => {
                 mat(&mut w, n("ffn_gate.weight"), ty(Kind::Other, l), &[h, ffn], inv_sqrt(h))?;
