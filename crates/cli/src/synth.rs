@@ -591,7 +591,7 @@ pub fn build(s: &Shape, forced: Option<GgmlType>, layers: usize, seed: u64) -> R
         w.add_tensor(name, &dims, GgmlType::F32, data)
     };
     let normal = |mean: f32, std: f32| move |r: &mut Rng| mean + std * r.normal();
-    for l in 0..num_blocks {
+    for (l, &is_recurrent) in recurrent.iter().enumerate() {
         let n = |s: &str| format!("blk.{l}.{s}");
         vec_with(&mut w, n("attn_norm.weight"), &[h], &normal(1.0, 0.1))?;
         if l >= num_layers {
@@ -602,7 +602,7 @@ pub fn build(s: &Shape, forced: Option<GgmlType>, layers: usize, seed: u64) -> R
                 vec_with(&mut w, n(t), &[h], &normal(1.0, 0.1))?;
             }
         }
-        if let (Some(hy), true) = (s.hybrid, recurrent[l]) {
+        if let (Some(hy), true) = (s.hybrid, is_recurrent) {
             deltanet_layer(&mut w, &mut mat, &mut vec_with, &n, &ty, l, h, &hy)?;
         } else {
             // A hybrid's gated attention holds each head's query, then its output gate, in attn_q.
