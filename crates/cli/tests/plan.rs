@@ -328,4 +328,39 @@ fn the_moe_pack_manifest_matches_its_file() {
     let o = Command::new(env!("CARGO_BIN_EXE_splash")).args(args).env("SPLASH_HOME", empty.path()).output();
     let from_manifest: serde_json::Value = serde_json::from_slice(&o.expect("runs").stdout).expect("JSON");
     assert_eq!(from_manifest, json(&args));
+
+/// The full Qwen3.6-35B-A3B and Qwen3.8-27B shapes (`splash synth --header-only`: the real files' headers, the data a
+/// hole) plan from their headers: on a 24 GiB machine (this build machine's size) each runs one sequence with a
+/// context that memory, not the model, limits; on an H200's 141 GiB the model's whole 262,144 tokens; below what
+/// their weights need the plan refuses with the breakdown (experts apart for the MoE one) and a suggestion.
+#[test]
+fn full_hybrid_shapes_plan_and_refuse() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // (shape, memory it cannot run in, weight items of the breakdown)
+    let cases = [
+        (
+            "qwen3.6-35b-a3b",
+            "20G",
+            &["target weights (all but the experts)", "target experts (8 of 256 per token)"][..],
+        ),
+        ("qwen3.8-27b", "16G", &["target weights"][..]),
+    ];
+    for (like, too_small, weights) in cases {
+        let path = dir.path().join(format!("{like}.gguf"));
+        let path = path.to_str().expect("utf-8");
+        let o = splash(&["synth", "--like", like, "--header-only", "-o", path]);
+        assert!(o.status.success(), "synth {like}: {}", String::from_utf8_lossy(&o.stderr));
+        let p = json(&["plan", "--model", path, "--memory", "24G", "--threads", "2", "--json"]);
+        let context = p["max_context"].as_u64().expect("max_context");
+        assert!(context > 2048 && context < 262_144, "{like} at 24 GiB: {p}");
+        assert_eq!(p["max_sequences"], 1, "{like} at 24 GiB: {p}");
+        let p = json(&["plan", "--model", path, "--memory", "141G", "--threads", "2", "--json"]);
+        assert_eq!(p["max_context"], 262_144, "{like} on an H200: {p}");
+        let o = splash(&["plan", "--model", path, "--memory", too_small, "--threads", "2"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{like} planned in {too_small}");
+        for needle in ["not enough memory", "recurrent state", "over budget by", "suggestion:"].iter().chain(weights) {
+            assert!(err.contains(needle), "{like} in {too_small}: missing {needle:?}:\n{err}");
+        }
+    }
 }

@@ -114,7 +114,27 @@ impl GgufWriter {
         std::fs::rename(&tmp, path).map_err(err)
     }
 
-    fn write_to(&self, w: &mut impl Write) -> std::io::Result<()> {
+    /// Writes the header and sets the file's length to the whole file's, leaving the tensor data a hole that reads
+    /// as zeros (sparse where the file system allows): a file for what reads only shapes (a memory plan), not for
+    /// running. Atomic as [`write`](Self::write).
+    pub fn write_header_only(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let err = |source| Error::Write { path: path.into(), source };
+        let tmp = path.with_extension("gguf.partial");
+        let (head, data_len) = self.header();
+        let mut f = std::fs::File::create(&tmp).map_err(err)?;
+        f.write_all(&head).map_err(err)?;
+        f.set_len(head.len() as u64 + data_len).map_err(err)?;
+        f.sync_all().map_err(err)?;
+        std::fs::rename(&tmp, path).map_err(err)
+    }
+
+    fn align(&self, n: u64) -> u64 {
+        n.div_ceil(self.alignment) * self.alignment
+    }
+
+    /// The header, padded to the alignment, and the length of the tensor data after it.
+    fn header(&self) -> (Vec<u8>, u64) {
         let mut head = Vec::new();
         head.extend_from_slice(&MAGIC.to_le_bytes());
         head.extend_from_slice(&3u32.to_le_bytes());
@@ -125,8 +145,8 @@ impl GgufWriter {
             head.extend_from_slice(&(v.value_type() as u32).to_le_bytes());
             put_value(&mut head, v);
         }
-        let align = |n: u64| n.div_ceil(self.alignment) * self.alignment;
-        let mut offset = 0u64;
+        // `end`: where the last tensor's bytes end (no padding follows it).
+        let (mut offset, mut end) = (0u64, 0u64);
         for (name, dims, ty, data) in &self.tensors {
             put_string(&mut head, name);
             head.extend_from_slice(&(dims.len() as u32).to_le_bytes());
@@ -135,12 +155,19 @@ impl GgufWriter {
             }
             head.extend_from_slice(&ty.to_u32().to_le_bytes());
             head.extend_from_slice(&offset.to_le_bytes());
-            offset = align(offset + data.len());
+            end = offset + data.len();
+            offset = self.align(end);
         }
-        let zeros = vec![0u8; self.alignment as usize];
         let head_len = head.len() as u64;
+        head.resize(self.align(head_len) as usize, 0);
+        (head, end)
+    }
+
+    fn write_to(&self, w: &mut impl Write) -> std::io::Result<()> {
+        let align = |n: u64| self.align(n);
+        let (head, _) = self.header();
+        let zeros = vec![0u8; self.alignment as usize];
         w.write_all(&head)?;
-        w.write_all(&zeros[..(align(head_len) - head_len) as usize])?;
         for (i, (name, _, _, data)) in self.tensors.iter().enumerate() {
             match data {
                 Data::Bytes(b) => w.write_all(b)?,

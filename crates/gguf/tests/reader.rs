@@ -118,6 +118,26 @@ fn round_trip_through_a_file_on_disk() {
     assert_eq!(file.len(), std::fs::metadata(&path).unwrap().len());
 }
 
+/// A header-only file has the whole file's header and length, its tensor data reading as zeros.
+#[test]
+fn header_only_file_has_the_full_header_and_length() {
+    let (w, tensors) = sample_writer(None);
+    let dir = tempfile::tempdir().unwrap();
+    let (full, header_only) = (dir.path().join("full.gguf"), dir.path().join("header.gguf"));
+    w.write(&full).unwrap();
+    w.write_header_only(&header_only).unwrap();
+    let (a, b) = (std::fs::read(&full).unwrap(), std::fs::read(&header_only).unwrap());
+    assert_eq!(a.len(), b.len());
+    let file = GgufFile::open(&header_only).unwrap();
+    assert_eq!(b[..file.data_offset as usize], a[..file.data_offset as usize]);
+    assert!(b[file.data_offset as usize..].iter().all(|&x| x == 0));
+    let reference = GgufFile::open(&full).unwrap();
+    assert_eq!(file.tensors.len(), tensors.len());
+    for (t, r) in file.tensors.iter().zip(&reference.tensors) {
+        assert_eq!((&t.name, &t.dims, t.ty, t.offset), (&r.name, &r.dims, r.ty, r.offset));
+    }
+}
+
 #[test]
 fn version_2_header_reads_the_same() {
     let (w, tensors) = sample_writer(None);

@@ -413,3 +413,60 @@ fn qwen35moe_state_is_exact_across_chunks() {
 fn qwen35moe_tokenizer_and_thinking_template() {
     tokenizer_and_template("qwen35moe");
 }
+
+/// llama.cpp's own top-1/top-2 gap (in logits) from which its top-1 must be Splash's.
+const SURE_GAP: f32 = 0.5;
+
+/// llama.cpp on the same q8_0 file (the llama-cpp-python 0.3.36 sdist's vendored tree, the one whose converter
+/// wrote it, built for the CPU; `scripts/fixtures/llamacpp_logits.py --arch <arch>` keeps its two best tokens and
+/// their logits per position in llamacpp-q8_0.top2.json): at every position where llama.cpp's top-1 leads its top-2
+/// by at least [`SURE_GAP`], Splash's CPU top-1 is llama.cpp's, and most positions are that sure. llama.cpp's loader
+/// takes a Gated DeltaNet value head to be as wide as a key head (`head_v_dim = ssm_d_state`) and refuses the
+/// configs whose value heads are narrower: those have no llama.cpp rows, and every other config must.
+fn llamacpp_agrees_where_it_is_sure(arch: &str) {
+    let mut checked = 0;
+    for g in configs(arch) {
+        let dir = g.dir.display();
+        let Ok(text) = std::fs::read_to_string(g.dir.join("llamacpp-q8_0.top2.json")) else {
+            let golden: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(g.dir.join("golden.json")).expect("golden.json"))
+                    .expect("golden.json parses");
+            let c = &golden["hf_config"];
+            assert_ne!(c["linear_key_head_dim"], c["linear_value_head_dim"], "{dir}: no llama.cpp rows");
+            continue;
+        };
+        let doc: serde_json::Value = serde_json::from_str(&text).expect("llamacpp-q8_0.top2.json parses");
+        let rows: Vec<(u32, u32, f32, f32)> = serde_json::from_value(doc["rows"].clone()).expect("rows");
+        let mut cpu = CpuRunner::new(open(&g.dir, "model-q8_0.gguf"), 0).expect("loads on the CPU");
+        let ours: Vec<f32> = g.prompts.iter().flat_map(|p| prefill(&mut cpu, &p.ids)).collect();
+        assert_eq!(ours.len(), rows.len() * g.vocab, "{dir}: llama.cpp's rows cover the prompts");
+        let (mut sure, mut same_top1) = (0, 0);
+        for (pos, (o, &(top1, top2, l1, l2))) in ours.chunks_exact(g.vocab).zip(&rows).enumerate() {
+            assert!(top1 != top2 && l1 >= l2, "{dir} position {pos}: not a top-2 row");
+            let mine = models::argmax(o);
+            same_top1 += usize::from(mine == top1);
+            if l1 - l2 >= SURE_GAP {
+                sure += 1;
+                assert_eq!(mine, top1, "{dir} position {pos}: llama.cpp leads by {}", l1 - l2);
+            }
+        }
+        let total = rows.len();
+        eprintln!(
+            "{dir}: top-1 equal at all {sure} of {total} positions where llama.cpp leads by >= {SURE_GAP} \
+             ({same_top1} of {total} overall)"
+        );
+        assert!(sure * 2 >= total, "{dir}: only {sure} of {total} positions are sure");
+        checked += 1;
+    }
+    assert!(checked > 0, "{arch}: no config has llama.cpp's rows");
+}
+
+#[test]
+fn qwen35_llamacpp_agrees_where_it_is_sure() {
+    llamacpp_agrees_where_it_is_sure("qwen35");
+}
+
+#[test]
+fn qwen35moe_llamacpp_agrees_where_it_is_sure() {
+    llamacpp_agrees_where_it_is_sure("qwen35moe");
+}
