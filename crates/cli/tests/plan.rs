@@ -328,6 +328,7 @@ fn the_moe_pack_manifest_matches_its_file() {
     let o = Command::new(env!("CARGO_BIN_EXE_splash")).args(args).env("SPLASH_HOME", empty.path()).output();
     let from_manifest: serde_json::Value = serde_json::from_slice(&o.expect("runs").stdout).expect("JSON");
     assert_eq!(from_manifest, json(&args));
+}
 
 /// The full Qwen3.6-35B-A3B and Qwen3.8-27B shapes (`splash synth --header-only`: the real files' headers, the data a
 /// hole) plan from their headers: on a 24 GiB machine (this build machine's size) each runs one sequence with a
